@@ -1,0 +1,1 @@
+"""Comparison methods, each a strategy of the Stratify router."""

@@ -1,0 +1,1 @@
+"""The `stratify` command line."""

@@ -1,0 +1,25 @@
+"""User-facing errors: the CLI prints these as one line and exits non-zero, never a traceback."""
+
+
+class StratifyError(Exception):
+    """A problem with the user's input or environment, with the fix in its message."""
+
+
+class DatasetError(StratifyError):
+    """A dataset is unknown, missing or unreadable."""
+
+
+class PartitionError(StratifyError):
+    """A partition spec is malformed or cannot be satisfied."""
+
+
+class RegistryError(StratifyError):
+    """The label registry rejected its input; nothing was registered."""
+
+
+class ConfigError(StratifyError):
+    """Options that are invalid or do not fit together."""
+
+
+class TrainingError(StratifyError):
+    """Training had to stop (e.g. a non-finite loss)."""

@@ -1,0 +1,1 @@
+"""Neural network models and the sum-based BatchNorm."""

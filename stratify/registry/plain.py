@@ -1,0 +1,42 @@
+"""The plain registry: no encryption, same interface and placeholders as the CKKS one."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+import numpy as np
+
+from stratify.registry.base import (
+    LabelRegistry,
+    RegistryResult,
+    assign_placeholders,
+    validate_client_labels,
+)
+
+
+class PlainRegistry(LabelRegistry):
+    """Registry for ``--no-secure`` runs and for checking the CKKS protocols.
+
+    Unique labels are discovered in client order (each client's labels in the order its
+    mapping lists them), exactly as the encrypted protocols discover them.
+    """
+
+    name = "plain"
+
+    def register(
+        self, client_labels: Sequence[Mapping[Hashable, int]], num_classes: int | None = None
+    ) -> RegistryResult:
+        validate_client_labels(client_labels)
+        discovered: dict[Hashable, int] = {}
+        for counts in client_labels:
+            for label in counts:
+                discovered.setdefault(label, len(discovered))
+        placeholder_of_index = assign_placeholders(len(discovered), self.seed)
+        placeholder = {label: int(placeholder_of_index[i]) for label, i in discovered.items()}
+        client_maps = [{label: placeholder[label] for label in counts} for counts in client_labels]
+        global_counts = np.zeros(len(discovered), dtype=np.int64)
+        for counts, mapping in zip(client_labels, client_maps):
+            for label, count in counts.items():
+                global_counts[mapping[label]] += int(count)
+        self.result = RegistryResult(len(discovered), client_maps, global_counts)
+        return self.result
