@@ -1,0 +1,348 @@
+"""A training run: set-up, epochs, evaluation, metrics files, checkpoint and resume.
+
+Files written to the run folder (DESIGN §8): ``config.json``, ``metrics.jsonl`` (one
+object per epoch), ``summary.json`` and ``checkpoint.pt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stratify import __version__
+from stratify.algorithms import build_strategy
+from stratify.data.datasets import load_dataset
+from stratify.data.partition import partition
+from stratify.errors import ConfigError, StratifyError, TrainingError
+from stratify.federation import Federation
+from stratify.nn.models import build_model
+from stratify.registry import make_registry
+from stratify.router import Router, Timer, configure_cpu_for_single_sample
+
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt")
+# options that may change between a run and its resumption
+RESUMABLE_CHANGES = ("epochs", "device", "out")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a run; written to ``config.json``.
+
+    Parameters
+    ----------
+    dataset, data_dir : str
+        Dataset name and the folder its files live in.
+    partition : str
+        Partition spec (``iid``, ``classes:k``, ``dirichlet:α``, ``shards:s``, ``domains:d``).
+    clients : int
+        Number of clients.
+    algorithm : str
+        Strategy name (``stratify algorithms`` lists them).
+    mode : {"single-sample", "batch"}
+        Learning setting.
+    epochs : int
+        Epochs (Stratify: passes of the SLS; baselines: rounds).
+    lr, momentum : float
+        SGD learning rate and momentum.
+    model, norm : str
+        Model name (``None``: ``cnn`` for images, ``mlp`` for tabular) and its norm layer.
+    seed : int
+        Seeds data generation, partition, registry, schedule, selection and model init.
+    device : str
+        ``auto``, ``cpu`` or ``cuda``.
+    secure : bool
+        CKKS registry (True) or plain registry (False).
+    protocol : {"packed", "naive"}
+        CKKS protocol of the secure registry.
+    options : dict
+        Strategy options (constructor arguments of the strategy).
+    """
+
+    dataset: str = "digits"
+    data_dir: str | None = None
+    partition: str = "classes:1"
+    clients: int = 10
+    algorithm: str = "stratify"
+    mode: str = "single-sample"
+    epochs: int = 5
+    lr: float = 0.01
+    momentum: float = 0.0
+    model: str | None = None
+    norm: str = "bn"
+    seed: int = 0
+    device: str = "auto"
+    secure: bool = True
+    protocol: str = "packed"
+    options: dict[str, Any] = field(default_factory=dict)
+    out: str | None = None
+
+    def comparable(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        for key in RESUMABLE_CHANGES:
+            values.pop(key)
+        return values
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"unknown device {device!r}; choose auto, cpu or cuda")
+    return torch.device(device)
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    test_accuracy: float
+    test_loss: float
+    train_loss: float
+    steps: int
+    transfers: int
+    bytes_sent: int
+    skipped: int
+    wall_seconds: float
+
+
+class Run:
+    """Builds the pieces of DESIGN §3 from a config and trains epoch by epoch.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The run's configuration.
+    resume : bool
+        Continue from ``config.out``'s checkpoint.
+    overwrite : bool
+        Replace a run already in ``config.out``.
+    on_epoch : callable, optional
+        Called with each :class:`EpochRecord` (progress display).
+    on_steps : callable, optional
+        Called with the number of steps done, every few thousand steps.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        resume: bool = False,
+        overwrite: bool = False,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        on_steps: Callable[[int], None] | None = None,
+    ) -> None:
+        if config.epochs <= 0:
+            raise ConfigError(f"--epochs must be a positive integer, got {config.epochs}")
+        if config.clients <= 0:
+            raise ConfigError(f"--clients must be a positive integer, got {config.clients}")
+        if resume and overwrite:
+            raise ConfigError("--resume and --overwrite contradict each other; give one")
+        self.config = config
+        self.out = Path(config.out) if config.out else None
+        self.on_epoch = on_epoch or (lambda record: None)
+        self.records: list[EpochRecord] = []
+        self.start_epoch = 0
+        checkpoint = self._prepare_out(resume, overwrite)
+
+        self.device = resolve_device(config.device)
+        if self.device.type == "cpu" and config.mode == "single-sample":
+            configure_cpu_for_single_sample()
+        self.dataset = load_dataset(
+            config.dataset, data_dir=config.data_dir, device=self.device, seed=config.seed
+        )
+        labels = self.dataset.train_labels
+        if config.clients > len(labels):
+            raise ConfigError(
+                f"{config.clients} clients but only {len(labels)} training samples; use fewer clients"
+            )
+        client_indices = partition(
+            labels, config.clients, config.partition, seed=config.seed,
+            domains=self.dataset.domains_train,
+        )
+        self.federation = Federation(client_indices, labels)
+        registry = make_registry(config.secure, seed=config.seed, protocol=config.protocol)
+        self.registry = registry.register(
+            self.federation.label_counts(), num_classes=self.dataset.num_classes
+        )
+        self.strategy = build_strategy(config.algorithm, config.options)
+        torch.manual_seed(config.seed)
+        model_name = config.model or ("cnn" if len(self.dataset.input_shape) == 3 else "mlp")
+        model = build_model(
+            model_name, self.dataset.input_shape, self.dataset.num_classes, norm=config.norm
+        ).to(self.device)
+        self.router = Router(
+            model, self.dataset, self.federation, self.registry, self.strategy,
+            mode=config.mode, lr=config.lr, momentum=config.momentum, seed=config.seed,
+        )
+        self.router.on_steps = on_steps
+        if checkpoint is not None:
+            self._load_checkpoint(checkpoint)
+        elif self.out is not None:
+            self._write_json("config.json", self._config_record())
+
+    # -- run folder ---------------------------------------------------------------------
+
+    def _prepare_out(self, resume: bool, overwrite: bool) -> dict | None:
+        if self.out is None:
+            if resume:
+                raise ConfigError("--resume needs --out DIR pointing at the run to continue")
+            return None
+        existing = [name for name in RUN_FILES if (self.out / name).exists()]
+        if resume:
+            checkpoint_path = self.out / "checkpoint.pt"
+            if not checkpoint_path.exists():
+                raise ConfigError(f"--resume: no checkpoint.pt in {self.out}; start without --resume")
+            try:
+                checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+                saved = checkpoint["config"]
+            except Exception as error:  # any unreadable checkpoint is the same user error
+                raise ConfigError(
+                    f"--resume: {checkpoint_path} is unreadable ({type(error).__name__}); "
+                    "start a new run with --overwrite"
+                ) from None
+            current = self.config.comparable()
+            differing = sorted(
+                key for key in set(saved) | set(current)
+                if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key)
+            )
+            if differing:
+                details = ", ".join(
+                    f"{key}: checkpoint {saved.get(key)!r} vs now {current.get(key)!r}"
+                    for key in differing
+                )
+                raise ConfigError(f"--resume: configuration differs from the checkpoint ({details})")
+            if checkpoint["epoch"] >= self.config.epochs:
+                raise ConfigError(
+                    f"--resume: the checkpoint already has {checkpoint['epoch']} epochs; "
+                    f"ask for more than {checkpoint['epoch']} with --epochs"
+                )
+            return checkpoint
+        if existing and not overwrite:
+            raise ConfigError(
+                f"{self.out} already holds a run ({', '.join(existing)}); "
+                "use --resume to continue it, --overwrite to replace it, or another --out"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name in existing:
+            (self.out / name).unlink()
+        return None
+
+    def _config_record(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self.config),
+            "resolved": {
+                "device": str(self.device),
+                "model": self.router.model.__class__.__name__,
+                "num_placeholders": self.registry.num_placeholders,
+                "model_bytes": self.router.model_bytes,
+            },
+            "versions": {
+                "stratify": __version__,
+                "torch": torch.__version__,
+                "numpy": np.__version__,
+                "python": platform.python_version(),
+            },
+        }
+
+    def _write_json(self, name: str, payload: dict[str, Any]) -> None:
+        path = self.out / name
+        temporary = path.with_suffix(path.suffix + ".tmp")
+        temporary.write_text(json.dumps(payload, indent=2) + "\n")
+        os.replace(temporary, path)
+
+    def _save_checkpoint(self, epoch: int) -> None:
+        state = {
+            "epoch": epoch,
+            "config": self.config.comparable(),
+            "model": self.router.model.state_dict(),
+            "optimizer": self.router.optimizer.state_dict(),
+            "strategy": self.strategy.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "records": [dataclasses.asdict(record) for record in self.records],
+        }
+        path = self.out / "checkpoint.pt"
+        temporary = path.with_suffix(".pt.tmp")
+        torch.save(state, temporary)
+        os.replace(temporary, path)
+
+    def _load_checkpoint(self, checkpoint: dict) -> None:
+        self.router.model.load_state_dict(checkpoint["model"])
+        self.router.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.strategy.load_state_dict(checkpoint["strategy"])
+        torch.set_rng_state(checkpoint["torch_rng"])
+        self.records = [EpochRecord(**record) for record in checkpoint["records"]]
+        self.start_epoch = checkpoint["epoch"]
+        # metrics written after the checkpoint's epoch belong to an interrupted epoch
+        lines = [json.dumps(dataclasses.asdict(record)) + "\n" for record in self.records]
+        (self.out / "metrics.jsonl").write_text("".join(lines))
+
+    # -- training -----------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Run the remaining epochs; returns the summary."""
+        for epoch in range(self.start_epoch + 1, self.config.epochs + 1):
+            with Timer(self.device) as timer:
+                try:
+                    stats = self.router.run_epoch(epoch)
+                except TrainingError as error:
+                    kept = (
+                        f"the last good checkpoint (epoch {epoch - 1}) is kept in {self.out}"
+                        if self.out is not None and epoch > 1
+                        else "no checkpoint was written"
+                    )
+                    raise TrainingError(f"{error}; stopped, {kept}; try a lower --lr") from None
+            accuracy, test_loss = self.router.evaluate()
+            record = EpochRecord(
+                epoch=epoch,
+                test_accuracy=accuracy,
+                test_loss=test_loss,
+                train_loss=stats.train_loss,
+                steps=stats.steps,
+                transfers=stats.transfers,
+                bytes_sent=stats.bytes_sent,
+                skipped=stats.skipped,
+                wall_seconds=round(timer.seconds, 4),
+            )
+            self.records.append(record)
+            if self.out is not None:
+                with open(self.out / "metrics.jsonl", "a") as handle:
+                    handle.write(json.dumps(dataclasses.asdict(record)) + "\n")
+                self._save_checkpoint(epoch)
+            self.on_epoch(record)
+        summary = self.summary()
+        if self.out is not None:
+            self._write_json("summary.json", summary)
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        best = max(self.records, key=lambda record: record.test_accuracy)
+        return {
+            "algorithm": self.config.algorithm,
+            "dataset": self.config.dataset,
+            "partition": self.config.partition,
+            "mode": self.config.mode,
+            "best_accuracy": best.test_accuracy,
+            "best_epoch": best.epoch,
+            "final_accuracy": self.records[-1].test_accuracy,
+            "total_transfers": sum(record.transfers for record in self.records),
+            "total_steps": sum(record.steps for record in self.records),
+            "total_wall_seconds": round(sum(record.wall_seconds for record in self.records), 4),
+        }
+
+
+def train(config: TrainConfig, **kwargs: Any) -> dict[str, Any]:
+    """Build and run ``config``; see :class:`Run` for the keyword arguments."""
+    return Run(config, **kwargs).train()
+
+
+__all__ = ["TrainConfig", "Run", "EpochRecord", "train", "StratifyError"]

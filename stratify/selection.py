@@ -1,0 +1,196 @@
+"""Label-aware client selection: turns an epoch's schedule into a precomputed Plan.
+
+Planning loops over the schedule once per epoch in Python; the router then executes
+the plan's index arrays without any per-step bookkeeping over clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stratify.errors import ConfigError
+from stratify.federation import SamplePools
+
+SELECTIONS = ("uniform", "weighted")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's work: which sample each step uses and which client holds it.
+
+    Parameters
+    ----------
+    samples : numpy.ndarray
+        Training-sample index of every executed schedule entry, in order.
+    clients : numpy.ndarray
+        Client that trains on each entry.
+    batch_starts : numpy.ndarray or None
+        Batch-data plans only: offsets of each global batch into ``samples``
+        (``len = batches + 1``); ``None`` for single-sample plans.
+    skipped : int
+        Schedule entries dropped because no client had a sample of the label left.
+    """
+
+    samples: np.ndarray
+    clients: np.ndarray
+    batch_starts: np.ndarray | None
+    skipped: int
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps: one per sample, or one per global batch."""
+        if self.batch_starts is None:
+            return len(self.samples)
+        return len(self.batch_starts) - 1
+
+    @property
+    def transfers(self) -> int:
+        """Model sends: every change of holder (single-sample; the first hop counts), or
+        every participating client of every global batch (batch-data)."""
+        if len(self.clients) == 0:
+            return 0
+        if self.batch_starts is None:
+            return 1 + int(np.count_nonzero(self.clients[1:] != self.clients[:-1]))
+        return sum(
+            len(np.unique(self.clients[start:stop]))
+            for start, stop in zip(self.batch_starts[:-1], self.batch_starts[1:])
+        )
+
+
+class ClientSelector:
+    """Chooses a client for a placeholder among those with a non-empty pool.
+
+    Parameters
+    ----------
+    placeholder_counts : numpy.ndarray
+        ``(clients, placeholders)`` sample counts ``n_{k,l}`` (weighted mode).
+    global_counts : numpy.ndarray
+        ``n_l`` from the registry (weighted mode).
+    mode : {"uniform", "weighted"}
+        ``uniform``: equal probability; ``weighted``: probability ``n_{k,l} / n_l``
+        renormalised over the available clients.
+    """
+
+    def __init__(
+        self, placeholder_counts: np.ndarray, global_counts: np.ndarray, mode: str = "uniform"
+    ) -> None:
+        if mode not in SELECTIONS:
+            raise ConfigError(f"unknown selection {mode!r}; choose one of {', '.join(SELECTIONS)}")
+        self.mode = mode
+        safe_totals = np.maximum(np.asarray(global_counts, dtype=np.float64), 1.0)
+        self.weights = placeholder_counts / safe_totals[None, :]
+
+    def select(self, pools: SamplePools, placeholder: int, rng: np.random.Generator) -> int:
+        """A client with a sample of ``placeholder`` left, or -1 if there is none."""
+        available = pools.remaining[:, placeholder] > 0
+        if self.mode == "uniform":
+            candidates = np.flatnonzero(available)
+            if len(candidates) == 0:
+                return -1
+            return int(candidates[rng.integers(len(candidates))])
+        weights = np.where(available, self.weights[:, placeholder], 0.0)
+        cumulative = np.cumsum(weights)
+        if cumulative[-1] <= 0:
+            return -1
+        return int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+
+
+def plan_single_sample(
+    schedule: np.ndarray,
+    pools: SamplePools,
+    selector: ClientSelector,
+    chunk: int,
+    rng: np.random.Generator,
+) -> Plan:
+    """Single-sample plan with chunk size ``chunk`` (DESIGN §4).
+
+    The schedule keeps its order and is cut into chunks of ``chunk`` entries. The first
+    entry of a chunk selects a client; each later entry stays with the current client
+    if it has a sample of that label left, otherwise selects one.
+
+    Parameters
+    ----------
+    schedule : numpy.ndarray
+        The epoch's SLS (placeholders).
+    pools : SamplePools
+        Fresh pools for the epoch; consumed.
+    selector : ClientSelector
+        Uniform or weighted selection.
+    chunk : int
+        Chunk size CS >= 1.
+    rng : numpy.random.Generator
+        Source of the selection draws.
+    """
+    if chunk <= 0:
+        raise ConfigError(f"--chunk must be a positive integer, got {chunk}")
+    samples = np.empty(len(schedule), dtype=np.int64)
+    clients = np.empty(len(schedule), dtype=np.int64)
+    executed = 0
+    current = -1
+    for position, placeholder in enumerate(schedule.tolist()):
+        starts_chunk = position % chunk == 0
+        if starts_chunk or current < 0 or pools.remaining[current, placeholder] == 0:
+            current = selector.select(pools, placeholder, rng)
+            if current < 0:
+                continue
+        samples[executed] = pools.take(current, placeholder)
+        clients[executed] = current
+        executed += 1
+    return Plan(samples[:executed], clients[:executed], None, len(schedule) - executed)
+
+
+def plan_global_batches(
+    schedule: np.ndarray,
+    pools: SamplePools,
+    selector: ClientSelector,
+    batch_labels: int,
+    rng: np.random.Generator,
+) -> Plan:
+    """Batch-data plan: every ``batch_labels`` consecutive entries form one global batch.
+
+    Each entry selects its own client; within a batch the entries are ordered by client
+    so that each client's share is one contiguous segment (what the sum-based BatchNorm
+    and the explicit per-client path read).
+
+    Parameters
+    ----------
+    schedule : numpy.ndarray
+        The epoch's SLS (placeholders).
+    pools : SamplePools
+        Fresh pools for the epoch; consumed.
+    selector : ClientSelector
+        Uniform or weighted selection.
+    batch_labels : int
+        Entries per global batch, B >= 1.
+    rng : numpy.random.Generator
+        Source of the selection draws.
+    """
+    if batch_labels <= 0:
+        raise ConfigError(f"--batch-labels must be a positive integer, got {batch_labels}")
+    samples: list[np.ndarray] = []
+    clients: list[np.ndarray] = []
+    batch_starts = [0]
+    skipped = 0
+    for start in range(0, len(schedule), batch_labels):
+        batch_samples, batch_clients = [], []
+        for placeholder in schedule[start : start + batch_labels].tolist():
+            client = selector.select(pools, placeholder, rng)
+            if client < 0:
+                skipped += 1
+                continue
+            batch_samples.append(pools.take(client, placeholder))
+            batch_clients.append(client)
+        if not batch_samples:
+            continue
+        order = np.argsort(np.asarray(batch_clients), kind="stable")
+        samples.append(np.asarray(batch_samples, dtype=np.int64)[order])
+        clients.append(np.asarray(batch_clients, dtype=np.int64)[order])
+        batch_starts.append(batch_starts[-1] + len(order))
+    if not samples:
+        empty = np.empty(0, dtype=np.int64)
+        return Plan(empty, empty, np.zeros(1, dtype=np.int64), skipped)
+    return Plan(
+        np.concatenate(samples), np.concatenate(clients), np.asarray(batch_starts), skipped
+    )
