@@ -1,0 +1,15 @@
+import os
+from pathlib import Path
+
+import pytest
+
+# ../shared/data beside the project (CI and development); STRATIFY_DATA_DIR overrides it
+SHARED_DATA = Path(
+    os.environ.get("STRATIFY_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
+
+
+@pytest.fixture
+def shared_data_dir() -> str:
+    assert (SHARED_DATA / "mnist").is_dir(), f"the shared data folder {SHARED_DATA} is missing"
+    return str(SHARED_DATA)
