@@ -1,3 +1,3 @@
-"""Stratify: stratified label schedules and fine-grained model passing for non-IID federated learning."""
+"""Stratify: stratified label schedules and fine-grained model passing for non-IID FL."""
 
 __version__ = "0.1.0"

@@ -30,6 +30,7 @@ from stratify.registry.base import RegistryResult
 from stratify.selection import Plan
 
 MODES = ("single-sample", "batch")
+LR_SCHEDULES = ("inverse-epoch", "constant")
 PROGRESS_EVERY = 1000
 
 
@@ -125,6 +126,20 @@ class Strategy(ABC):
         """Restore :meth:`state_dict`."""
 
 
+def learning_rate(base_lr: float, epoch: int, schedule: str = "inverse-epoch") -> float:
+    """Learning rate of epoch ``epoch`` (1-based).
+
+    ``inverse-epoch``: ``base_lr / epoch``, the classic decay for SGD with noisy (here
+    batch-of-one) gradients; it depends on the epoch only, so a resumed run follows the
+    same rates as an uninterrupted one. ``constant``: ``base_lr``.
+    """
+    if schedule == "inverse-epoch":
+        return base_lr / epoch
+    if schedule == "constant":
+        return base_lr
+    raise ConfigError(f"unknown --lr-schedule {schedule!r}; choose {' or '.join(LR_SCHEDULES)}")
+
+
 def configure_cpu_for_single_sample() -> None:
     """Backend settings that make batch-of-one steps fastest on CPU (DESIGN §10)."""
     torch.set_num_threads(1)
@@ -149,7 +164,10 @@ class Router:
     mode : {"single-sample", "batch"}
         Learning setting.
     lr : float
-        Learning rate of the global (or local) SGD steps.
+        Base learning rate of the global (or local) SGD steps; :attr:`lr` holds the
+        current epoch's rate.
+    lr_schedule : {"inverse-epoch", "constant"}
+        How the rate changes from epoch to epoch (:func:`learning_rate`).
     momentum : float
         SGD momentum of the global optimizer.
     seed : int
@@ -165,6 +183,7 @@ class Router:
         strategy: Strategy,
         mode: str = "single-sample",
         lr: float = 0.01,
+        lr_schedule: str = "constant",
         momentum: float = 0.0,
         seed: int = 0,
     ) -> None:
@@ -180,6 +199,9 @@ class Router:
         self.registry = registry
         self.strategy = strategy
         self.mode = mode
+        learning_rate(lr, 1, lr_schedule)  # validates the schedule name
+        self.base_lr = lr
+        self.lr_schedule = lr_schedule
         self.lr = lr
         self.momentum = momentum
         self.seed = seed
@@ -194,7 +216,9 @@ class Router:
 
     def make_optimizer(self, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         return torch.optim.SGD(
-            model.parameters(), lr=self.lr if lr is None else lr, momentum=self.momentum,
+            model.parameters(),
+            lr=self.lr if lr is None else lr,
+            momentum=self.momentum,
             foreach=True,
         )
 
@@ -206,6 +230,9 @@ class Router:
     def run_epoch(self, epoch: int) -> EpochStats:
         """Run one epoch of the strategy; returns its counters."""
         self.stats = EpochStats()
+        self.lr = learning_rate(self.base_lr, epoch, self.lr_schedule)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
         rng = self.epoch_rng(epoch)
         self.model.train()
         for round_ in self.strategy.configure_rounds(self, epoch, rng):

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import platform
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +52,9 @@ class TrainConfig:
     epochs : int
         Epochs (Stratify: passes of the SLS; baselines: rounds).
     lr, momentum : float
-        SGD learning rate and momentum.
+        SGD base learning rate and momentum.
+    lr_schedule : {"inverse-epoch", "constant"}
+        Epoch ``e`` trains with ``lr / e`` or with ``lr``.
     model, norm : str
         Model name (``None``: ``cnn`` for images, ``mlp`` for tabular) and its norm layer.
     seed : int
@@ -76,6 +77,7 @@ class TrainConfig:
     mode: str = "single-sample"
     epochs: int = 5
     lr: float = 0.01
+    lr_schedule: str = "inverse-epoch"
     momentum: float = 0.0
     model: str | None = None
     norm: str = "bn"
@@ -97,7 +99,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
+        raise ConfigError(
+            "--device cuda asked for, but torch sees no CUDA device; use --device cpu"
+        )
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"unknown device {device!r}; choose auto, cpu or cuda")
     return torch.device(device)
@@ -163,10 +167,14 @@ class Run:
         labels = self.dataset.train_labels
         if config.clients > len(labels):
             raise ConfigError(
-                f"{config.clients} clients but only {len(labels)} training samples; use fewer clients"
+                f"{config.clients} clients but only {len(labels)} training samples; "
+                "use fewer clients"
             )
         client_indices = partition(
-            labels, config.clients, config.partition, seed=config.seed,
+            labels,
+            config.clients,
+            config.partition,
+            seed=config.seed,
             domains=self.dataset.domains_train,
         )
         self.federation = Federation(client_indices, labels)
@@ -181,8 +189,16 @@ class Run:
             model_name, self.dataset.input_shape, self.dataset.num_classes, norm=config.norm
         ).to(self.device)
         self.router = Router(
-            model, self.dataset, self.federation, self.registry, self.strategy,
-            mode=config.mode, lr=config.lr, momentum=config.momentum, seed=config.seed,
+            model,
+            self.dataset,
+            self.federation,
+            self.registry,
+            self.strategy,
+            mode=config.mode,
+            lr=config.lr,
+            lr_schedule=config.lr_schedule,
+            momentum=config.momentum,
+            seed=config.seed,
         )
         self.router.on_steps = on_steps
         if checkpoint is not None:
@@ -201,7 +217,9 @@ class Run:
         if resume:
             checkpoint_path = self.out / "checkpoint.pt"
             if not checkpoint_path.exists():
-                raise ConfigError(f"--resume: no checkpoint.pt in {self.out}; start without --resume")
+                raise ConfigError(
+                    f"--resume: no checkpoint.pt in {self.out}; start without --resume"
+                )
             try:
                 checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
                 saved = checkpoint["config"]
@@ -212,7 +230,8 @@ class Run:
                 ) from None
             current = self.config.comparable()
             differing = sorted(
-                key for key in set(saved) | set(current)
+                key
+                for key in set(saved) | set(current)
                 if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key)
             )
             if differing:
@@ -220,7 +239,9 @@ class Run:
                     f"{key}: checkpoint {saved.get(key)!r} vs now {current.get(key)!r}"
                     for key in differing
                 )
-                raise ConfigError(f"--resume: configuration differs from the checkpoint ({details})")
+                raise ConfigError(
+                    f"--resume: configuration differs from the checkpoint ({details})"
+                )
             if checkpoint["epoch"] >= self.config.epochs:
                 raise ConfigError(
                     f"--resume: the checkpoint already has {checkpoint['epoch']} epochs; "

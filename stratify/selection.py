@@ -191,6 +191,4 @@ def plan_global_batches(
     if not samples:
         empty = np.empty(0, dtype=np.int64)
         return Plan(empty, empty, np.zeros(1, dtype=np.int64), skipped)
-    return Plan(
-        np.concatenate(samples), np.concatenate(clients), np.asarray(batch_starts), skipped
-    )
+    return Plan(np.concatenate(samples), np.concatenate(clients), np.asarray(batch_starts), skipped)

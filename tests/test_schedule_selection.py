@@ -138,9 +138,7 @@ def test_global_batches_group_clients_and_hold_b_entries():
     federation, registry = random_federation(rng)
     placeholders = federation.sample_placeholders(registry)
     owners = federation.sample_clients()
-    schedule = stratified_label_schedule(
-        label_repeats(registry.global_counts, 600, "uniform"), rng
-    )
+    schedule = stratified_label_schedule(label_repeats(registry.global_counts, 600, "uniform"), rng)
     pools = SamplePools(federation, placeholders, registry.num_placeholders, rng)
     selector = ClientSelector(federation.placeholder_counts(registry), registry.global_counts)
     plan = plan_global_batches(schedule, pools, selector, batch_labels=32, rng=rng)

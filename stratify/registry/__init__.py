@@ -7,7 +7,7 @@ __all__ = ["LabelRegistry", "RegistryResult", "PlainRegistry", "make_registry"]
 
 
 def make_registry(secure: bool, seed: int = 0, protocol: str = "packed") -> LabelRegistry:
-    """The registry for ``--secure`` (CKKS, ``protocol`` naive|packed) or ``--no-secure`` (plain)."""
+    """The registry of ``--secure`` (CKKS, ``protocol`` naive|packed) or ``--no-secure`` (plain)."""
     if not secure:
         return PlainRegistry(seed=seed)
     from stratify.registry.ckks import CKKSRegistry

@@ -1,0 +1,171 @@
+"""`stratify bench`: engine throughput and chunk-size transfer counts, printed as figures."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from stratify.data.datasets import load_dataset
+from stratify.data.partition import partition
+from stratify.errors import ConfigError
+from stratify.federation import Federation
+from stratify.nn.models import build_model
+from stratify.registry import PlainRegistry
+from stratify.router import Router, configure_cpu_for_single_sample
+from stratify.run import resolve_device
+from stratify.strategy import Stratify
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise ConfigError(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
+def build_router(
+    dataset, clients: int, spec: str, seed: int, chunk: int, model_name: str, lr: float
+):
+    labels = dataset.train_labels
+    federation = Federation(partition(labels, clients, spec, seed=seed), labels)
+    registry = PlainRegistry(seed=seed).register(federation.label_counts())
+    torch.manual_seed(seed)
+    model = build_model(model_name, dataset.input_shape, dataset.num_classes).to(
+        dataset.x_train.device
+    )
+    strategy = Stratify(chunk=chunk)
+    return Router(model, dataset, federation, registry, strategy, lr=lr, seed=seed)
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks that print figures: engine steps/s and chunk-size transfers."""
+
+
+@bench.command("transfers")
+@click.option("--dataset", default="mnist-10k", show_default=True)
+@click.option("--data-dir", default="../shared/data", show_default=True)
+@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
+@click.option("--clients", default=10, show_default=True, type=int)
+@click.option("--chunks", default="1,5,50,150", show_default=True)
+@click.option(
+    "--seeds", default=5, show_default=True, type=int, help="Epochs (schedules) averaged."
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> None:
+    """Model transfers per epoch for chunk sizes CS (planning only, no training)."""
+    chunk_sizes = parse_int_list(chunks, "--chunks")
+    data = load_dataset(dataset, data_dir=data_dir, device="cpu")
+    results = []
+    for chunk in chunk_sizes:
+        counts = []
+        router = build_router(data, clients, spec, 0, chunk, "mlp", 0.01)
+        for seed in range(seeds):
+            plan = router.strategy.plan_epoch(router, np.random.default_rng([seed, 1]))
+            counts.append(plan.transfers)
+        results.append({"chunk": chunk, "transfers": float(np.mean(counts)), "runs": counts})
+    baseline = results[0]["transfers"]
+    table = Table(
+        title=f"transfers per epoch · {dataset} · {spec} · {clients} clients · mean of {seeds}"
+    )
+    for column in ("CS", "transfers", f"vs CS={chunk_sizes[0]}"):
+        table.add_column(column, justify="right")
+    for row in results:
+        row["reduction"] = 1.0 - row["transfers"] / baseline
+        table.add_row(
+            str(row["chunk"]), f"{row['transfers']:.1f}", f"{-100 * row['reduction']:+.1f}%"
+        )
+    Console().print(table)
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(results, handle, indent=2)
+
+
+def eager_reference_loop(model, x_train, y_train, samples, lr: float) -> None:
+    """What a plain PyTorch user writes: index, forward, zero_grad, backward, step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for index in samples:
+        x = x_train[index].unsqueeze(0)
+        y = y_train[index].unsqueeze(0)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+
+def timed(function, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    function()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+@bench.command("steps")
+@click.option("--dataset", default="mnist-10k", show_default=True)
+@click.option("--data-dir", default="../shared/data", show_default=True)
+@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
+@click.option("--clients", default=10, show_default=True, type=int)
+@click.option("--model", "model_name", default="cnn", show_default=True)
+@click.option("--steps", default=4000, show_default=True, type=int)
+@click.option(
+    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+def steps(dataset, data_dir, spec, clients, model_name, steps, device, json_path) -> None:
+    """Single-sample steps/s: the engine's hot loop against a plain eager PyTorch loop."""
+    if steps <= 0:
+        raise ConfigError(f"--steps must be positive, got {steps}")
+    device = resolve_device(device)
+    data = load_dataset(dataset, data_dir=data_dir, device=device)
+    router = build_router(data, clients, spec, 0, 5, model_name, 0.01)
+    plan = router.strategy.plan_epoch(router, np.random.default_rng([0, 1]))
+    samples = np.resize(plan.samples, steps)
+    warmup = samples[: min(200, steps)]
+    results = []
+
+    # the reference first, with torch's default backend settings
+    reference_model = build_model(model_name, data.input_shape, data.num_classes).to(device)
+    x_train, y_train = data.x_train, data.y_train
+    eager_reference_loop(reference_model, x_train, y_train, warmup.tolist(), 0.01)
+    seconds = timed(
+        lambda: eager_reference_loop(reference_model, x_train, y_train, samples.tolist(), 0.01),
+        device,
+    )
+    results.append(
+        {"loop": "plain eager PyTorch (default settings)", "steps_per_s": steps / seconds}
+    )
+
+    if device.type == "cpu":
+        configure_cpu_for_single_sample()
+    router.execute_single_sample(warmup)
+    seconds = timed(lambda: router.execute_single_sample(samples), device)
+    results.append(
+        {"loop": "stratify engine (execute_single_sample)", "steps_per_s": steps / seconds}
+    )
+
+    table = Table(
+        title=f"single-sample steps/s · {dataset} · {model_name} · {device} · {steps} steps"
+    )
+    table.add_column("loop")
+    table.add_column("steps/s", justify="right")
+    table.add_column("speed-up", justify="right")
+    for row in results:
+        row["speedup"] = row["steps_per_s"] / results[0]["steps_per_s"]
+        table.add_row(row["loop"], f"{row['steps_per_s']:.0f}", f"{row['speedup']:.2f}×")
+    Console().print(table)
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(results, handle, indent=2)

@@ -1,0 +1,160 @@
+"""Runs end to end: output files, determinism, resume, refusals, non-finite loss."""
+
+import json
+
+import pytest
+import torch
+
+from cli.main import main
+from stratify.errors import ConfigError, TrainingError
+from stratify.run import Run, TrainConfig
+
+FAST = {"repeat_count": 40}  # 400 steps per epoch on digits
+
+
+def config(tmp_path, name="run", **changes):
+    values = dict(
+        dataset="digits",
+        partition="classes:2",
+        clients=5,
+        epochs=2,
+        lr=0.05,
+        secure=False,
+        options=dict(FAST),
+        out=str(tmp_path / name),
+    )
+    values.update(changes)
+    return TrainConfig(**values)
+
+
+def read_metrics(path):
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.pop("wall_seconds")
+    return rows
+
+
+def test_run_writes_the_design_outputs(tmp_path):
+    summary = Run(config(tmp_path)).train()
+    out = tmp_path / "run"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint.pt",
+        "config.json",
+        "metrics.jsonl",
+        "summary.json",
+    ]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2]
+    assert set(rows[0]) == {
+        "epoch",
+        "test_accuracy",
+        "test_loss",
+        "train_loss",
+        "steps",
+        "transfers",
+        "bytes_sent",
+        "skipped",
+        "wall_seconds",
+    }
+    labels = json.loads((out / "config.json").read_text())["resolved"]["num_placeholders"]
+    assert rows[0]["steps"] + rows[0]["skipped"] == 40 * labels
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved == summary
+    assert saved["best_accuracy"] == max(row["test_accuracy"] for row in rows)
+    assert saved["total_transfers"] == sum(row["transfers"] for row in rows)
+    assert json.loads((out / "config.json").read_text())["versions"]["torch"] == torch.__version__
+
+
+def test_same_seed_gives_identical_metrics(tmp_path):
+    Run(config(tmp_path, "a")).train()
+    Run(config(tmp_path, "b")).train()
+    Run(config(tmp_path, "c", seed=1)).train()
+    assert read_metrics(tmp_path / "a") == read_metrics(tmp_path / "b")
+    assert read_metrics(tmp_path / "a") != read_metrics(tmp_path / "c")
+
+
+@pytest.mark.parametrize("mode", ["single-sample", "batch"])
+def test_resume_equals_uninterrupted_run(tmp_path, mode):
+    changes = {"mode": mode, "epochs": 4, "momentum": 0.5}
+    if mode == "batch":
+        changes["options"] = {**FAST, "batch_labels": 16}
+    Run(config(tmp_path, "straight", **changes)).train()
+    Run(config(tmp_path, "pieces", **{**changes, "epochs": 2})).train()
+    Run(config(tmp_path, "pieces", **changes), resume=True).train()
+    assert read_metrics(tmp_path / "pieces") == read_metrics(tmp_path / "straight")
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    pieces = json.loads((tmp_path / "pieces" / "summary.json").read_text())
+    straight.pop("total_wall_seconds")
+    pieces.pop("total_wall_seconds")
+    assert straight == pieces
+
+
+def test_existing_run_is_refused_without_overwrite(tmp_path):
+    Run(config(tmp_path, epochs=1)).train()
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        Run(config(tmp_path, epochs=1))
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    Run(config(tmp_path, epochs=1, seed=3), overwrite=True).train()
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["seed"] == 3
+
+
+def test_resume_refusals(tmp_path):
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        Run(config(tmp_path, "empty"), resume=True)
+    Run(config(tmp_path, epochs=1)).train()
+    with pytest.raises(ConfigError, match="differs from the checkpoint.*lr"):
+        Run(config(tmp_path, epochs=2, lr=0.1), resume=True)
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="unreadable"):
+        Run(config(tmp_path, epochs=2), resume=True)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    def poison(record):
+        if record.epoch == 1:
+            with torch.no_grad():
+                for parameter in run.router.model.parameters():
+                    parameter.fill_(float("nan"))
+
+    run = Run(config(tmp_path, epochs=3), on_epoch=poison)
+    with pytest.raises(TrainingError, match=r"non-finite.*epoch 1\) is kept"):
+        run.train()
+    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["epoch"] == 1
+    assert all(
+        torch.isfinite(v).all() for v in checkpoint["model"].values() if v.is_floating_point()
+    )
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--chunk", "0"], "--chunk must be a positive integer"),
+        (["--mode", "batch", "--batch-labels", "0"], "--batch-labels must be a positive integer"),
+        (["--mode", "batch", "--chunk", "5"], "--chunk applies to --mode single-sample"),
+        (["--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--partition", "classes:x"], "classes:x"),
+        (["--epochs", "0"], "--epochs must be a positive integer"),
+    ],
+)
+def test_train_cli_bad_input_is_one_line(tmp_path, capsys, arguments, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--no-secure", "--out", str(tmp_path / "x"), *arguments])
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert "Traceback" not in err[0]
+
+
+def test_train_cli_runs_and_resumes(tmp_path, capsys):
+    out = str(tmp_path / "cli")
+    common = ["train", "--no-secure", "--repeat-count", "30", "--out", out, "--chunk", "5"]
+    main([*common, "--epochs", "1"])
+    main([*common, "--epochs", "2", "--resume"])
+    assert "best accuracy" in capsys.readouterr().out
+    rows = [
+        json.loads(line) for line in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [row["epoch"] for row in rows] == [1, 2]
