@@ -145,11 +145,18 @@ def steps(dataset, data_dir, spec, clients, model_name, steps, device, json_path
         device,
     )
     results.append(
-        {"loop": "plain eager PyTorch (default settings)", "steps_per_s": steps / seconds}
+        {"loop": "plain eager PyTorch, default backend settings", "steps_per_s": steps / seconds}
     )
 
     if device.type == "cpu":
         configure_cpu_for_single_sample()
+        seconds = timed(
+            lambda: eager_reference_loop(reference_model, x_train, y_train, samples.tolist(), 0.01),
+            device,
+        )
+        results.append(
+            {"loop": "plain eager PyTorch, 1 thread, oneDNN off", "steps_per_s": steps / seconds}
+        )
     router.execute_single_sample(warmup)
     seconds = timed(lambda: router.execute_single_sample(samples), device)
     results.append(
