@@ -178,6 +178,13 @@ class Run:
             domains=self.dataset.domains_train,
         )
         self.federation = Federation(client_indices, labels)
+        unheld = sorted(set(labels.tolist()) - set(labels[np.concatenate(client_indices)].tolist()))
+        if unheld:
+            raise ConfigError(
+                f"label(s) {', '.join(map(str, unheld))} are held by no client under "
+                f"{config.partition} with {config.clients} clients; use more clients or "
+                "another partition"
+            )
         registry = make_registry(config.secure, seed=config.seed, protocol=config.protocol)
         self.registry = registry.register(
             self.federation.label_counts(), num_classes=self.dataset.num_classes

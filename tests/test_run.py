@@ -16,7 +16,7 @@ def config(tmp_path, name="run", **changes):
     values = dict(
         dataset="digits",
         partition="classes:2",
-        clients=5,
+        clients=10,
         epochs=2,
         lr=0.05,
         secure=False,
@@ -137,6 +137,8 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
         (["--dataset", "nope"], "unknown dataset 'nope'"),
         (["--partition", "classes:x"], "classes:x"),
         (["--epochs", "0"], "--epochs must be a positive integer"),
+        (["--partition", "classes:1", "--clients", "5"], "held by no client"),
+        (["--clients", "5000"], "5000 clients but only 1437 training samples"),
     ],
 )
 def test_train_cli_bad_input_is_one_line(tmp_path, capsys, arguments, message):
