@@ -89,7 +89,7 @@ def default_out(config: TrainConfig) -> str:
     show_default=True,
 )
 @click.option("--epochs", default=5, show_default=True, type=int)
-@click.option("--lr", default=0.01, show_default=True, type=float)
+@click.option("--lr", type=float, help="Base learning rate [default: 0.05 on digits, else 0.01].")
 @click.option(
     "--lr-schedule",
     type=click.Choice(["inverse-epoch", "constant"]),
@@ -193,46 +193,58 @@ def train(
     if config.out is None:
         config.out = default_out(config)
     console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[count]}"),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
+    display = TrainingProgress(console, f"{algorithm} on {dataset}", epochs)
     with console.status(f"loading {dataset}, partitioning, registering labels…"):
-        epochs_task = None
-
-        def on_epoch(record: EpochRecord) -> None:
-            progress.update(
-                epochs_task,
-                advance=1,
-                status=f"acc {record.test_accuracy:.4f} · loss {record.train_loss:.4f}",
-            )
-
-        steps_done = [0]
-
-        def count_steps(count: int) -> int:
-            steps_done[0] += count
-            return steps_done[0]
-
-        def on_steps(count: int) -> None:
-            progress.update(steps_task, advance=count, count=f"{count_steps(count)} steps")
-
-        run = Run(config, resume=resume, overwrite=overwrite, on_epoch=on_epoch, on_steps=on_steps)
-    with progress:
-        epochs_task = progress.add_task(
-            f"{algorithm} on {dataset}",
-            total=epochs,
-            completed=run.start_epoch,
-            status="",
-            count=f"{run.start_epoch}/{epochs} epochs",
+        run = Run(
+            config,
+            resume=resume,
+            overwrite=overwrite,
+            on_epoch=display.epoch_done,
+            on_steps=display.samples_done,
         )
-        steps_task = progress.add_task("steps", total=None, status="", count="")
+    with display.live(run.start_epoch):
         summary = run.train()
     print_results(Console(), run, summary)
+
+
+class TrainingProgress:
+    """Rich progress: an epoch bar with the live accuracy, and a running sample count."""
+
+    def __init__(self, console: Console, title: str, epochs: int) -> None:
+        self.title = title
+        self.epochs = epochs
+        self.samples = 0
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[count]}"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+
+    def live(self, start_epoch: int) -> Progress:
+        self.epoch_task = self.progress.add_task(
+            self.title,
+            total=self.epochs,
+            completed=start_epoch,
+            count=f"{start_epoch}/{self.epochs} epochs",
+            status="",
+        )
+        self.sample_task = self.progress.add_task("samples", total=None, count="0", status="")
+        return self.progress
+
+    def epoch_done(self, record: EpochRecord) -> None:
+        self.progress.update(
+            self.epoch_task,
+            completed=record.epoch,
+            count=f"{record.epoch}/{self.epochs} epochs",
+            status=f"acc {record.test_accuracy:.4f} · train loss {record.train_loss:.4f}",
+        )
+
+    def samples_done(self, count: int) -> None:
+        self.samples += count
+        self.progress.update(self.sample_task, advance=count, count=f"{self.samples} trained")
 
 
 def print_results(console: Console, run: Run, summary: dict) -> None:
