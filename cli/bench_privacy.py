@@ -1,0 +1,225 @@
+"""`stratify bench-privacy`: the CKKS registry's cost over classes x clients (paper Table IV).
+
+Each cell builds clients holding random label subsets, registers them with the naive
+and/or packed protocol, times unique discovery, mapping and aggregation separately (all
+in one process, so client and server work both count; key generation is reported apart
+as ``setup_s``), and checks every result against the plain registry.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import click
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stratify.errors import ConfigError, RegistryError
+from stratify.registry.ckks import CKKSRegistry, same_result
+from stratify.registry.plain import PlainRegistry
+
+PHASES = ("unique_s", "mapping_s", "aggregation_s")
+
+
+def parse_positive_ints(text: str, flag: str) -> list[int]:
+    """``"2,10,100"`` -> ``[2, 10, 100]``; anything else is a one-line :class:`ConfigError`.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated integers, each at least 1.
+    flag : str
+        The option's name, for the error message.
+    """
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} takes integers of at least 1, got {text!r}")
+    return list(dict.fromkeys(values))  # repeated values would only repeat a cell
+
+
+def make_clients(classes: int, clients: int, seed: int) -> list[dict[int, int]]:
+    """Clients holding random label subsets: each draws a size uniform in ``1..classes``,
+    that many distinct labels in random order, and a count in ``1..1000`` per label.
+
+    Parameters
+    ----------
+    classes : int
+        Labels are ``0..classes-1``.
+    clients : int
+        Number of clients.
+    seed : int
+        Seed; the same (seed, classes, clients) gives the same clients.
+    """
+    rng = np.random.default_rng([seed, classes, clients])
+    client_labels = []
+    for _ in range(clients):
+        size = int(rng.integers(1, classes + 1))
+        labels = rng.choice(classes, size=size, replace=False)
+        counts = rng.integers(1, 1001, size=size)
+        client_labels.append({int(label): int(count) for label, count in zip(labels, counts)})
+    return client_labels
+
+
+def time_cell(classes: int, clients: int, protocol: str, repeat: int, seed: int) -> dict:
+    """Register one cell ``repeat`` times; medians of each phase and whether all matched plain.
+
+    Parameters
+    ----------
+    classes, clients : int
+        The cell of the grid.
+    protocol : {"naive", "packed"}
+        CKKS protocol.
+    repeat : int
+        Registrations timed; the reported phase times are their medians.
+    seed : int
+        Seed of the clients and of the placeholders.
+    """
+    client_labels = make_clients(classes, clients, seed)
+    expected = PlainRegistry(seed=seed).register(client_labels, num_classes=classes)
+    registry = CKKSRegistry(seed=seed, protocol=protocol)
+    runs, verified = [], True
+    for _ in range(repeat):
+        result = registry.register(client_labels, num_classes=classes)
+        verified = verified and same_result(result, expected)
+        runs.append(dict(registry.timings))
+    stats = registry.stats
+    row = {"protocol": protocol, "classes": classes, "clients": clients}
+    for phase in PHASES:
+        row[phase] = statistics.median(run[phase] for run in runs)
+    row["total_s"] = statistics.median(sum(run[phase] for phase in PHASES) for run in runs)
+    row["verified"] = verified
+    row.update(
+        setup_s=runs[0]["setup_s"], repeat=repeat, seed=seed,
+        labels=sum(map(len, client_labels)), unique_labels=expected.num_placeholders,
+        subtractions=stats.subtractions, encryptions=stats.encryptions,
+        decryptions=stats.decryptions, bytes_to_server=stats.bytes_to_server,
+        bytes_to_key_holder=stats.bytes_to_key_holder,
+        max_decryption_error=stats.max_decryption_error, block_size=stats.block_size,
+    )
+    return row
+
+
+def console_is_terminal() -> bool:
+    return Console().is_terminal
+
+
+def format_seconds(seconds: float) -> str:
+    """Durations as the paper writes them: ``8ms``, ``0.8s``, ``102s``."""
+    if seconds < 0.01:
+        return f"{seconds * 1e3:.1f}ms"
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f}ms"
+    if seconds < 100:
+        return f"{seconds:.1f}s"
+    return f"{seconds:.0f}s"
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Packed rows get ``speedup``: naive total / packed total of the same cell."""
+    naive_total = {
+        (row["classes"], row["clients"]): row["total_s"]
+        for row in rows if row["protocol"] == "naive"
+    }
+    for row in rows:
+        cell = (row["classes"], row["clients"])
+        if row["protocol"] == "packed" and cell in naive_total and row["total_s"] > 0:
+            row["speedup"] = naive_total[cell] / row["total_s"]
+
+
+def format_speedup(speedup: float | None) -> str:
+    if speedup is None:
+        return ""
+    return f"{speedup:.1f}x" if speedup < 10 else f"{speedup:.0f}x"
+
+
+def results_table(rows: list[dict]) -> Table:
+    table = Table(title="CKKS registry: seconds per phase (client + server work)",
+                  box=box.SIMPLE_HEAD)
+    for column in ("classes", "clients", "protocol", "unique", "mapping", "aggregation",
+                   "total", "verified", "speed-up"):
+        table.add_column(column, justify="left" if column == "protocol" else "right",
+                         no_wrap=True)
+    for row in rows:
+        table.add_row(
+            str(row["classes"]), str(row["clients"]), row["protocol"],
+            *(f"{row[key]:.3f}" for key in (*PHASES, "total_s")),
+            "yes" if row["verified"] else "[red]NO[/red]",
+            format_speedup(row.get("speedup")),
+        )
+    return table
+
+
+def table_iv(rows: list[dict], protocol: str) -> Table:
+    """The paper's Table IV layout: classes down, clients across, unique + mapping + aggregation."""
+    cells = {(r["classes"], r["clients"]): r for r in rows if r["protocol"] == protocol}
+    clients = sorted({key[1] for key in cells})
+    table = Table(title=f"{protocol} (Table IV layout)", box=box.SIMPLE_HEAD,
+                  caption="unique + mapping + aggregation")
+    table.add_column("total class")
+    for count in clients:
+        table.add_column(f"{count} clients", justify="right")
+    for classes in sorted({key[0] for key in cells}):
+        table.add_row(f"{classes} classes", *(
+            " + ".join(format_seconds(cells[classes, count][phase]) for phase in PHASES)
+            if (classes, count) in cells else "" for count in clients
+        ))
+    return table
+
+
+@click.command("bench-privacy")
+@click.option("--classes", "classes_text", default="2,10,100", show_default=True,
+              help="Comma-separated numbers of classes.")
+@click.option("--clients", "clients_text", default="5,10,20", show_default=True,
+              help="Comma-separated numbers of clients.")
+@click.option("--protocol", type=click.Choice(["naive", "packed", "both"]), default="both",
+              show_default=True, help="CKKS protocol(s) to time.")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="Registrations per cell and protocol; phase times are their medians.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the clients' label subsets and of the placeholders.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Also write one object per cell and protocol to this file.")
+def bench_privacy(classes_text: str, clients_text: str, protocol: str, repeat: int, seed: int,
+                  json_path: str | None) -> None:
+    """Time the CKKS registry (naive vs packed) over classes x clients, verified against plain."""
+    class_counts = parse_positive_ints(classes_text, "--classes")
+    client_counts = parse_positive_ints(clients_text, "--clients")
+    if repeat < 1:
+        raise ConfigError(f"--repeat takes an integer of at least 1, got {repeat}")
+    protocols = ["naive", "packed"] if protocol == "both" else [protocol]
+    jobs = [(c, k, p) for c in class_counts for k in client_counts for p in protocols]
+
+    # the results table needs ~90 columns; rich assumes 80 when writing to a pipe or file
+    console = Console() if console_is_terminal() else Console(width=100)
+    rows = []
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("bench-privacy", total=len(jobs))
+        for classes, clients, name in jobs:
+            progress.update(task, description=f"{classes} classes x {clients} clients · {name}")
+            rows.append(time_cell(classes, clients, name, repeat, seed))
+            progress.advance(task)
+    add_speedups(rows)
+
+    if json_path:
+        try:
+            Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
+        except OSError as error:
+            raise ConfigError(f"cannot write --json {json_path}: {error.strerror}") from None
+    console.print(results_table(rows))
+    for name in protocols:
+        console.print(table_iv(rows, name))
+
+    failed = [f"{r['classes']}x{r['clients']} {r['protocol']}" for r in rows if not r["verified"]]
+    if failed:
+        raise RegistryError(f"CKKS result differs from the plain registry in: {', '.join(failed)}")

@@ -1,0 +1,106 @@
+"""The registry interface: plain registry, make_registry, and secure == no-secure.
+
+Training with ``--secure`` learns exactly as ``--no-secure`` for the same seed because
+every registry returns the same :class:`RegistryResult`; these tests pin that down.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stratify.errors import RegistryError, StratifyError
+from stratify.registry import LabelRegistry, PlainRegistry, RegistryResult, make_registry
+from stratify.registry.base import assign_placeholders
+from stratify.registry.ckks import CKKSRegistry, same_result
+
+
+def dirichlet_clients(num_clients: int, num_classes: int, alpha: float, seed: int) -> list[dict]:
+    """Label counts as a Dirichlet partition gives them (what ``Federation.label_counts``
+    returns: int labels in ascending order, clients without a label leave it out)."""
+    rng = np.random.default_rng(seed)
+    shares = rng.dirichlet([alpha] * num_clients, size=num_classes)  # class -> client shares
+    counts = np.floor(shares * 200).astype(int)
+    clients = []
+    for client in range(num_clients):
+        held = {label: int(counts[label, client]) for label in range(num_classes)
+                if counts[label, client] > 0}
+        clients.append(held or {0: 1})
+    return clients
+
+
+def all_registries(seed: int) -> list[LabelRegistry]:
+    return [make_registry(False, seed=seed), make_registry(True, seed=seed, protocol="naive"),
+            make_registry(True, seed=seed, protocol="packed")]
+
+
+def test_make_registry_picks_the_implementation():
+    plain = make_registry(False, seed=4)
+    assert isinstance(plain, PlainRegistry) and plain.seed == 4
+    for protocol in ("naive", "packed"):
+        secure = make_registry(True, seed=4, protocol=protocol)
+        assert isinstance(secure, CKKSRegistry)
+        assert secure.seed == 4 and secure.protocol == protocol and secure.result is None
+    assert make_registry(True).protocol == "packed"
+    with pytest.raises(RegistryError, match="unknown CKKS protocol"):
+        make_registry(True, protocol="fast")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_secure_and_plain_results_are_identical_on_a_dirichlet_federation(seed):
+    clients = dirichlet_clients(num_clients=6, num_classes=10, alpha=0.5, seed=seed)
+    plain, naive, packed = (
+        registry.register(clients, num_classes=10) for registry in all_registries(seed)
+    )
+    assert same_result(plain, naive) and same_result(plain, packed)
+    assert [list(m.items()) for m in plain.client_maps] == [
+        list(m.items()) for m in packed.client_maps
+    ]
+
+
+def test_every_registry_keeps_the_interface_contract():
+    clients = [{"cat": 3, "dog": 1}, {"dog": 2, "fox": 5}, {"cat": 1}]
+    for registry in all_registries(seed=8):
+        result = registry.register(clients, num_classes=3)
+        assert registry.result is result
+        assert isinstance(result, RegistryResult) and result.num_placeholders == 3
+        assert sorted({p for m in result.client_maps for p in m.values()}) == [0, 1, 2]
+        assert [set(m) for m in result.client_maps] == [set(c) for c in clients]
+        placeholder = result.client_maps[0]
+        assert result.global_counts.dtype == np.int64
+        assert result.global_counts[placeholder["cat"]] == 4
+        assert result.global_counts[placeholder["dog"]] == 3
+        assert result.global_counts.sum() == 12
+        assert result.client_placeholders(2) == {placeholder["cat"]}
+
+
+def test_plain_discovers_in_client_then_mapping_order():
+    clients = [{5: 1, 2: 1}, {9: 1, 5: 1}, {2: 1, 0: 1}]
+    result = PlainRegistry(seed=3).register(clients)
+    order = assign_placeholders(4, seed=3)
+    assert result.client_maps[0] == {5: int(order[0]), 2: int(order[1])}
+    assert result.client_maps[1] == {9: int(order[2]), 5: int(order[0])}
+    assert result.client_maps[2] == {2: int(order[1]), 0: int(order[3])}
+
+
+def test_placeholders_are_a_seeded_permutation():
+    first, again, other = (assign_placeholders(30, seed) for seed in (1, 1, 2))
+    assert sorted(first) == list(range(30))
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+@pytest.mark.parametrize("registry_index", [0, 1, 2])
+@pytest.mark.parametrize(("clients", "message"), [
+    ([], "no clients to register"),
+    ([{0: 1}, {}], "client 1 has no labels"),
+    ([{0: -2}], "client 0: count -2 for label 0 must be a positive integer"),
+    ([{0: 1}, {"a": 1.5}], "client 1: count 1.5 for label 'a'"),
+])
+def test_bad_input_is_rejected_the_same_way_by_every_registry(registry_index, clients, message):
+    registry = all_registries(seed=0)[registry_index]
+    previous = registry.register([{0: 1}])
+    with pytest.raises(RegistryError, match=message) as caught:
+        registry.register(clients)
+    assert isinstance(caught.value, StratifyError)  # the CLI prints it as one line
+    assert registry.result is previous
