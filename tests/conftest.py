@@ -2,6 +2,11 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# tests run small tensors: one thread is fastest and immune to OpenMP oversubscription when
+# the machine is busy (two threads made some tests 10-30x slower under load)
+torch.set_num_threads(1)
 
 # ../shared/data beside the project (CI and development); STRATIFY_DATA_DIR overrides it
 SHARED_DATA = Path(
