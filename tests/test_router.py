@@ -87,17 +87,22 @@ def test_sumbn_global_batch_matches_batchnorm_on_union():
     plan = router.strategy.plan_epoch(router, np.random.default_rng(4))
     samples = plan.samples[plan.batch_starts[0] : plan.batch_starts[1]]
     clients = plan.clients[plan.batch_starts[0] : plan.batch_starts[1]]
+    assert len(np.unique(clients)) > 1
     _, sum_bn = batch_gradients(router, samples, clients, fused=False)
-    torch.manual_seed(0)
+    # reference: nn.BatchNorm on the union batch, in float64. (torch's float32 CPU
+    # BatchNorm is itself off by up to 1% here on one thread — 8x8 inputs leave 1x1 maps
+    # in the last stage — while the sum-based layer, which accumulates in float64, is
+    # within 1e-5 of the float64 reference.)
     reference = build_model("resnet9", router.dataset.input_shape, 10, norm="bn")
     reference.load_state_dict(router.model.state_dict())
-    reference.train()
+    reference.double().train()
     index = torch.as_tensor(samples)
     F.cross_entropy(
-        reference(router.dataset.x_train[index]), router.dataset.y_train[index]
+        reference(router.dataset.x_train[index].double()), router.dataset.y_train[index]
     ).backward()
     for ours, parameter in zip(sum_bn, reference.parameters()):
-        assert torch.allclose(ours, parameter.grad, atol=1e-5, rtol=1e-3)
+        exact = parameter.grad
+        assert (ours.double() - exact).abs().max() <= 1e-4 * exact.abs().max()
 
 
 def test_batch_epoch_counts_one_step_per_global_batch():
