@@ -1,0 +1,502 @@
+"""The baselines' defining math on tiny models and hand-computable cases."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from baselines.common import participants, weighted_average
+from baselines.fedavg import FedAvg
+from baselines.fedavgm import FedAvgM, server_momentum_step
+from baselines.fedprox import FedProx, proximal_term
+from baselines.fedtan import FedTAN
+from baselines.scaffold import Scaffold, control_variate_update, scaffold_server_update
+from baselines.sfl import SFL
+from stratify.data.datasets import Dataset
+from stratify.errors import ConfigError
+from stratify.federation import Federation
+from stratify.nn.norm import SumBatchNorm, client_split
+from stratify.registry import PlainRegistry
+from stratify.router import Router
+
+FEATURES, CLASSES = 4, 3
+
+
+def tiny_router(strategy, model, sizes=(3, 5), mode="batch", lr=0.1, seed=0, data_seed=0):
+    """A router over ``len(sizes)`` clients; client k holds label k % CLASSES only."""
+    generator = torch.Generator().manual_seed(data_seed)
+    labels = np.concatenate([[k % CLASSES] * size for k, size in enumerate(sizes)])
+    x = torch.randn(len(labels), FEATURES, generator=generator) + torch.as_tensor(labels)[:, None]
+    y = torch.as_tensor(labels, dtype=torch.long)
+    dataset = Dataset("tiny", x, y, x[:4].clone(), y[:4].clone(), CLASSES)
+    offsets = np.cumsum([0, *sizes])
+    client_indices = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))]
+    federation = Federation(client_indices, labels)
+    registry = PlainRegistry(seed=0).register(federation.label_counts())
+    return Router(model, dataset, federation, registry, strategy, mode=mode, lr=lr, seed=seed)
+
+
+def linear(seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(FEATURES, CLASSES)
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(FEATURES, 6), nn.ReLU(), nn.Linear(6, CLASSES))
+
+
+def bn_mlp(seed=0, norm=None):
+    torch.manual_seed(seed)
+    layer = nn.BatchNorm1d(6) if norm is None else norm
+    return nn.Sequential(nn.Linear(FEATURES, 6), layer, nn.ReLU(), nn.Linear(6, CLASSES))
+
+
+def ce_gradient(weight, bias, x, y):
+    """Gradient of the mean cross-entropy of a linear model, by hand (numpy, float64)."""
+    logits = x @ weight.T + bias
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    return p.T @ x / len(y), p.mean(0)
+
+
+def numpy_params(model):
+    return model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
+
+
+def client_data(router, client, order=None):
+    indices = router.federation.client_indices[client] if order is None else order
+    x = router.dataset.x_train[indices].double().numpy()
+    return x, router.dataset.y_train[indices].numpy()
+
+
+# -- shared math ---------------------------------------------------------------------------
+
+
+def test_weighted_average_by_hand():
+    states = [
+        {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)},
+        {"w": torch.tensor([4.0, 8.0]), "n": torch.tensor(6)},
+    ]
+    average = weighted_average(states, [1, 2])
+    assert torch.allclose(average["w"], torch.tensor([3.0, 6.0]))
+    assert average["n"].dtype == torch.long and int(average["n"]) == 5
+
+
+def test_participants_fraction():
+    rng = np.random.default_rng(0)
+    assert participants(10, 1.0, rng).tolist() == list(range(10))
+    chosen = participants(10, 0.3, rng)
+    assert len(chosen) == 3 and len(set(chosen.tolist())) == 3
+    assert len(participants(10, 0.01, rng)) == 1
+
+
+# -- FedAvg ----------------------------------------------------------------------------------
+
+
+def test_fedavg_round_is_the_sample_weighted_average_of_local_gradient_steps():
+    # local batch = whole client, 1 local epoch: each client takes one full-batch GD step
+    router = tiny_router(FedAvg(local_batch_size=8), linear(), sizes=(3, 5), lr=0.5)
+    w0, b0 = numpy_params(router.model)
+    expected_w, expected_b = np.zeros_like(w0), np.zeros_like(b0)
+    for client, share in ((0, 3 / 8), (1, 5 / 8)):
+        gw, gb = ce_gradient(w0, b0, *client_data(router, client))
+        expected_w += share * (w0 - 0.5 * gw)
+        expected_b += share * (b0 - 0.5 * gb)
+    stats = router.run_epoch(1)
+    w1, b1 = numpy_params(router.model)
+    assert np.allclose(w1, expected_w, atol=1e-6) and np.allclose(b1, expected_b, atol=1e-6)
+    assert stats.transfers == 4  # 2 clients, download + upload each
+    assert stats.bytes_sent == 4 * router.model_bytes
+    assert stats.steps == 2
+
+
+def test_fedavg_single_sample_mode_uses_batches_of_one():
+    router = tiny_router(FedAvg(local_epochs=2), linear(), sizes=(3, 5), mode="single-sample")
+    assert router.strategy.batch_size == 1
+    assert router.run_epoch(1).steps == 2 * (3 + 5)
+    with pytest.raises(ConfigError, match="single-sample"):
+        tiny_router(FedAvg(local_batch_size=4), linear(), mode="single-sample")
+
+
+def test_client_fraction_samples_clients():
+    router = tiny_router(FedAvg(client_fraction=0.5), linear(), sizes=(2, 2, 2, 2))
+    stats = router.run_epoch(1)
+    assert stats.transfers == 4 and stats.steps == 2
+
+
+# -- BN buffers -----------------------------------------------------------------------------
+
+
+def bn_input(model, x):
+    return model[0](x).detach().double()
+
+
+def test_bn_buffers_average_is_sample_weighted():
+    router = tiny_router(FedAvg(local_batch_size=8), bn_mlp(), sizes=(3, 5))
+    start = copy.deepcopy(router.model)
+    expected_mean = torch.zeros(6, dtype=torch.float64)
+    expected_var = torch.zeros(6, dtype=torch.float64)
+    for client, share in ((0, 3 / 8), (1, 5 / 8)):
+        h = bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
+        expected_mean += share * 0.1 * h.mean(0)
+        expected_var += share * (0.9 + 0.1 * h.var(0, unbiased=True))
+    router.run_epoch(1)
+    bn = router.model[1]
+    assert torch.allclose(bn.running_mean.double(), expected_mean, atol=1e-6)
+    assert torch.allclose(bn.running_var.double(), expected_var, atol=1e-6)
+    assert int(bn.num_batches_tracked) == 1
+
+
+def test_bn_buffers_local_stay_with_their_client():
+    router = tiny_router(FedAvg(local_batch_size=8, bn_buffers="local"), bn_mlp(), sizes=(3, 5))
+    router.run_epoch(1)
+    strategy = router.strategy
+    own = {k: strategy.client_buffers[k]["1.running_mean"].clone() for k in (0, 1)}
+    assert not torch.allclose(own[0], own[1])
+    # the global model evaluates with the sample-weighted average of the clients' buffers
+    assert torch.allclose(router.model[1].running_mean, (3 * own[0] + 5 * own[1]) / 8, atol=1e-6)
+    # a client receives the global parameters but its own buffers
+    received = strategy.receive(router, 0)
+    assert torch.equal(received[1].running_mean, own[0])
+    assert torch.equal(received[0].weight, router.model[0].weight)
+    # and its statistics keep running from there
+    start = copy.deepcopy(router.model)
+    router.run_epoch(2)
+    for client in (0, 1):
+        h = bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
+        expected = 0.9 * own[client].double() + 0.1 * h.mean(0)
+        got = strategy.client_buffers[client]["1.running_mean"].double()
+        assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_bn_buffers_local_resume():
+    strategy = FedAvg(bn_buffers="local", local_batch_size=8)
+    tiny_router(strategy, bn_mlp()).run_epoch(1)
+    restored = FedAvg(bn_buffers="local", local_batch_size=8)
+    tiny_router(restored, bn_mlp())
+    restored.load_state_dict(strategy.state_dict())
+    for client in (0, 1):
+        for key, value in strategy.client_buffers[client].items():
+            assert torch.equal(restored.client_buffers[client][key], value)
+
+
+# -- FedProx ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["single-sample", "batch"])
+def test_fedprox_with_mu_zero_equals_fedavg_bit_for_bit(mode):
+    fedavg = tiny_router(FedAvg(local_epochs=2), mlp(), mode=mode, sizes=(7, 9))
+    fedprox = tiny_router(FedProx(local_epochs=2, mu=0.0), mlp(), mode=mode, sizes=(7, 9))
+    for epoch in (1, 2):
+        fedavg.run_epoch(epoch)
+        fedprox.run_epoch(epoch)
+    for a, b in zip(fedavg.model.parameters(), fedprox.model.parameters()):
+        assert torch.equal(a, b)
+    assert not torch.equal(next(fedavg.model.parameters()), next(mlp().parameters()))
+
+
+def test_proximal_term_and_its_gradient():
+    w = torch.tensor([1.0, 3.0], requires_grad=True)
+    anchor = torch.tensor([0.0, 1.0])
+    value = proximal_term([w], [anchor], mu=0.5)
+    value.backward()
+    assert np.isclose(float(value.detach()), 0.25 * (1 + 4))
+    assert torch.allclose(w.grad, 0.5 * (w.detach() - anchor))
+
+
+def test_fedprox_local_steps_by_hand():
+    # one client, two samples, batch of one: the 2nd step feels μ (w1 − w0)
+    mu, lr = 2.0, 0.1
+    router = tiny_router(FedProx(mu=mu), linear(), sizes=(2,), mode="single-sample", lr=lr)
+    w, b = numpy_params(router.model)
+    w0, b0 = w.copy(), b.copy()
+    order = np.random.default_rng([0, 1]).permutation(router.federation.client_indices[0])
+    for index in order:
+        x, y = client_data(router, 0, order=[index])
+        gw, gb = ce_gradient(w, b, x, y)
+        w, b = w - lr * (gw + mu * (w - w0)), b - lr * (gb + mu * (b - b0))
+    router.run_epoch(1)
+    w1, b1 = numpy_params(router.model)
+    assert np.allclose(w1, w, atol=1e-6) and np.allclose(b1, b, atol=1e-6)
+
+
+# -- FedAvgM ---------------------------------------------------------------------------------
+
+
+def test_server_momentum_step_by_hand():
+    def t(value):
+        return {"p": torch.tensor([value], dtype=torch.float64)}
+
+    x, v = server_momentum_step(t(1.0), t(0.6), t(0.2), momentum=0.5, server_lr=2.0)
+    # Δ = 0.4, v = 0.5·0.2 + 0.4 = 0.5, x = 1 − 2·0.5 = 0
+    assert torch.allclose(v["p"], t(0.5)["p"]) and torch.allclose(x["p"], t(0.0)["p"], atol=1e-12)
+
+
+def test_fedavgm_without_momentum_equals_fedavg():
+    fedavg = tiny_router(FedAvg(), mlp(), mode="single-sample")
+    fedavgm = tiny_router(FedAvgM(server_momentum=0.0, server_lr=1.0), mlp(), mode="single-sample")
+    for epoch in (1, 2, 3):
+        fedavg.run_epoch(epoch)
+        fedavgm.run_epoch(epoch)
+    for a, b in zip(fedavg.model.parameters(), fedavgm.model.parameters()):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_fedavgm_momentum_accumulates_and_resumes():
+    strategy = FedAvgM(server_momentum=0.5, server_lr=1.0)
+    router = tiny_router(strategy, linear(), mode="single-sample")
+    reference = tiny_router(FedAvg(), linear(), mode="single-sample")
+    x0 = router.model.weight.detach().clone()
+    router.run_epoch(1)
+    reference.run_epoch(1)
+    # round 1: v = Δ, so x1 = average (= FedAvg's model)
+    assert torch.allclose(router.model.weight, reference.model.weight, atol=1e-7)
+    assert torch.allclose(strategy.velocity["weight"], x0 - reference.model.weight, atol=1e-7)
+    # resume: a fresh strategy with the saved state continues identically
+    restored = FedAvgM(server_momentum=0.5, server_lr=1.0)
+    resumed = tiny_router(restored, linear(), mode="single-sample")
+    resumed.model.load_state_dict(router.model.state_dict())
+    restored.load_state_dict(strategy.state_dict())
+    router.run_epoch(2)
+    resumed.run_epoch(2)
+    assert torch.equal(router.model.weight, resumed.model.weight)
+
+
+# -- SCAFFOLD --------------------------------------------------------------------------------
+
+
+def test_control_variate_update_by_hand():
+    t = torch.tensor
+    new = control_variate_update(
+        {"p": t([1.0])}, {"p": t([0.5])}, {"p": t([2.0])}, {"p": t([1.5])}, steps=5, lr=0.1
+    )
+    assert torch.allclose(new["p"], t([1.0 - 0.5 + 0.5 / (5 * 0.1)]))  # 1.5
+    x, c = scaffold_server_update(
+        {"p": t([1.0])}, {"p": t([0.0])}, [{"p": t([0.2])}], [{"p": t([0.4])}],
+        server_lr=0.5, num_clients=4,
+    )
+    assert torch.allclose(x["p"], t([1.1])) and torch.allclose(c["p"], t([0.1]))
+
+
+def test_scaffold_two_rounds_by_hand():
+    # two clients, one sample each, batch of one, K = 1 step per round
+    lr, server_lr = 0.2, 0.5
+    strategy = Scaffold(server_lr=server_lr)
+    router = tiny_router(strategy, linear(), sizes=(1, 1), mode="single-sample", lr=lr)
+    w, b = numpy_params(router.model)
+    c = [np.zeros_like(w), np.zeros_like(b)]
+    c_i = {k: [np.zeros_like(w), np.zeros_like(b)] for k in (0, 1)}
+    for epoch in (1, 2):
+        ys, new_c = [], {}
+        for k in (0, 1):
+            gw, gb = ce_gradient(w, b, *client_data(router, k))
+            yw = w - lr * (gw - c_i[k][0] + c[0])
+            yb = b - lr * (gb - c_i[k][1] + c[1])
+            new_c[k] = [c_i[k][0] - c[0] + (w - yw) / lr, c_i[k][1] - c[1] + (b - yb) / lr]
+            ys.append((yw, yb))
+        delta_c = [np.mean([new_c[k][j] - c_i[k][j] for k in (0, 1)], 0) for j in (0, 1)]
+        w = w + server_lr * np.mean([yw - w for yw, _ in ys], 0)
+        b = b + server_lr * np.mean([yb - b for _, yb in ys], 0)
+        c = [c[j] + (2 / 2) * delta_c[j] for j in (0, 1)]
+        c_i = new_c
+        stats = router.run_epoch(epoch)
+        w1, b1 = numpy_params(router.model)
+        assert np.allclose(w1, w, atol=1e-6) and np.allclose(b1, b, atol=1e-6)
+        assert np.allclose(strategy.server_variate["weight"].numpy(), c[0], atol=1e-5)
+        for k in (0, 1):
+            assert np.allclose(strategy.client_variates[k]["bias"].numpy(), c_i[k][1], atol=1e-5)
+    # with K = 1 step, option II gives c_i = the client's gradient at the round's start
+    assert stats.transfers == 4
+    assert stats.bytes_sent == 4 * router.model_bytes + 4 * router.gradient_bytes
+
+
+def test_scaffold_state_round_trip():
+    strategy = Scaffold()
+    tiny_router(strategy, linear(), mode="single-sample").run_epoch(1)
+    restored = Scaffold()
+    tiny_router(restored, linear(), mode="single-sample")
+    restored.load_state_dict(strategy.state_dict())
+    assert torch.equal(restored.server_variate["weight"], strategy.server_variate["weight"])
+    assert sorted(restored.client_variates) == [0, 1]
+    assert torch.equal(restored.client_variates[1]["bias"], strategy.client_variates[1]["bias"])
+
+
+# -- SFL -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["single-sample", "batch"])
+def test_sfl_round_equals_training_clients_one_after_another(mode):
+    sizes, lr, epochs = (3, 4, 5), 0.1, 2
+    router = tiny_router(SFL(local_epochs=epochs, local_batch_size=None if mode != "batch" else 2),
+                         mlp(), sizes=sizes, mode=mode, lr=lr, seed=3)
+    batch_size = 1 if mode == "single-sample" else 2
+    reference = copy.deepcopy(router.model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+    rng = np.random.default_rng([3, 1])
+    order = rng.permutation(len(sizes))
+    for client in order:
+        for _ in range(epochs):
+            shuffled = rng.permutation(router.federation.client_indices[client])
+            for start in range(0, len(shuffled), batch_size):
+                batch = torch.as_tensor(shuffled[start : start + batch_size])
+                loss = F.cross_entropy(
+                    reference(router.dataset.x_train[batch]), router.dataset.y_train[batch]
+                )
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    stats = router.run_epoch(1)
+    for ours, theirs in zip(router.model.parameters(), reference.parameters()):
+        assert torch.allclose(ours, theirs, atol=1e-7)
+    assert stats.transfers == len(sizes)
+    assert stats.bytes_sent == len(sizes) * router.model_bytes
+
+
+def test_sfl_order_is_random_each_round():
+    router = tiny_router(SFL(), mlp(), sizes=(1,) * 6, mode="single-sample")
+    orders = [list(router.strategy.configure_rounds(router, e, router.epoch_rng(e)))[0].clients
+              for e in (1, 2, 3)]
+    assert all(sorted(order.tolist()) == list(range(6)) for order in orders)
+    assert len({tuple(order.tolist()) for order in orders}) > 1
+
+
+# -- FedTAN ----------------------------------------------------------------------------------
+
+
+def test_fedtan_bn_statistics_are_the_mean_of_client_statistics():
+    # unequal clients (3 and 5 samples), one lockstep step: the running statistics are
+    # updated with the unweighted mean over clients of their batch mean and variance
+    router = tiny_router(FedTAN(local_batch_size=8), bn_mlp(), sizes=(3, 5))
+    start = copy.deepcopy(router.model)
+    means, variances = [], []
+    for client in (0, 1):
+        h = bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
+        means.append(h.mean(0))
+        variances.append(h.var(0, unbiased=False))
+    mean = (means[0] + means[1]) / 2
+    var = (variances[0] + variances[1]) / 2
+    union = torch.cat([bn_input(start, router.dataset.x_train[ix])
+                       for ix in router.federation.client_indices])
+    assert not torch.allclose(mean, union.mean(0), atol=1e-3)  # differs from union BN
+    stats = router.run_epoch(1)
+    bn = router.model[1]
+    assert torch.allclose(bn.running_mean.double(), 0.1 * mean, atol=1e-6)
+    assert torch.allclose(bn.running_var.double(), 0.9 + 0.1 * var * 8 / 7, atol=1e-6)
+    assert int(bn.num_batches_tracked) == 1
+    assert stats.steps == 2 and stats.transfers == 4
+
+
+def test_fedtan_gradient_flows_through_the_shared_statistics():
+    # equal clients: after one lockstep step the average of the clients' models equals one
+    # step on the union loss Σ_k L_k with FedTAN's BN (client-mean) over the client split
+    lr = 0.3
+    router = tiny_router(FedTAN(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
+    reference = bn_mlp(norm=SumBatchNorm(6, dims=1, combine="client-mean"))
+    reference.load_state_dict(router.model.state_dict())
+    rng = np.random.default_rng([0, 1])
+    orders = [rng.permutation(ix) for ix in router.federation.client_indices]
+    x, y = router.dataset.x_train, router.dataset.y_train
+    with client_split(reference, [4, 4]):
+        logits = reference(torch.cat([x[order] for order in orders]))
+    targets = torch.cat([y[order] for order in orders])
+    loss = F.cross_entropy(logits[:4], targets[:4]) + F.cross_entropy(logits[4:], targets[4:])
+    loss.backward()
+    router.run_epoch(1)
+    for (name, ours), theirs in zip(router.model.named_parameters(), reference.parameters()):
+        expected = theirs.detach() - lr / 2 * theirs.grad
+        assert torch.allclose(ours, expected, atol=1e-6), name
+    assert torch.allclose(router.model[1].running_mean, reference[1].running_mean, atol=1e-6)
+
+
+def test_fedtan_runs_several_lockstep_steps_with_diverging_clients():
+    router = tiny_router(FedTAN(local_epochs=2, local_batch_size=2), bn_mlp(), sizes=(4, 6))
+    stats = router.run_epoch(1)
+    assert stats.steps == 2 * 3 * 2  # 2 epochs × ceil(6/2) lockstep steps × 2 clients
+    assert stats.loss_count == 2 * 3 * (2 + 2)
+    assert all(torch.isfinite(p).all() for p in router.model.parameters())
+    # the BN forwards are restored on the global model (no lockstep hooks leak)
+    assert "forward" not in router.model[1].__dict__
+
+
+def test_fedtan_refuses_models_without_batch_norm():
+    with pytest.raises(ConfigError, match="BatchNorm"):
+        tiny_router(FedTAN(), mlp())
+
+
+def test_fedtan_error_in_one_client_is_raised_not_deadlocked():
+    # batches of one on BatchNorm1d: every client variance is zero, a clear error
+    router = tiny_router(FedTAN(), bn_mlp(), sizes=(3, 5), mode="single-sample")
+    with pytest.raises(ConfigError, match="one value per channel"):
+        router.run_epoch(1)
+
+
+# -- every method in both settings, and bad options ------------------------------------------
+
+
+def conv_bn(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 2, 2)), nn.Conv2d(1, 3, 1), nn.BatchNorm2d(3), nn.ReLU(),
+        nn.Flatten(), nn.Linear(12, CLASSES),
+    )
+
+
+@pytest.mark.parametrize("mode", ["single-sample", "batch"])
+@pytest.mark.parametrize(
+    "strategy", [FedAvg, FedProx, Scaffold, FedAvgM, SFL, FedTAN], ids=lambda c: c.name
+)
+def test_every_method_runs_in_both_settings(strategy, mode):
+    model = conv_bn() if strategy is FedTAN else mlp()
+    router = tiny_router(strategy(), model, sizes=(3, 5), mode=mode)
+    stats = router.run_epoch(1)
+    assert stats.steps > 0 and stats.transfers > 0 and stats.bytes_sent > 0
+    assert np.isfinite(stats.train_loss)
+    accuracy, loss = router.evaluate()
+    assert 0.0 <= accuracy <= 1.0 and np.isfinite(loss)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: FedAvg(local_epochs=0), "--local-epochs must be a positive integer"),
+        (lambda: FedAvg(local_batch_size=-2), "--local-batch-size must be a positive integer"),
+        (lambda: FedAvg(client_fraction=0.0), "--client-fraction must be in"),
+        (lambda: FedAvg(client_fraction=1.5), "--client-fraction must be in"),
+        (lambda: FedAvg(bn_buffers="drop"), "unknown --bn-buffers"),
+        (lambda: FedProx(mu=-1), "--mu must be a non-negative"),
+        (lambda: FedAvgM(server_momentum=1.0), "--server-momentum must be in"),
+        (lambda: FedAvgM(server_lr=0), "--server-lr must be a positive"),
+        (lambda: Scaffold(server_lr=-1), "--server-lr must be a positive"),
+        (lambda: SFL(local_epochs=0), "--local-epochs must be a positive integer"),
+        (lambda: FedTAN(local_batch_size=0), "--local-batch-size must be a positive integer"),
+    ],
+)
+def test_bad_options_are_config_errors(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+class FailsOnBatchOf(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.size = size
+
+    def forward(self, x):
+        if x.shape[0] == self.size:
+            raise ValueError("client failure before the BN exchange")
+        return x
+
+
+def test_fedtan_failure_of_one_client_releases_the_others():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        FailsOnBatchOf(6), nn.Linear(FEATURES, 6), nn.BatchNorm1d(6), nn.Linear(6, CLASSES)
+    )
+    router = tiny_router(FedTAN(local_batch_size=8), model, sizes=(4, 6))
+    with pytest.raises(ValueError, match="client failure"):
+        router.run_epoch(1)
