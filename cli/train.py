@@ -42,7 +42,7 @@ STRATEGY_FLAGS = [
     click.option(
         "--local-batch-size",
         type=int,
-        help="Baselines: local mini-batch size (1 in single-sample mode).",
+        help="Baselines, batch mode: local mini-batch size [default: 64]; single-sample uses 1.",
     ),
     click.option("--client-fraction", type=float, help="Baselines: fraction of clients per round."),
     click.option("--mu", type=float, help="FedProx proximal weight μ."),

@@ -58,7 +58,8 @@ def validate_client_labels(client_labels: Sequence[Mapping[Hashable, int]]) -> N
         for label, count in counts.items():
             if int(count) != count or count <= 0:
                 raise RegistryError(
-                    f"client {client}: count {count!r} for label {label!r} must be a positive integer"
+                    f"client {client}: count {count!r} for label {label!r} "
+                    "must be a positive integer"
                 )
 
 
