@@ -98,12 +98,18 @@ def time_cell(classes: int, clients: int, protocol: str, repeat: int, seed: int)
     row["total_s"] = statistics.median(sum(run[phase] for phase in PHASES) for run in runs)
     row["verified"] = verified
     row.update(
-        setup_s=runs[0]["setup_s"], repeat=repeat, seed=seed,
-        labels=sum(map(len, client_labels)), unique_labels=expected.num_placeholders,
-        subtractions=stats.subtractions, encryptions=stats.encryptions,
-        decryptions=stats.decryptions, bytes_to_server=stats.bytes_to_server,
+        setup_s=runs[0]["setup_s"],
+        repeat=repeat,
+        seed=seed,
+        labels=sum(map(len, client_labels)),
+        unique_labels=expected.num_placeholders,
+        subtractions=stats.subtractions,
+        encryptions=stats.encryptions,
+        decryptions=stats.decryptions,
+        bytes_to_server=stats.bytes_to_server,
         bytes_to_key_holder=stats.bytes_to_key_holder,
-        max_decryption_error=stats.max_decryption_error, block_size=stats.block_size,
+        max_decryption_error=stats.max_decryption_error,
+        block_size=stats.block_size,
     )
     return row
 
@@ -127,7 +133,8 @@ def add_speedups(rows: list[dict]) -> None:
     """Packed rows get ``speedup``: naive total / packed total of the same cell."""
     naive_total = {
         (row["classes"], row["clients"]): row["total_s"]
-        for row in rows if row["protocol"] == "naive"
+        for row in rows
+        if row["protocol"] == "naive"
     }
     for row in rows:
         cell = (row["classes"], row["clients"])
@@ -142,15 +149,26 @@ def format_speedup(speedup: float | None) -> str:
 
 
 def results_table(rows: list[dict]) -> Table:
-    table = Table(title="CKKS registry: seconds per phase (client + server work)",
-                  box=box.SIMPLE_HEAD)
-    for column in ("classes", "clients", "protocol", "unique", "mapping", "aggregation",
-                   "total", "verified", "speed-up"):
-        table.add_column(column, justify="left" if column == "protocol" else "right",
-                         no_wrap=True)
+    table = Table(
+        title="CKKS registry: seconds per phase (client + server work)", box=box.SIMPLE_HEAD
+    )
+    for column in (
+        "classes",
+        "clients",
+        "protocol",
+        "unique",
+        "mapping",
+        "aggregation",
+        "total",
+        "verified",
+        "speed-up",
+    ):
+        table.add_column(column, justify="left" if column == "protocol" else "right", no_wrap=True)
     for row in rows:
         table.add_row(
-            str(row["classes"]), str(row["clients"]), row["protocol"],
+            str(row["classes"]),
+            str(row["clients"]),
+            row["protocol"],
             *(f"{row[key]:.3f}" for key in (*PHASES, "total_s")),
             "yes" if row["verified"] else "[red]NO[/red]",
             format_speedup(row.get("speedup")),
@@ -162,34 +180,77 @@ def table_iv(rows: list[dict], protocol: str) -> Table:
     """The paper's Table IV layout: classes down, clients across, unique + mapping + aggregation."""
     cells = {(r["classes"], r["clients"]): r for r in rows if r["protocol"] == protocol}
     clients = sorted({key[1] for key in cells})
-    table = Table(title=f"{protocol} (Table IV layout)", box=box.SIMPLE_HEAD,
-                  caption="unique + mapping + aggregation")
+    table = Table(
+        title=f"{protocol} (Table IV layout)",
+        box=box.SIMPLE_HEAD,
+        caption="unique + mapping + aggregation",
+    )
     table.add_column("total class")
     for count in clients:
         table.add_column(f"{count} clients", justify="right")
     for classes in sorted({key[0] for key in cells}):
-        table.add_row(f"{classes} classes", *(
-            " + ".join(format_seconds(cells[classes, count][phase]) for phase in PHASES)
-            if (classes, count) in cells else "" for count in clients
-        ))
+        table.add_row(
+            f"{classes} classes",
+            *(
+                " + ".join(format_seconds(cells[classes, count][phase]) for phase in PHASES)
+                if (classes, count) in cells
+                else ""
+                for count in clients
+            ),
+        )
     return table
 
 
 @click.command("bench-privacy")
-@click.option("--classes", "classes_text", default="2,10,100", show_default=True,
-              help="Comma-separated numbers of classes.")
-@click.option("--clients", "clients_text", default="5,10,20", show_default=True,
-              help="Comma-separated numbers of clients.")
-@click.option("--protocol", type=click.Choice(["naive", "packed", "both"]), default="both",
-              show_default=True, help="CKKS protocol(s) to time.")
-@click.option("--repeat", type=int, default=1, show_default=True,
-              help="Registrations per cell and protocol; phase times are their medians.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the clients' label subsets and of the placeholders.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False),
-              help="Also write one object per cell and protocol to this file.")
-def bench_privacy(classes_text: str, clients_text: str, protocol: str, repeat: int, seed: int,
-                  json_path: str | None) -> None:
+@click.option(
+    "--classes",
+    "classes_text",
+    default="2,10,100",
+    show_default=True,
+    help="Comma-separated numbers of classes.",
+)
+@click.option(
+    "--clients",
+    "clients_text",
+    default="5,10,20",
+    show_default=True,
+    help="Comma-separated numbers of clients.",
+)
+@click.option(
+    "--protocol",
+    type=click.Choice(["naive", "packed", "both"]),
+    default="both",
+    show_default=True,
+    help="CKKS protocol(s) to time.",
+)
+@click.option(
+    "--repeat",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Registrations per cell and protocol; phase times are their medians.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the clients' label subsets and of the placeholders.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    help="Also write one object per cell and protocol to this file.",
+)
+def bench_privacy(
+    classes_text: str,
+    clients_text: str,
+    protocol: str,
+    repeat: int,
+    seed: int,
+    json_path: str | None,
+) -> None:
     """Time the CKKS registry (naive vs packed) over classes x clients, verified against plain."""
     class_counts = parse_positive_ints(classes_text, "--classes")
     client_counts = parse_positive_ints(clients_text, "--clients")
@@ -201,8 +262,12 @@ def bench_privacy(classes_text: str, clients_text: str, protocol: str, repeat: i
     # the results table needs ~90 columns; rich assumes 80 when writing to a pipe or file
     console = Console() if console_is_terminal() else Console(width=100)
     rows = []
-    columns = (TextColumn("{task.description}"), BarColumn(),
-               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("bench-privacy", total=len(jobs))
         for classes, clients, name in jobs:

@@ -7,8 +7,11 @@ import numpy as np
 
 from stratify.errors import DatasetError
 
-METRIC_ROWS = (("class imbalance ΔCI", "ci"), ("attribute imbalance ΔAI", "ai"),
-               ("spurious correlation ΔSC", "sc"))
+METRIC_ROWS = (
+    ("class imbalance ΔCI", "ci"),
+    ("attribute imbalance ΔAI", "ai"),
+    ("spurious correlation ΔSC", "sc"),
+)
 
 
 def parse_option_value(text: str):
@@ -45,22 +48,58 @@ def _format(value: float | None) -> str:
 
 
 @click.command("partition-stats")
-@click.option("--dataset", "dataset_name", default="digits", show_default=True,
-              help="Dataset name (see DESIGN §7), e.g. digits, mnist-10k, colored-mnist.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              envvar="STRATIFY_DATA_DIR", help="Folder holding the dataset files "
-              "(env STRATIFY_DATA_DIR).")
-@click.option("--partition", "spec", default="iid", show_default=True,
-              help="iid, classes:K, dirichlet:ALPHA, shards:S or domains:D.")
+@click.option(
+    "--dataset",
+    "dataset_name",
+    default="digits",
+    show_default=True,
+    help="Dataset name (see DESIGN §7), e.g. digits, mnist-10k, colored-mnist.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    envvar="STRATIFY_DATA_DIR",
+    help="Folder holding the dataset files (env STRATIFY_DATA_DIR).",
+)
+@click.option(
+    "--partition",
+    "spec",
+    default="iid",
+    show_default=True,
+    help="iid, classes:K, dirichlet:ALPHA, shards:S or domains:D.",
+)
 @click.option("--clients", type=int, default=10, show_default=True, help="Number of clients.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the partition (and of derived datasets).")
-@click.option("--min-size", type=int, default=None,
-              help="dirichlet: smallest allowed client (default min(10, N // (2 clients))).")
-@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
-              help="Dataset option, repeatable, e.g. -o correlation=0.5 -o base=mnist.")
-def partition_stats(dataset_name: str, data_dir: str | None, spec: str, clients: int, seed: int,
-                    min_size: int | None, options: tuple[str, ...]) -> None:
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the partition (and of derived datasets).",
+)
+@click.option(
+    "--min-size",
+    type=int,
+    default=None,
+    help="dirichlet: smallest allowed client (default min(10, N // (2 clients))).",
+)
+@click.option(
+    "-o",
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Dataset option, repeatable, e.g. -o correlation=0.5 -o base=mnist.",
+)
+def partition_stats(
+    dataset_name: str,
+    data_dir: str | None,
+    spec: str,
+    clients: int,
+    seed: int,
+    min_size: int | None,
+    options: tuple[str, ...],
+) -> None:
     """Print per-client label counts and the six FedDiverse heterogeneity metrics.
 
     The training split of the dataset is partitioned; domains (pacs, digits-dg,
@@ -74,8 +113,9 @@ def partition_stats(dataset_name: str, data_dir: str | None, spec: str, clients:
     from stratify.data.partition import parse_partition_spec, partition, unassigned
 
     parse_partition_spec(spec)  # reject a malformed spec before loading any data
-    dataset = load_dataset(dataset_name, data_dir=data_dir, device="cpu", seed=seed,
-                           **parse_options(options))
+    dataset = load_dataset(
+        dataset_name, data_dir=data_dir, device="cpu", seed=seed, **parse_options(options)
+    )
     labels = dataset.train_labels
     domains = dataset.domains_train
     parts = partition(labels, clients, spec, seed=seed, domains=domains, min_size=min_size)

@@ -36,8 +36,10 @@ DIGITS = ["train", "--dataset", "digits", "--epochs", "1", "--no-secure"]
         (["--algorithm", "sfl", "--bn-buffers", "local"], "--bn-buffers does not apply"),
         (["--algorithm", "fedtan", "--bn-buffers", "local"], "--bn-buffers does not apply"),
         (["--algorithm", "fedavg", "--local-epochs", "0"], "--local-epochs must be a positive"),
-        (["--algorithm", "fedprox", "--local-batch-size", "-1", "--mode", "batch"],
-         "--local-batch-size must be a positive"),
+        (
+            ["--algorithm", "fedprox", "--local-batch-size", "-1", "--mode", "batch"],
+            "--local-batch-size must be a positive",
+        ),
         (["--algorithm", "scaffold", "--client-fraction", "1.5"], "--client-fraction must be in"),
         (["--algorithm", "fedavg", "--local-batch-size", "8"], "does not fit --mode single-sample"),
         (["--algorithm", "fedtan"], "fedtan needs a model with BatchNorm layers"),
@@ -53,8 +55,21 @@ def test_bad_baseline_input_is_one_line(tmp_path, capsys, arguments, message):
 
 def test_train_cli_runs_a_baseline(tmp_path, capsys):
     out = tmp_path / "scaffold"
-    main([*DIGITS, "--out", str(out), "--algorithm", "scaffold", "--mode", "batch",
-          "--local-batch-size", "32", "--server-lr", "1.0"])
+    main(
+        [
+            *DIGITS,
+            "--out",
+            str(out),
+            "--algorithm",
+            "scaffold",
+            "--mode",
+            "batch",
+            "--local-batch-size",
+            "32",
+            "--server-lr",
+            "1.0",
+        ]
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "scaffold" and summary["best_epoch"] == 1
     assert summary["total_transfers"] == 20  # 10 clients × (download + upload)

@@ -277,8 +277,12 @@ def test_control_variate_update_by_hand():
     )
     assert torch.allclose(new["p"], t([1.0 - 0.5 + 0.5 / (5 * 0.1)]))  # 1.5
     x, c = scaffold_server_update(
-        {"p": t([1.0])}, {"p": t([0.0])}, [{"p": t([0.2])}], [{"p": t([0.4])}],
-        server_lr=0.5, num_clients=4,
+        {"p": t([1.0])},
+        {"p": t([0.0])},
+        [{"p": t([0.2])}],
+        [{"p": t([0.4])}],
+        server_lr=0.5,
+        num_clients=4,
     )
     assert torch.allclose(x["p"], t([1.1])) and torch.allclose(c["p"], t([0.1]))
 
@@ -332,8 +336,14 @@ def test_scaffold_state_round_trip():
 @pytest.mark.parametrize("mode", ["single-sample", "batch"])
 def test_sfl_round_equals_training_clients_one_after_another(mode):
     sizes, lr, epochs = (3, 4, 5), 0.1, 2
-    router = tiny_router(SFL(local_epochs=epochs, local_batch_size=None if mode != "batch" else 2),
-                         mlp(), sizes=sizes, mode=mode, lr=lr, seed=3)
+    router = tiny_router(
+        SFL(local_epochs=epochs, local_batch_size=None if mode != "batch" else 2),
+        mlp(),
+        sizes=sizes,
+        mode=mode,
+        lr=lr,
+        seed=3,
+    )
     batch_size = 1 if mode == "single-sample" else 2
     reference = copy.deepcopy(router.model)
     optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
@@ -359,8 +369,10 @@ def test_sfl_round_equals_training_clients_one_after_another(mode):
 
 def test_sfl_order_is_random_each_round():
     router = tiny_router(SFL(), mlp(), sizes=(1,) * 6, mode="single-sample")
-    orders = [list(router.strategy.configure_rounds(router, e, router.epoch_rng(e)))[0].clients
-              for e in (1, 2, 3)]
+    orders = [
+        list(router.strategy.configure_rounds(router, e, router.epoch_rng(e)))[0].clients
+        for e in (1, 2, 3)
+    ]
     assert all(sorted(order.tolist()) == list(range(6)) for order in orders)
     assert len({tuple(order.tolist()) for order in orders}) > 1
 
@@ -380,8 +392,9 @@ def test_fedtan_bn_statistics_are_the_mean_of_client_statistics():
         variances.append(h.var(0, unbiased=False))
     mean = (means[0] + means[1]) / 2
     var = (variances[0] + variances[1]) / 2
-    union = torch.cat([bn_input(start, router.dataset.x_train[ix])
-                       for ix in router.federation.client_indices])
+    union = torch.cat(
+        [bn_input(start, router.dataset.x_train[ix]) for ix in router.federation.client_indices]
+    )
     assert not torch.allclose(mean, union.mean(0), atol=1e-3)  # differs from union BN
     stats = router.run_epoch(1)
     bn = router.model[1]
@@ -441,8 +454,12 @@ def test_fedtan_error_in_one_client_is_raised_not_deadlocked():
 def conv_bn(seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Unflatten(1, (1, 2, 2)), nn.Conv2d(1, 3, 1), nn.BatchNorm2d(3), nn.ReLU(),
-        nn.Flatten(), nn.Linear(12, CLASSES),
+        nn.Unflatten(1, (1, 2, 2)),
+        nn.Conv2d(1, 3, 1),
+        nn.BatchNorm2d(3),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(12, CLASSES),
     )
 
 

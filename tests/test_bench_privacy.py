@@ -11,8 +11,16 @@ from cli.bench_privacy import make_clients, parse_positive_ints
 from cli.main import main
 from stratify.errors import ConfigError
 
-FIELDS = {"protocol", "classes", "clients", "unique_s", "mapping_s", "aggregation_s", "total_s",
-          "verified"}
+FIELDS = {
+    "protocol",
+    "classes",
+    "clients",
+    "unique_s",
+    "mapping_s",
+    "aggregation_s",
+    "total_s",
+    "verified",
+}
 
 
 def run_error(capsys, *args: str) -> str:
@@ -33,7 +41,10 @@ def test_tiny_grid_writes_verified_json_and_prints_table_iv(capsys, tmp_path):
     assert captured.err == ""
     rows = json.loads(path.read_text())
     assert [(r["classes"], r["clients"], r["protocol"]) for r in rows] == [
-        (2, 3, "naive"), (2, 3, "packed"), (10, 3, "naive"), (10, 3, "packed"),
+        (2, 3, "naive"),
+        (2, 3, "packed"),
+        (10, 3, "naive"),
+        (10, 3, "packed"),
     ]
     for row in rows:
         assert FIELDS <= set(row)
@@ -54,11 +65,27 @@ def test_tiny_grid_writes_verified_json_and_prints_table_iv(capsys, tmp_path):
 
 def test_single_protocol_and_repeats(capsys, tmp_path):
     path = tmp_path / "packed.json"
-    main(["bench-privacy", "--classes", "4", "--clients", "2,3", "--protocol", "packed",
-          "--repeat", "2", "--seed", "5", "--json", str(path)])
+    main(
+        [
+            "bench-privacy",
+            "--classes",
+            "4",
+            "--clients",
+            "2,3",
+            "--protocol",
+            "packed",
+            "--repeat",
+            "2",
+            "--seed",
+            "5",
+            "--json",
+            str(path),
+        ]
+    )
     rows = json.loads(path.read_text())
     assert [(r["protocol"], r["clients"], r["repeat"], r["seed"]) for r in rows] == [
-        ("packed", 2, 2, 5), ("packed", 3, 2, 5),
+        ("packed", 2, 2, 5),
+        ("packed", 3, 2, 5),
     ]
     assert all(r["verified"] and "speedup" not in r for r in rows)
     assert "naive" not in capsys.readouterr().out
@@ -67,27 +94,32 @@ def test_single_protocol_and_repeats(capsys, tmp_path):
 def test_a_result_that_differs_from_plain_is_reported_and_fails(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(bench_module, "same_result", lambda first, second: False)
     path = tmp_path / "bad.json"
-    line = run_error(capsys, "--classes", "2", "--clients", "2", "--protocol", "packed",
-                     "--json", str(path))
+    line = run_error(
+        capsys, "--classes", "2", "--clients", "2", "--protocol", "packed", "--json", str(path)
+    )
     assert "differs from the plain registry in: 2x2 packed" in line
     assert json.loads(path.read_text())[0]["verified"] is False
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--classes", "2,x"], "--classes takes comma-separated integers, got '2,x'"),
-    (["--classes", "0,10"], "--classes takes integers of at least 1"),
-    (["--clients", ""], "--clients takes integers of at least 1"),
-    (["--clients", "-3"], "--clients takes integers of at least 1"),
-    (["--repeat", "0"], "--repeat takes an integer of at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--classes", "2,x"], "--classes takes comma-separated integers, got '2,x'"),
+        (["--classes", "0,10"], "--classes takes integers of at least 1"),
+        (["--clients", ""], "--clients takes integers of at least 1"),
+        (["--clients", "-3"], "--clients takes integers of at least 1"),
+        (["--repeat", "0"], "--repeat takes an integer of at least 1, got 0"),
+    ],
+)
 def test_bad_options_give_one_line_errors(capsys, args, message):
     assert message in run_error(capsys, *args)
 
 
 def test_unwritable_json_is_a_one_line_error(capsys, tmp_path):
     target = tmp_path / "missing" / "out.json"
-    line = run_error(capsys, "--classes", "1", "--clients", "1", "--protocol", "packed",
-                     "--json", str(target))
+    line = run_error(
+        capsys, "--classes", "1", "--clients", "1", "--protocol", "packed", "--json", str(target)
+    )
     assert "cannot write --json" in line
 
 

@@ -35,8 +35,9 @@ def roles() -> tuple[KeyHolder, Server]:
     return key_holder, Server(key_holder.public_context())
 
 
-def random_clients(rng: np.random.Generator, labels: list, num_clients: int,
-                   max_count: int = 500) -> list[dict]:
+def random_clients(
+    rng: np.random.Generator, labels: list, num_clients: int, max_count: int = 500
+) -> list[dict]:
     """Clients holding random subsets (random order) of ``labels``."""
     clients = []
     for _ in range(num_clients):
@@ -101,7 +102,8 @@ def test_decryption_error_is_far_below_the_match_threshold_at_the_top_of_the_ran
     right[1::3] = rng.integers(0, LABEL_HASH_RANGE, len(right[1::3]))  # unrelated codes
     difference = server.subtract(
         server.receive(key_holder.encrypt(left, stats), "client 0", slots),
-        server.receive(key_holder.encrypt(right, stats), "client 1", slots), stats,
+        server.receive(key_holder.encrypt(right, stats), "client 1", slots),
+        stats,
     )
     decrypted = key_holder.decrypt(difference, "client 0", LABEL_HASH_RANGE, stats)
     error = np.max(np.abs(decrypted - (left - right)))
@@ -157,8 +159,12 @@ def test_naive_packed_and_plain_give_identical_results(kind, num_classes):
 def test_labels_differing_by_one_at_the_top_of_the_hash_range():
     # codes are the labels themselves here, so neighbours really are one apart
     labels = [TOP, TOP - 1, TOP - 2, TOP - 3, 0, 1]
-    clients = [{TOP: 5, TOP - 1: 2}, {TOP - 1: 1, TOP - 2: 4, 0: 1}, {TOP - 3: 9, TOP: 1, 1: 2},
-               {1: 3, 0: 3, TOP - 2: 1}]
+    clients = [
+        {TOP: 5, TOP - 1: 2},
+        {TOP - 1: 1, TOP - 2: 4, 0: 1},
+        {TOP - 3: 9, TOP: 1, 1: 2},
+        {1: 3, 0: 3, TOP - 2: 1},
+    ]
     expected = PlainRegistry(seed=2).register(clients)
     assert expected.num_placeholders == len(labels)
     for protocol in PROTOCOLS:
@@ -291,14 +297,24 @@ def test_bad_counts(registered):
 
 def test_more_unique_labels_than_the_bound(registered):
     # U is full after client 0, so discovery stops and client 1's new label shows in mapping
-    fails_cleanly(registered, [{0: 1, 1: 1}, {2: 1, 1: 1}],
-                  r"client 1: label 2 matches no discovered unique label; the bound of 2 ",
-                  num_classes=2)
-    fails_cleanly(registered, [{0: 1}, {1: 1, 2: 1, 0: 1}],
-                  r"client 1 brings unique label number 3 \(new: 1, 2\), more than the bound of 2",
-                  num_classes=2)
-    fails_cleanly(registered, [{"a": 1, "b": 1, "c": 1}], "client 0 brings unique label number 3",
-                  num_classes=2)
+    fails_cleanly(
+        registered,
+        [{0: 1, 1: 1}, {2: 1, 1: 1}],
+        r"client 1: label 2 matches no discovered unique label; the bound of 2 ",
+        num_classes=2,
+    )
+    fails_cleanly(
+        registered,
+        [{0: 1}, {1: 1, 2: 1, 0: 1}],
+        r"client 1 brings unique label number 3 \(new: 1, 2\), more than the bound of 2",
+        num_classes=2,
+    )
+    fails_cleanly(
+        registered,
+        [{"a": 1, "b": 1, "c": 1}],
+        "client 0 brings unique label number 3",
+        num_classes=2,
+    )
     bounded = CKKSRegistry(seed=0, protocol=registered.protocol, max_unique=2)
     fails_cleanly(bounded, [{0: 1}, {1: 1, 2: 1}], "client 1 brings unique label number 3")
     fails_cleanly(bounded, [{0: 1}, {1: 1}, {2: 1}], "client 2: label 2 matches no discovered")
@@ -349,8 +365,8 @@ def test_truncated_ciphertext_names_the_client(registered, monkeypatch):
 def test_flipped_ciphertext_bytes_name_the_client(registered, monkeypatch):
     def flip(blob: bytes, size: int) -> bytes:
         middle = len(blob) // 2
-        flipped = bytes(byte ^ 0xFF for byte in blob[middle:middle + 64])
-        return blob[:middle] + flipped + blob[middle + 64:]
+        flipped = bytes(byte ^ 0xFF for byte in blob[middle : middle + 64])
+        return blob[:middle] + flipped + blob[middle + 64 :]
 
     tamper_client(monkeypatch, registered, 1, flip)
     fails_cleanly(registered, GOOD, "client 1: ")
@@ -358,8 +374,12 @@ def test_flipped_ciphertext_bytes_name_the_client(registered, monkeypatch):
 
 def test_ciphertext_under_another_key_names_the_client(registered, monkeypatch):
     foreign = KeyHolder(CKKSParameters(), KeyedLabelHash(b"someone else"))
-    tamper_client(monkeypatch, registered, 1,
-                  lambda blob, size: foreign.encrypt(np.zeros(size), ProtocolStats()))
+    tamper_client(
+        monkeypatch,
+        registered,
+        1,
+        lambda blob, size: foreign.encrypt(np.zeros(size), ProtocolStats()),
+    )
     fails_cleanly(registered, GOOD, "client 1: a decrypted value has magnitude .* another key")
 
 

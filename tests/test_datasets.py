@@ -20,6 +20,7 @@ MNIST_10K_CLASS_COUNTS = (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009)
 
 # ---------------------------------------------------------------------------- file builders
 
+
 def write_idx(path: Path, array: np.ndarray) -> Path:
     """Write a uint8 IDX file (gzipped if the name ends in .gz)."""
     array = np.asarray(array, dtype=np.uint8)
@@ -43,8 +44,12 @@ def fake_mnist_arrays(n_train: int = 24, n_test: int = 12, seed: int = 0):
 
 def write_fake_mnist(folder: Path, suffix: str = ".gz", **kwargs) -> tuple[np.ndarray, ...]:
     arrays = fake_mnist_arrays(**kwargs)
-    stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-             "t10k-labels-idx1-ubyte")
+    stems = (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
     for stem, array in zip(stems, arrays):
         write_idx(folder / f"{stem}{suffix}", array)
     return arrays
@@ -61,10 +66,22 @@ def write_image(path: Path, size: int = 8, seed: int = 0, mode: str = "RGB") -> 
 
 # ---------------------------------------------------------------------------- registry
 
+
 def test_registry_has_every_dataset_of_the_design():
     assert set(DATASETS) == {
-        "digits", "synthetic", "mnist-10k", "mnist", "fashion-mnist", "cifar10", "cifar100",
-        "covtype", "tiny-imagenet", "pacs", "digits-dg", "rotated-mnist", "colored-mnist",
+        "digits",
+        "synthetic",
+        "mnist-10k",
+        "mnist",
+        "fashion-mnist",
+        "cifar10",
+        "cifar100",
+        "covtype",
+        "tiny-imagenet",
+        "pacs",
+        "digits-dg",
+        "rotated-mnist",
+        "colored-mnist",
     }
 
 
@@ -73,21 +90,49 @@ def test_unknown_dataset_names_the_choices():
         load_dataset("nope")
 
 
-@pytest.mark.parametrize("name", ["mnist-10k", "mnist", "fashion-mnist", "cifar10", "cifar100",
-                                  "covtype", "tiny-imagenet", "pacs", "digits-dg",
-                                  "rotated-mnist", "colored-mnist"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mnist-10k",
+        "mnist",
+        "fashion-mnist",
+        "cifar10",
+        "cifar100",
+        "covtype",
+        "tiny-imagenet",
+        "pacs",
+        "digits-dg",
+        "rotated-mnist",
+        "colored-mnist",
+    ],
+)
 def test_file_datasets_without_data_dir_say_what_to_pass(name):
     with pytest.raises(DatasetError, match="--data-dir"):
         load_dataset(name, data_dir=None)
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion-mnist", "cifar10", "cifar100", "covtype",
-                                  "tiny-imagenet", "pacs", "digits-dg"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mnist",
+        "fashion-mnist",
+        "cifar10",
+        "cifar100",
+        "covtype",
+        "tiny-imagenet",
+        "pacs",
+        "digits-dg",
+    ],
+)
 def test_file_datasets_in_an_empty_folder_name_the_expected_files(name, tmp_path):
     expected = {
-        "mnist": "train-images-idx3-ubyte", "fashion-mnist": "fashion-mnist",
-        "cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python",
-        "covtype": "covertype", "tiny-imagenet": "tiny-imagenet-200", "pacs": "pacs",
+        "mnist": "train-images-idx3-ubyte",
+        "fashion-mnist": "fashion-mnist",
+        "cifar10": "cifar-10-batches-py",
+        "cifar100": "cifar-100-python",
+        "covtype": "covertype",
+        "tiny-imagenet": "tiny-imagenet-200",
+        "pacs": "pacs",
         "digits-dg": "digits-dg",
     }[name]
     with pytest.raises(DatasetError) as caught:
@@ -102,6 +147,7 @@ def test_missing_data_folder_is_reported(tmp_path):
 
 
 # ---------------------------------------------------------------------------- mnist-10k (real)
+
 
 def test_mnist_10k_real_files_counts_split_and_determinism(shared_data_dir):
     # shared_data_dir (tests/conftest.py) fails, never skips, when ../shared/data is missing
@@ -124,6 +170,7 @@ def test_read_idx_rejects_a_truncated_file(tmp_path):
 
 
 # ---------------------------------------------------------------------------- mnist, fashion
+
 
 def test_mnist_from_gzipped_idx_files_in_the_mnist_folder(tmp_path):
     train_images, train_labels, _, test_labels = write_fake_mnist(tmp_path / "mnist")
@@ -160,13 +207,16 @@ def test_mnist_with_mismatched_counts_is_a_dataset_error(tmp_path):
 
 # ---------------------------------------------------------------------------- cifar
 
+
 def write_fake_cifar10(root: Path, per_batch: int = 4) -> None:
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {"data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
-                 "labels": list(range(per_batch))}
+        batch = {
+            "data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
+            "labels": list(range(per_batch)),
+        }
         (folder / name).write_bytes(pickle.dumps(batch))
     meta = {"label_names": [str(i) for i in range(10)]}
     (folder / "batches.meta").write_bytes(pickle.dumps(meta))
@@ -190,6 +240,7 @@ def test_cifar10_with_corrupt_batches_is_a_dataset_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------- covtype
+
 
 def test_covtype_standardises_relabels_and_splits(tmp_path, monkeypatch):
     import sklearn.datasets
@@ -217,6 +268,7 @@ def test_covtype_standardises_relabels_and_splits(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- tiny-imagenet
+
 
 def write_fake_tiny_imagenet(root: Path) -> Path:
     base = root / "tiny-imagenet-200"
@@ -255,13 +307,17 @@ def test_tiny_imagenet_with_a_missing_val_image(tmp_path):
 
 # ---------------------------------------------------------------------------- pacs, digits-dg
 
+
 def write_fake_pacs(root: Path, per_class: int = 2) -> None:
     for d, domain in enumerate(datasets.PACS_DOMAINS):
         for c, name in enumerate(("dog", "horse")):
             for i in range(per_class):
                 suffix = ".png" if domain == "sketch" else ".jpg"
-                write_image(root / "pacs" / domain / name / f"{i}{suffix}", size=12,
-                            seed=100 * d + 10 * c + i)
+                write_image(
+                    root / "pacs" / domain / name / f"{i}{suffix}",
+                    size=12,
+                    seed=100 * d + 10 * c + i,
+                )
 
 
 def test_pacs_domains_classes_and_default_split(tmp_path):
@@ -301,8 +357,12 @@ def test_digits_dg_train_val_folders_and_domains(tmp_path):
             for digit in ("0", "1", "2"):
                 for i in range(count):
                     mode = "L" if domain == "mnist" else "RGB"
-                    write_image(tmp_path / "digits-dg" / domain / split / digit / f"{i}.png",
-                                size=28, seed=d * 100 + i, mode=mode)
+                    write_image(
+                        tmp_path / "digits-dg" / domain / split / digit / f"{i}.png",
+                        size=28,
+                        seed=d * 100 + i,
+                        mode=mode,
+                    )
     dataset = load_dataset("digits-dg", data_dir=str(tmp_path))
     assert dataset.x_train.shape == (24, 3, 32, 32) and dataset.x_test.shape == (12, 3, 32, 32)
     assert np.bincount(dataset.domains_train).tolist() == [6, 6, 6, 6]
@@ -313,6 +373,7 @@ def test_digits_dg_train_val_folders_and_domains(tmp_path):
 
 
 # ---------------------------------------------------------------------------- derived mnist
+
 
 def test_rotated_mnist_on_the_real_files(shared_data_dir):
     data_dir = shared_data_dir

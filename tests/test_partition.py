@@ -33,24 +33,42 @@ def assert_exact_cover(parts: list[np.ndarray], num_samples: int) -> None:
 
 # ---------------------------------------------------------------------------- spec parsing
 
-@pytest.mark.parametrize("spec, expected", [
-    ("iid", ("iid", None)), (" IID ", ("iid", None)), ("classes:2", ("classes", 2)),
-    ("dirichlet:0.5", ("dirichlet", 0.5)), ("Dirichlet: 1e-1", ("dirichlet", 0.1)),
-    ("shards:3", ("shards", 3)), ("domains:1", ("domains", 1)),
-])
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("iid", ("iid", None)),
+        (" IID ", ("iid", None)),
+        ("classes:2", ("classes", 2)),
+        ("dirichlet:0.5", ("dirichlet", 0.5)),
+        ("Dirichlet: 1e-1", ("dirichlet", 0.1)),
+        ("shards:3", ("shards", 3)),
+        ("domains:1", ("domains", 1)),
+    ],
+)
 def test_parse_valid_specs(spec, expected):
     assert parse_partition_spec(spec) == expected
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("random", "unknown partition 'random'; use iid, classes:K"),
-    ("classes:x", "classes needs a whole number of at least 1, got 'x'"),
-    ("classes:0", "got '0'"), ("classes:1.5", "got '1.5'"), ("classes", "needs a value"),
-    ("classes:", "needs a value"), ("shards:0", "shards needs a whole number"),
-    ("dirichlet:-1", "positive concentration alpha, got '-1'"),
-    ("dirichlet:abc", "got 'abc'"), ("dirichlet:0", "got '0'"), ("dirichlet:nan", "got 'nan'"),
-    ("dirichlet:inf", "got 'inf'"), ("iid:3", "takes no value"), ("domains:-2", "got '-2'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("random", "unknown partition 'random'; use iid, classes:K"),
+        ("classes:x", "classes needs a whole number of at least 1, got 'x'"),
+        ("classes:0", "got '0'"),
+        ("classes:1.5", "got '1.5'"),
+        ("classes", "needs a value"),
+        ("classes:", "needs a value"),
+        ("shards:0", "shards needs a whole number"),
+        ("dirichlet:-1", "positive concentration alpha, got '-1'"),
+        ("dirichlet:abc", "got 'abc'"),
+        ("dirichlet:0", "got '0'"),
+        ("dirichlet:nan", "got 'nan'"),
+        ("dirichlet:inf", "got 'inf'"),
+        ("iid:3", "takes no value"),
+        ("domains:-2", "got '-2'"),
+    ],
+)
 def test_malformed_specs_are_one_line_errors(spec, message):
     with pytest.raises(PartitionError, match=message) as caught:
         parse_partition_spec(spec)
@@ -65,10 +83,17 @@ def test_partition_names():
 
 # ---------------------------------------------------------------------------- shared checks
 
-@pytest.mark.parametrize("clients, message", [
-    (0, "at least 1, got 0"), (-3, "at least 1"), (501, "501 clients but only 500 samples"),
-    (2.5, "whole number"), (True, "whole number"),
-])
+
+@pytest.mark.parametrize(
+    "clients, message",
+    [
+        (0, "at least 1, got 0"),
+        (-3, "at least 1"),
+        (501, "501 clients but only 500 samples"),
+        (2.5, "whole number"),
+        (True, "whole number"),
+    ],
+)
 def test_bad_client_counts(clients, message):
     with pytest.raises(PartitionError, match=message):
         partition(balanced_labels(), clients, "iid")
@@ -89,8 +114,10 @@ def test_deterministic_for_a_seed_and_different_across_seeds(spec):
     assert not all(np.array_equal(a, b) for a, b in zip(first, other))
 
 
-@pytest.mark.parametrize("spec", ["iid", "classes:1", "classes:3", "dirichlet:0.1",
-                                  "dirichlet:100", "shards:1", "shards:5"])
+@pytest.mark.parametrize(
+    "spec",
+    ["iid", "classes:1", "classes:3", "dirichlet:0.1", "dirichlet:100", "shards:1", "shards:5"],
+)
 def test_every_sample_held_exactly_once(spec):
     labels = balanced_labels(per_class=37)
     parts = partition(labels, 10, spec, seed=1)
@@ -101,6 +128,7 @@ def test_every_sample_held_exactly_once(spec):
 
 # ---------------------------------------------------------------------------- iid
 
+
 def test_iid_sizes_differ_by_at_most_one():
     sizes = [len(p) for p in partition(np.zeros(5, dtype=int), 2, "iid", seed=3)]
     assert sizes == [3, 2]
@@ -109,6 +137,7 @@ def test_iid_sizes_differ_by_at_most_one():
 
 
 # ---------------------------------------------------------------------------- classes:k
+
 
 def test_classes_tiny_hand_case():
     labels = np.array([0, 0, 1, 1, 1])
@@ -151,8 +180,11 @@ def test_classes_drops_labels_no_client_holds():
 
 
 def test_classes_k_larger_than_labels():
-    with pytest.raises(PartitionError, match="classes:11 asks for 11 labels per client but the "
-                                             "data has only 10; use classes:K with K <= 10"):
+    with pytest.raises(
+        PartitionError,
+        match="classes:11 asks for 11 labels per client but the "
+        "data has only 10; use classes:K with K <= 10",
+    ):
         partition(balanced_labels(), 5, "classes:11")
 
 
@@ -163,6 +195,7 @@ def test_classes_uses_the_distinct_labels_present():
 
 
 # ---------------------------------------------------------------------------- dirichlet
+
 
 @pytest.mark.parametrize("alpha", [0.05, 0.5, 5.0])
 def test_dirichlet_respects_the_minimum_size(alpha):
@@ -184,8 +217,9 @@ def test_dirichlet_skew_grows_as_alpha_shrinks():
 
     def labels_per_client(alpha: float) -> float:
         parts = partition(labels, 10, f"dirichlet:{alpha}", seed=0, min_size=1)
-        return np.mean([np.sum(np.bincount(labels[p], minlength=10) > 0.05 * len(p))
-                        for p in parts])
+        return np.mean(
+            [np.sum(np.bincount(labels[p], minlength=10) > 0.05 * len(p)) for p in parts]
+        )
 
     assert labels_per_client(0.05) < labels_per_client(1.0) < labels_per_client(1000.0) + 1e-9
     sizes = [len(p) for p in partition(labels, 10, "dirichlet:1000", seed=0)]
@@ -198,8 +232,10 @@ def test_dirichlet_one_client_gets_everything():
 
 def test_dirichlet_gives_up_after_the_retry_cap():
     labels = np.repeat([0, 1], 50)  # 2 labels, 20 clients, tiny alpha: a few clients get all
-    message = (f"could not draw a Dirichlet partition with at least 5 samples per client after "
-               f"{MAX_DIRICHLET_TRIES} tries; use fewer clients or a larger alpha")
+    message = (
+        f"could not draw a Dirichlet partition with at least 5 samples per client after "
+        f"{MAX_DIRICHLET_TRIES} tries; use fewer clients or a larger alpha"
+    )
     with pytest.raises(PartitionError, match=message):
         partition(labels, 20, "dirichlet:0.01", min_size=5)
 
@@ -210,6 +246,7 @@ def test_dirichlet_minimum_larger_than_the_data():
 
 
 # ---------------------------------------------------------------------------- shards
+
 
 def test_shards_hand_case_one_label_per_client():
     labels = np.repeat(np.arange(4), 5)  # 4 labels of 5: 4 clients x 1 shard = one label each
@@ -233,6 +270,7 @@ def test_too_many_shards():
 
 # ---------------------------------------------------------------------------- domains
 
+
 def test_domains_each_client_holds_exactly_d_domains():
     labels = balanced_labels(per_class=40)
     domains = np.arange(len(labels)) % 4
@@ -247,8 +285,9 @@ def test_domains_without_domains_or_with_too_few():
     with pytest.raises(PartitionError, match="needs per-sample domains and this dataset has none"):
         partition(balanced_labels(), 4, "domains:1")
     domains = np.arange(500) % 3
-    with pytest.raises(PartitionError, match="domains:4 asks for 4 domains per client but the "
-                                             "data has only 3"):
+    with pytest.raises(
+        PartitionError, match="domains:4 asks for 4 domains per client but the data has only 3"
+    ):
         partition(balanced_labels(), 4, "domains:4", domains=domains)
     with pytest.raises(PartitionError, match="one domain id per training sample"):
         partition(balanced_labels(), 4, "domains:1", domains=domains[:10])

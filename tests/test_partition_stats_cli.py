@@ -74,8 +74,17 @@ def test_output_is_deterministic_for_a_seed(capsys):
 
 
 def test_mnist_10k_dirichlet(capsys, shared_data_dir):
-    output = run_ok(capsys, "--dataset", "mnist-10k", "--data-dir", shared_data_dir,
-                    "--partition", "dirichlet:0.5", "--clients", "10")
+    output = run_ok(
+        capsys,
+        "--dataset",
+        "mnist-10k",
+        "--data-dir",
+        shared_data_dir,
+        "--partition",
+        "dirichlet:0.5",
+        "--clients",
+        "10",
+    )
     rows = client_rows(output)
     assert len(rows) == 10 and sum(row[-1] for row in rows) == 8000
     assert min(row[-1] for row in rows) >= 10
@@ -84,37 +93,64 @@ def test_mnist_10k_dirichlet(capsys, shared_data_dir):
 
 def test_colored_mnist_uses_colour_as_attribute(capsys, shared_data_dir, monkeypatch):
     monkeypatch.setenv("STRATIFY_DATA_DIR", shared_data_dir)  # --data-dir from the environment
-    output = run_ok(capsys, "--dataset", "colored-mnist", "--partition", "domains:1",
-                    "--clients", "4", "-o", "correlation=1")
+    output = run_ok(
+        capsys,
+        "--dataset",
+        "colored-mnist",
+        "--partition",
+        "domains:1",
+        "--clients",
+        "4",
+        "-o",
+        "correlation=1",
+    )
     global_sc, client_sc = metric(output, "ΔSC")
     assert 0.45 < float(global_sc) < 0.48
     assert float(metric(output, "ΔAI")[1]) == pytest.approx(1.0)  # one colour per client
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--dataset", "nope"), "unknown dataset 'nope'"),
-    (("--partition", "classes:x"), "classes needs a whole number"),
-    (("--partition", "dirichlet:-1"), "positive concentration"),
-    (("--partition", "stripes:2"), "unknown partition 'stripes:2'"),
-    (("--partition", "classes:11"), "data has only 10"),
-    (("--clients", "0"), "at least 1"),
-    (("--clients", "5000"), "5000 clients but only 1437 samples"),
-    (("--partition", "domains:1"), "this dataset has none"),
-    (("--dataset", "mnist-10k", "--data-dir", "/nonexistent/data"), "missing t10k-images"),
-    (("--dataset", "cifar10", "--data-dir", "/nonexistent/data"), "does not exist"),
-    (("-o", "correlation"), "not KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--dataset", "nope"), "unknown dataset 'nope'"),
+        (("--partition", "classes:x"), "classes needs a whole number"),
+        (("--partition", "dirichlet:-1"), "positive concentration"),
+        (("--partition", "stripes:2"), "unknown partition 'stripes:2'"),
+        (("--partition", "classes:11"), "data has only 10"),
+        (("--clients", "0"), "at least 1"),
+        (("--clients", "5000"), "5000 clients but only 1437 samples"),
+        (("--partition", "domains:1"), "this dataset has none"),
+        (("--dataset", "mnist-10k", "--data-dir", "/nonexistent/data"), "missing t10k-images"),
+        (("--dataset", "cifar10", "--data-dir", "/nonexistent/data"), "does not exist"),
+        (("-o", "correlation"), "not KEY=VALUE"),
+    ],
+)
 def test_bad_input_is_one_line_on_stderr(capsys, args, message):
     assert message in run_error(capsys, *args)
 
 
 def test_console_script_end_to_end():
-    command = [sys.executable, "-m", "cli.main", "partition-stats", "--dataset", "digits",
-               "--partition", "shards:2", "--clients", "4"]
+    command = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "partition-stats",
+        "--dataset",
+        "digits",
+        "--partition",
+        "shards:2",
+        "--clients",
+        "4",
+    ]
     done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert len(client_rows(done.stdout)) == 4
-    failed = subprocess.run(command[:-4] + ["--partition", "dirichlet:abc"], cwd=PROJECT_ROOT,
-                            capture_output=True, text=True, timeout=120)
+    failed = subprocess.run(
+        command[:-4] + ["--partition", "dirichlet:abc"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert failed.returncode == 2
     assert failed.stderr.strip().count("\n") == 0 and "Traceback" not in failed.stderr

@@ -23,15 +23,21 @@ def dirichlet_clients(num_clients: int, num_classes: int, alpha: float, seed: in
     counts = np.floor(shares * 200).astype(int)
     clients = []
     for client in range(num_clients):
-        held = {label: int(counts[label, client]) for label in range(num_classes)
-                if counts[label, client] > 0}
+        held = {
+            label: int(counts[label, client])
+            for label in range(num_classes)
+            if counts[label, client] > 0
+        }
         clients.append(held or {0: 1})
     return clients
 
 
 def all_registries(seed: int) -> list[LabelRegistry]:
-    return [make_registry(False, seed=seed), make_registry(True, seed=seed, protocol="naive"),
-            make_registry(True, seed=seed, protocol="packed")]
+    return [
+        make_registry(False, seed=seed),
+        make_registry(True, seed=seed, protocol="naive"),
+        make_registry(True, seed=seed, protocol="packed"),
+    ]
 
 
 def test_make_registry_picks_the_implementation():
@@ -91,12 +97,15 @@ def test_placeholders_are_a_seeded_permutation():
 
 
 @pytest.mark.parametrize("registry_index", [0, 1, 2])
-@pytest.mark.parametrize(("clients", "message"), [
-    ([], "no clients to register"),
-    ([{0: 1}, {}], "client 1 has no labels"),
-    ([{0: -2}], "client 0: count -2 for label 0 must be a positive integer"),
-    ([{0: 1}, {"a": 1.5}], "client 1: count 1.5 for label 'a'"),
-])
+@pytest.mark.parametrize(
+    ("clients", "message"),
+    [
+        ([], "no clients to register"),
+        ([{0: 1}, {}], "client 1 has no labels"),
+        ([{0: -2}], "client 0: count -2 for label 0 must be a positive integer"),
+        ([{0: 1}, {"a": 1.5}], "client 1: count 1.5 for label 'a'"),
+    ],
+)
 def test_bad_input_is_rejected_the_same_way_by_every_registry(registry_index, clients, message):
     registry = all_registries(seed=0)[registry_index]
     previous = registry.register([{0: 1}])

@@ -215,6 +215,7 @@ def load_mnist_10k(data_dir: str | None = None, device="cpu", seed: int = 0, **_
 # --------------------------------------------------------------------------------------
 # Shared helpers for the file-based loaders below.
 
+
 def _require_data_dir(name: str, data_dir: str | None, expected: str) -> Path:
     if data_dir is None:
         raise DatasetError(f"{name} needs --data-dir DIR holding {expected}")
@@ -249,12 +250,20 @@ def _make_dataset(
 ) -> Dataset:
     train_inputs, train_labels = _tensors(x_train, y_train, device)
     test_inputs, test_labels = _tensors(x_test, y_test, device)
+
     def as_ids(ids: np.ndarray | None) -> np.ndarray | None:
         return None if ids is None else np.asarray(ids, dtype=np.int64)
 
     return Dataset(
-        name, train_inputs, train_labels, test_inputs, test_labels, num_classes,
-        as_ids(domains_train), as_ids(domains_test), dict(meta),
+        name,
+        train_inputs,
+        train_labels,
+        test_inputs,
+        test_labels,
+        num_classes,
+        as_ids(domains_train),
+        as_ids(domains_test),
+        dict(meta),
     )
 
 
@@ -348,8 +357,13 @@ def load_mnist(data_dir: str | None = None, device="cpu", seed: int = 0, **_) ->
         "mnist", data_dir, "mnist", "MNIST"
     )
     return _make_dataset(
-        "mnist", normalise_mnist(train_images), train_labels, normalise_mnist(test_images),
-        test_labels, 10, device,
+        "mnist",
+        normalise_mnist(train_images),
+        train_labels,
+        normalise_mnist(test_images),
+        test_labels,
+        10,
+        device,
     )
 
 
@@ -363,8 +377,13 @@ def load_fashion_mnist(data_dir: str | None = None, device="cpu", seed: int = 0,
         return _normalise_images(images[..., None], FASHION_MEAN, FASHION_STD)
 
     return _make_dataset(
-        "fashion-mnist", normalise(train_images), train_labels, normalise(test_images),
-        test_labels, 10, device,
+        "fashion-mnist",
+        normalise(train_images),
+        train_labels,
+        normalise(test_images),
+        test_labels,
+        10,
+        device,
     )
 
 
@@ -375,8 +394,17 @@ CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 
 
-def _load_cifar(name: str, data_dir: str | None, device, torchvision_class: str, folder: str,
-                files: str, num_classes: int, mean, std) -> Dataset:
+def _load_cifar(
+    name: str,
+    data_dir: str | None,
+    device,
+    torchvision_class: str,
+    folder: str,
+    files: str,
+    num_classes: int,
+    mean,
+    std,
+) -> Dataset:
     expected = f"{folder}/ ({files}), the extracted python version of the archive"
     directory = _require_data_dir(name, data_dir, expected)
     import torchvision.datasets
@@ -397,30 +425,49 @@ def _load_cifar(name: str, data_dir: str | None, device, torchvision_class: str,
         ) from None
     return _make_dataset(
         name,
-        _normalise_images(np.asarray(train.data), mean, std), np.asarray(train.targets),
-        _normalise_images(np.asarray(test.data), mean, std), np.asarray(test.targets),
-        num_classes, device, class_names=list(train.classes),
+        _normalise_images(np.asarray(train.data), mean, std),
+        np.asarray(train.targets),
+        _normalise_images(np.asarray(test.data), mean, std),
+        np.asarray(test.targets),
+        num_classes,
+        device,
+        class_names=list(train.classes),
     )
 
 
 def load_cifar10(data_dir: str | None = None, device="cpu", seed: int = 0, **_) -> Dataset:
     """CIFAR-10 (50,000 / 10,000 colour 32x32 images) from ``<data-dir>/cifar-10-batches-py/``."""
     return _load_cifar(
-        "cifar10", data_dir, device, "CIFAR10", "cifar-10-batches-py",
-        "data_batch_1..data_batch_5, test_batch, batches.meta", 10, CIFAR10_MEAN, CIFAR10_STD,
+        "cifar10",
+        data_dir,
+        device,
+        "CIFAR10",
+        "cifar-10-batches-py",
+        "data_batch_1..data_batch_5, test_batch, batches.meta",
+        10,
+        CIFAR10_MEAN,
+        CIFAR10_STD,
     )
 
 
 def load_cifar100(data_dir: str | None = None, device="cpu", seed: int = 0, **_) -> Dataset:
     """CIFAR-100 (fine labels) from ``<data-dir>/cifar-100-python/``."""
     return _load_cifar(
-        "cifar100", data_dir, device, "CIFAR100", "cifar-100-python", "train, test, meta", 100,
-        CIFAR100_MEAN, CIFAR100_STD,
+        "cifar100",
+        data_dir,
+        device,
+        "CIFAR100",
+        "cifar-100-python",
+        "train, test, meta",
+        100,
+        CIFAR100_MEAN,
+        CIFAR100_STD,
     )
 
 
 # --------------------------------------------------------------------------------------
 # Covertype (tabular, 581,012 samples, 54 features, 7 classes) through scikit-learn.
+
 
 def load_covtype(data_dir: str | None = None, device="cpu", seed: int = 0, **_) -> Dataset:
     """Forest covertype via ``sklearn.datasets.fetch_covtype(data_home=data_dir)``, no download.
@@ -429,7 +476,8 @@ def load_covtype(data_dir: str | None = None, device="cpu", seed: int = 0, **_) 
     split's mean and standard deviation (so no test statistics leak into training).
     """
     directory = _require_data_dir(
-        "covtype", data_dir,
+        "covtype",
+        data_dir,
         "covertype/samples_py3 and covertype/targets_py3 (scikit-learn's cache)",
     )
     from sklearn.datasets import fetch_covtype
@@ -460,7 +508,13 @@ def load_covtype(data_dir: str | None = None, device="cpu", seed: int = 0, **_) 
     std[std == 0] = 1.0  # constant columns stay zero instead of dividing by zero
     standardised = (features - mean) / std
     return _make_dataset(
-        "covtype", standardised[train], labels[train], standardised[test], labels[test], 7, device,
+        "covtype",
+        standardised[train],
+        labels[train],
+        standardised[test],
+        labels[test],
+        7,
+        device,
     )
 
 
@@ -521,12 +575,17 @@ def load_tiny_imagenet(
         raise DatasetError(f"tiny-imagenet: missing {what}; expected {layout}")
     return _make_dataset(
         "tiny-imagenet",
-        _normalise_images(_read_images(train_paths, image_size, "tiny-imagenet"),
-                          IMAGENET_MEAN, IMAGENET_STD),
+        _normalise_images(
+            _read_images(train_paths, image_size, "tiny-imagenet"), IMAGENET_MEAN, IMAGENET_STD
+        ),
         np.asarray(train_labels),
-        _normalise_images(_read_images(test_paths, image_size, "tiny-imagenet"),
-                          IMAGENET_MEAN, IMAGENET_STD),
-        np.asarray(test_labels), len(wnids), device, class_names=wnids,
+        _normalise_images(
+            _read_images(test_paths, image_size, "tiny-imagenet"), IMAGENET_MEAN, IMAGENET_STD
+        ),
+        np.asarray(test_labels),
+        len(wnids),
+        device,
+        class_names=wnids,
     )
 
 
@@ -545,8 +604,9 @@ def _class_names(folders: list[Path]) -> list[str]:
     return sorted(names, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n))
 
 
-def _domain_root(name: str, data_dir: str | None, folders: tuple[str, ...], layout: str,
-                 domains: tuple[str, ...]) -> Path:
+def _domain_root(
+    name: str, data_dir: str | None, folders: tuple[str, ...], layout: str, domains: tuple[str, ...]
+) -> Path:
     directory = _require_data_dir(name, data_dir, layout)
     root = next((directory / f for f in folders if (directory / f).is_dir()), None)
     if root is None:
@@ -584,8 +644,12 @@ def _check_test_domain(name: str, test_domain: str | None, domains: tuple[str, .
 
 
 def load_pacs(
-    data_dir: str | None = None, device="cpu", seed: int = 0, image_size: int = 64,
-    test_domain: str | None = None, **_,
+    data_dir: str | None = None,
+    device="cpu",
+    seed: int = 0,
+    image_size: int = 64,
+    test_domain: str | None = None,
+    **_,
 ) -> Dataset:
     """PACS from ``<data-dir>/pacs/<domain>/<class>/*.{jpg,png}``, resized to ``image_size``.
 
@@ -612,15 +676,28 @@ def load_pacs(
         if len(test) == 0:
             raise DatasetError(f"pacs: no images in {root / test_domain}; expected {layout}")
     return _make_dataset(
-        "pacs", images[train], labels[train], images[test], labels[test], len(class_names),
-        device, domain_ids[train], domain_ids[test], class_names=class_names,
-        domain_names=list(PACS_DOMAINS), num_domains=len(PACS_DOMAINS),
+        "pacs",
+        images[train],
+        labels[train],
+        images[test],
+        labels[test],
+        len(class_names),
+        device,
+        domain_ids[train],
+        domain_ids[test],
+        class_names=class_names,
+        domain_names=list(PACS_DOMAINS),
+        num_domains=len(PACS_DOMAINS),
     )
 
 
 def load_digits_dg(
-    data_dir: str | None = None, device="cpu", seed: int = 0, image_size: int = 32,
-    test_domain: str | None = None, **_,
+    data_dir: str | None = None,
+    device="cpu",
+    seed: int = 0,
+    image_size: int = 32,
+    test_domain: str | None = None,
+    **_,
 ) -> Dataset:
     """Digits-DG from ``<data-dir>/digits-dg/<domain>/{train,val}/<class>/*.png``.
 
@@ -630,8 +707,9 @@ def load_digits_dg(
     """
     layout = "digits-dg/{mnist,mnist_m,svhn,syn}/{train,val}/<class>/*.png"
     _check_test_domain("digits-dg", test_domain, DIGITS_DG_DOMAINS)
-    root = _domain_root("digits-dg", data_dir, ("digits-dg", "digits_dg"), layout,
-                        DIGITS_DG_DOMAINS)
+    root = _domain_root(
+        "digits-dg", data_dir, ("digits-dg", "digits_dg"), layout, DIGITS_DG_DOMAINS
+    )
     split_folders = [root / d / s for d in DIGITS_DG_DOMAINS for s in ("train", "val")]
     class_names = _class_names(split_folders)
     class_of = {c: i for i, c in enumerate(class_names)}
@@ -657,8 +735,17 @@ def load_digits_dg(
         return _normalise_images(_read_images(paths, image_size, "digits-dg"), HALF, HALF_STD)
 
     return _make_dataset(
-        "digits-dg", read(train_paths), y_train, read(test_paths), y_test, len(class_names),
-        device, d_train, d_test, class_names=class_names, domain_names=list(DIGITS_DG_DOMAINS),
+        "digits-dg",
+        read(train_paths),
+        y_train,
+        read(test_paths),
+        y_test,
+        len(class_names),
+        device,
+        d_train,
+        d_test,
+        class_names=class_names,
+        domain_names=list(DIGITS_DG_DOMAINS),
         num_domains=len(DIGITS_DG_DOMAINS),
     )
 
@@ -702,8 +789,12 @@ def rotate_images(images: np.ndarray, angles: np.ndarray) -> np.ndarray:
 
 
 def load_rotated_mnist(
-    data_dir: str | None = None, device="cpu", seed: int = 0, base: str = "mnist-10k",
-    angles: tuple[float, ...] = ROTATION_ANGLES, **_,
+    data_dir: str | None = None,
+    device="cpu",
+    seed: int = 0,
+    base: str = "mnist-10k",
+    angles: tuple[float, ...] = ROTATION_ANGLES,
+    **_,
 ) -> Dataset:
     """MNIST with each image rotated by one of ``angles``; the domain is the angle's index.
 
@@ -729,9 +820,19 @@ def load_rotated_mnist(
         return ((rotated - MNIST_MEAN) / MNIST_STD)[:, None, :, :]
 
     return _make_dataset(
-        "rotated-mnist", prepare(train_images, d_train), y_train, prepare(test_images, d_test),
-        y_test, 10, device, d_train, d_test, base=base, angles=list(angles),
-        domain_names=[f"{a:g} deg" for a in angles], num_domains=len(angles),
+        "rotated-mnist",
+        prepare(train_images, d_train),
+        y_train,
+        prepare(test_images, d_test),
+        y_test,
+        10,
+        device,
+        d_train,
+        d_test,
+        base=base,
+        angles=list(angles),
+        domain_names=[f"{a:g} deg" for a in angles],
+        num_domains=len(angles),
     )
 
 
@@ -755,8 +856,14 @@ def colour_for_labels(
 
 
 def load_colored_mnist(
-    data_dir: str | None = None, device="cpu", seed: int = 0, base: str = "mnist-10k",
-    correlation: float = 0.9, test_correlation: float = 0.0, binary_labels: bool = False, **_,
+    data_dir: str | None = None,
+    device="cpu",
+    seed: int = 0,
+    base: str = "mnist-10k",
+    correlation: float = 0.9,
+    test_correlation: float = 0.0,
+    binary_labels: bool = False,
+    **_,
 ) -> Dataset:
     """MNIST digits drawn in red or green (3 channels); the attribute is the colour.
 
@@ -790,10 +897,20 @@ def load_colored_mnist(
     if binary_labels:
         y_train, y_test = (y_train >= 5).astype(np.int64), (y_test >= 5).astype(np.int64)
     return _make_dataset(
-        "colored-mnist", paint(train_images, c_train), y_train, paint(test_images, c_test), y_test,
-        2 if binary_labels else 10, device, c_train, c_test, base=base,
-        correlation=float(correlation), test_correlation=float(test_correlation),
-        domain_names=list(COLOURS), num_domains=2,
+        "colored-mnist",
+        paint(train_images, c_train),
+        y_train,
+        paint(test_images, c_test),
+        y_test,
+        2 if binary_labels else 10,
+        device,
+        c_train,
+        c_test,
+        base=base,
+        correlation=float(correlation),
+        test_correlation=float(test_correlation),
+        domain_names=list(COLOURS),
+        num_domains=2,
     )
 
 
@@ -815,7 +932,10 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
 
 
 def load_dataset(
-    name: str, data_dir: str | None = None, device: torch.device | str = "cpu", seed: int = 0,
+    name: str,
+    data_dir: str | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
     **options,
 ) -> Dataset:
     """Load dataset ``name`` onto ``device``.

@@ -36,7 +36,12 @@ from __future__ import annotations
 import numpy as np
 
 METRIC_NAMES: tuple[str, ...] = (
-    "global_ci", "global_ai", "global_sc", "client_ci", "client_ai", "client_sc",
+    "global_ci",
+    "global_ai",
+    "global_sc",
+    "client_ci",
+    "client_ai",
+    "client_sc",
 )
 
 
@@ -57,7 +62,9 @@ def entropy(counts: np.ndarray) -> float:
 
 
 def interaction_matrix(
-    labels: np.ndarray, attributes: np.ndarray | None, num_classes: int,
+    labels: np.ndarray,
+    attributes: np.ndarray | None,
+    num_classes: int,
     num_attributes: int | None = None,
 ) -> np.ndarray:
     """The ``(num_classes, num_attributes)`` count matrix ``N[y, a]`` of a dataset.
@@ -83,8 +90,7 @@ def interaction_matrix(
         num_attributes = int(attributes.max()) + 1 if len(attributes) else 1
     if len(attributes) and (attributes.min() < 0 or attributes.max() >= num_attributes):
         raise ValueError(f"attributes must lie in [0, {num_attributes})")
-    flat = np.bincount(labels * num_attributes + attributes,
-                       minlength=num_classes * num_attributes)
+    flat = np.bincount(labels * num_attributes + attributes, minlength=num_classes * num_attributes)
     return flat.reshape(num_classes, num_attributes)
 
 
@@ -147,8 +153,11 @@ def heterogeneity_triplet(matrix: np.ndarray) -> tuple[float, float, float]:
 
 
 def client_matrices(
-    labels: np.ndarray, attributes: np.ndarray | None, client_indices: list[np.ndarray],
-    num_classes: int, num_attributes: int | None = None,
+    labels: np.ndarray,
+    attributes: np.ndarray | None,
+    client_indices: list[np.ndarray],
+    num_classes: int,
+    num_attributes: int | None = None,
 ) -> list[np.ndarray]:
     """Per-client interaction matrices ``N^k`` (see :func:`interaction_matrix`).
 
@@ -167,15 +176,22 @@ def client_matrices(
         if num_attributes is None:
             num_attributes = int(attributes.max()) + 1 if len(attributes) else 1
     return [
-        interaction_matrix(labels[indices], None if attributes is None else attributes[indices],
-                           num_classes, num_attributes)
+        interaction_matrix(
+            labels[indices],
+            None if attributes is None else attributes[indices],
+            num_classes,
+            num_attributes,
+        )
         for indices in client_indices
     ]
 
 
 def client_triplets(
-    labels: np.ndarray, attributes: np.ndarray | None, client_indices: list[np.ndarray],
-    num_classes: int, num_attributes: int | None = None,
+    labels: np.ndarray,
+    attributes: np.ndarray | None,
+    client_indices: list[np.ndarray],
+    num_classes: int,
+    num_attributes: int | None = None,
 ) -> np.ndarray:
     """``(K, 3)`` array of each client's ``(ΔCI, ΔAI, ΔSC)``; NaN where undefined.
 
@@ -231,7 +247,8 @@ def heterogeneity_metrics(
     non_empty = [m for m in matrices if m.sum() > 0]
     global_values = heterogeneity_triplet(union) if union.sum() > 0 else (np.nan,) * 3
     client_values = (
-        np.mean([heterogeneity_triplet(m) for m in non_empty], axis=0) if non_empty
+        np.mean([heterogeneity_triplet(m) for m in non_empty], axis=0)
+        if non_empty
         else (np.nan,) * 3
     )
     metrics: dict[str, float | None] = {}

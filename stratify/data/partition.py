@@ -36,8 +36,12 @@ USAGE = "use iid, classes:K, dirichlet:ALPHA, shards:S or domains:D"
 MAX_DIRICHLET_TRIES = 1000
 DEFAULT_MIN_SIZE = 10
 
-_EXAMPLES = {"classes": "classes:2", "dirichlet": "dirichlet:0.5", "shards": "shards:2",
-             "domains": "domains:1"}
+_EXAMPLES = {
+    "classes": "classes:2",
+    "dirichlet": "dirichlet:0.5",
+    "shards": "shards:2",
+    "domains": "domains:1",
+}
 
 
 def parse_partition_spec(spec: str) -> tuple[str, int | float | None]:
@@ -173,7 +177,8 @@ def partition(
         parts = _by_group(domains, num_clients, int(value), rng, noun="domains", kind=kind)
     elif kind == "dirichlet":
         required = (
-            min(DEFAULT_MIN_SIZE, num_samples // (2 * num_clients)) if min_size is None
+            min(DEFAULT_MIN_SIZE, num_samples // (2 * num_clients))
+            if min_size is None
             else int(min_size)
         )
         parts = _dirichlet(labels, num_clients, float(value), rng, required)
@@ -203,11 +208,15 @@ def _members(values: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     distinct, inverse = np.unique(values, return_inverse=True)
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(len(distinct) + 1))
-    return distinct, [order[bounds[g]: bounds[g + 1]] for g in range(len(distinct))]
+    return distinct, [order[bounds[g] : bounds[g + 1]] for g in range(len(distinct))]
 
 
 def _by_group(
-    groups: np.ndarray, num_clients: int, per_client: int, rng: np.random.Generator, noun: str,
+    groups: np.ndarray,
+    num_clients: int,
+    per_client: int,
+    rng: np.random.Generator,
+    noun: str,
     kind: str,
 ) -> list[np.ndarray]:
     """NIID-Bench #C=k over ``groups`` (labels or domain ids)."""
@@ -223,8 +232,9 @@ def _by_group(
     holders: list[list[int]] = [[] for _ in range(num_groups)]
     for client in range(num_clients):
         first = client % num_groups
-        others = rng.choice(np.delete(np.arange(num_groups), first), size=per_client - 1,
-                            replace=False)
+        others = rng.choice(
+            np.delete(np.arange(num_groups), first), size=per_client - 1, replace=False
+        )
         for group in (first, *others.tolist()):
             holders[group].append(client)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]

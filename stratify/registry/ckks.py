@@ -220,7 +220,9 @@ class KeyHolder:
         or rotates.
         """
         return self._context.serialize(
-            save_public_key=True, save_secret_key=False, save_galois_keys=False,
+            save_public_key=True,
+            save_secret_key=False,
+            save_galois_keys=False,
             save_relin_keys=False,
         )
 
@@ -261,8 +263,9 @@ class KeyHolder:
         stats.bytes_to_server += len(blob)
         return blob
 
-    def decrypt(self, blob: bytes, sender: str, magnitude_limit: float,
-                stats: ProtocolStats) -> np.ndarray:
+    def decrypt(
+        self, blob: bytes, sender: str, magnitude_limit: float, stats: ProtocolStats
+    ) -> np.ndarray:
         """Decrypt a vector the server computed from ``sender``'s ciphertexts and check it.
 
         Parameters
@@ -354,8 +357,9 @@ class Server:
             )
         return vector
 
-    def subtract(self, minuend: ts.CKKSVector, subtrahend: ts.CKKSVector,
-                 stats: ProtocolStats) -> bytes:
+    def subtract(
+        self, minuend: ts.CKKSVector, subtrahend: ts.CKKSVector, stats: ProtocolStats
+    ) -> bytes:
         """``minuend - subtrahend``, serialized for the key holder."""
         try:
             difference = minuend - subtrahend
@@ -370,8 +374,9 @@ class Server:
         stats.subtractions += 1
         return difference.serialize()
 
-    def add(self, total: ts.CKKSVector | None, term: ts.CKKSVector,
-            stats: ProtocolStats) -> ts.CKKSVector:
+    def add(
+        self, total: ts.CKKSVector | None, term: ts.CKKSVector, stats: ProtocolStats
+    ) -> ts.CKKSVector:
         """``total + term`` (``term`` itself when there is no total yet)."""
         if total is None:
             return term
@@ -400,9 +405,15 @@ class _ProtocolRun:
 
     vector_size: int
 
-    def __init__(self, key_holder: KeyHolder, server: Server, codes: list[list[int]],
-                 labels: list[list[Hashable]], unique_limit: int | None,
-                 stats: ProtocolStats) -> None:
+    def __init__(
+        self,
+        key_holder: KeyHolder,
+        server: Server,
+        codes: list[list[int]],
+        labels: list[list[Hashable]],
+        unique_limit: int | None,
+        stats: ProtocolStats,
+    ) -> None:
         self.key_holder = key_holder
         self.server = server
         self.codes = codes
@@ -440,8 +451,9 @@ class _ProtocolRun:
         """Index in ``U`` of each client's labels, in its mapping order."""
         raise NotImplementedError
 
-    def aggregate(self, client_placeholders: list[list[int]],
-                  client_counts: list[list[int]]) -> np.ndarray:
+    def aggregate(
+        self, client_placeholders: list[list[int]], client_counts: list[list[int]]
+    ) -> np.ndarray:
         """Global count per placeholder, decrypted by the key holder and rounded."""
         raise NotImplementedError
 
@@ -491,7 +503,8 @@ class _NaiveRun(_ProtocolRun):
             labels = self.labels_of(client)
             known = len(self.unique)  # a client's own labels are distinct: compare with U as before
             new_positions = [
-                position for position, label in enumerate(labels)
+                position
+                for position, label in enumerate(labels)
                 if self.find(client, label, known) is None
             ]
             self.check_unique_limit(client, new_positions)
@@ -510,8 +523,9 @@ class _NaiveRun(_ProtocolRun):
             indices.append(client_indices)
         return indices
 
-    def aggregate(self, client_placeholders: list[list[int]],
-                  client_counts: list[list[int]]) -> np.ndarray:
+    def aggregate(
+        self, client_placeholders: list[list[int]], client_counts: list[list[int]]
+    ) -> np.ndarray:
         totals: list[ts.CKKSVector | None] = [None] * self.num_unique
         owners: list[list[int]] = [[] for _ in range(self.num_unique)]
         for client, (placeholders, counts) in enumerate(zip(client_placeholders, client_counts)):
@@ -552,7 +566,7 @@ class _PackedRun(_ProtocolRun):
     def chunks(self, client: int) -> list[list[int]]:
         step = self.labels_per_vector
         codes = self.codes[client]
-        return [codes[start:start + step] for start in range(0, len(codes), step)]
+        return [codes[start : start + step] for start in range(0, len(codes), step)]
 
     def labels_of(self, client: int) -> list[ts.CKKSVector]:
         """Client ``client``'s label vectors at the server (label j replicated over block j)."""
@@ -583,7 +597,7 @@ class _PackedRun(_ProtocolRun):
     def append_unique(self, client: int, new_codes: list[int]) -> None:
         """Client ``client`` adds its new labels to the tile: ``U += Enc(delta)``."""
         delta = np.zeros(self.block_size)
-        delta[self.num_unique: self.num_unique + len(new_codes)] = new_codes
+        delta[self.num_unique : self.num_unique + len(new_codes)] = new_codes
         values = np.zeros(self.vector_size)
         values[: self.labels_per_vector * self.block_size] = np.tile(delta, self.labels_per_vector)
         blob = self.key_holder.encrypt(values, self.stats)
@@ -619,8 +633,9 @@ class _PackedRun(_ProtocolRun):
             indices.append([hits[0] for hits in found])
         return indices
 
-    def aggregate(self, client_placeholders: list[list[int]],
-                  client_counts: list[list[int]]) -> np.ndarray:
+    def aggregate(
+        self, client_placeholders: list[list[int]], client_counts: list[list[int]]
+    ) -> np.ndarray:
         total = None
         for client, (placeholders, counts) in enumerate(zip(client_placeholders, client_counts)):
             values = np.zeros(self.vector_size)
@@ -709,7 +724,8 @@ class CKKSRegistry(LabelRegistry):
     ) -> RegistryResult:
         validate_client_labels(client_labels)
         if num_classes is not None and (
-            isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer))
+            isinstance(num_classes, bool)
+            or not isinstance(num_classes, (int, np.integer))
             or num_classes < 1
         ):
             raise RegistryError(f"num_classes must be a positive integer, got {num_classes!r}")
@@ -761,7 +777,9 @@ class CKKSRegistry(LabelRegistry):
 
         result = RegistryResult(run.num_unique, client_maps, global_counts)
         self.timings = {
-            "setup_s": setup_s, "unique_s": unique_s, "mapping_s": mapping_s,
+            "setup_s": setup_s,
+            "unique_s": unique_s,
+            "mapping_s": mapping_s,
             "aggregation_s": aggregation_s,
         }
         self.stats = stats
