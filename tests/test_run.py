@@ -160,3 +160,14 @@ def test_train_cli_runs_and_resumes(tmp_path, capsys):
         json.loads(line) for line in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
     ]
     assert [row["epoch"] for row in rows] == [1, 2]
+
+
+@pytest.mark.parametrize("protocol", ["packed", "naive"])
+def test_secure_registry_learns_exactly_like_the_plain_one(tmp_path, protocol):
+    Run(config(tmp_path, "plain", epochs=1, partition="dirichlet:0.5")).train()
+    Run(
+        config(
+            tmp_path, "secure", epochs=1, partition="dirichlet:0.5", secure=True, protocol=protocol
+        )
+    ).train()
+    assert read_metrics(tmp_path / "secure") == read_metrics(tmp_path / "plain")
