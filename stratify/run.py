@@ -218,6 +218,10 @@ class Run:
         if checkpoint is not None:
             self._load_checkpoint(checkpoint)
         elif self.out is not None:
+            # only now that every part is built: a failed set-up leaves --out untouched
+            self.out.mkdir(parents=True, exist_ok=True)
+            for name in RUN_FILES:
+                (self.out / name).unlink(missing_ok=True)
             self._write_json("config.json", self._config_record())
 
     # -- run folder ---------------------------------------------------------------------
@@ -267,9 +271,6 @@ class Run:
                 f"{self.out} already holds a run ({', '.join(existing)}); "
                 "use --resume to continue it, --overwrite to replace it, or another --out"
             )
-        self.out.mkdir(parents=True, exist_ok=True)
-        for name in existing:
-            (self.out / name).unlink()
         return None
 
     def _config_record(self) -> dict[str, Any]:

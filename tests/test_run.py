@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cli.main import main
-from stratify.errors import ConfigError, TrainingError
+from stratify.errors import ConfigError, StratifyError, TrainingError
 from stratify.run import Run, TrainConfig
 
 FAST = {"repeat_count": 40}  # 400 steps per epoch on digits
@@ -171,3 +171,14 @@ def test_secure_registry_learns_exactly_like_the_plain_one(tmp_path, protocol):
         )
     ).train()
     assert read_metrics(tmp_path / "secure") == read_metrics(tmp_path / "plain")
+
+
+def test_failed_set_up_leaves_out_untouched(tmp_path):
+    Run(config(tmp_path, epochs=1)).train()
+    before = sorted((p.name, p.read_bytes()) for p in (tmp_path / "run").iterdir())
+    with pytest.raises(StratifyError):
+        Run(config(tmp_path, epochs=1, partition="classes:99"), overwrite=True)
+    assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "run").iterdir()) == before
+    with pytest.raises(StratifyError):
+        Run(config(tmp_path, "fresh", dataset="mnist-10k", data_dir=str(tmp_path / "none")))
+    assert not (tmp_path / "fresh").exists()
