@@ -25,7 +25,7 @@ from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError, TrainingError
 from stratify.federation import Federation
 from stratify.nn.models import model_bytes, parameter_bytes
-from stratify.nn.norm import client_split
+from stratify.nn.norm import SumBatchNorm, client_split
 from stratify.registry.base import RegistryResult
 from stratify.selection import Plan
 
@@ -353,8 +353,9 @@ class Router:
         return total
 
     def has_batch_statistics(self) -> bool:
+        """Whether a layer normalises over the batch, coupling the clients of a batch."""
         return any(
-            isinstance(module, nn.modules.batchnorm._NormBase) or hasattr(module, "client_sizes")
+            isinstance(module, (nn.modules.batchnorm._NormBase, SumBatchNorm))
             for module in self.model.modules()
         )
 
