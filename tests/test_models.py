@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import DEVICES
 from torch import nn
 
 from stratify.errors import ConfigError
@@ -15,24 +16,6 @@ from stratify.nn.models import (
     parameter_bytes,
 )
 from stratify.nn.norm import SumBatchNorm, client_split
-
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-    ),
-]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """One intra-op thread: these tensors are tiny, and on a shared 2-core machine a second
-    spinning OpenMP thread makes the tests tens of times slower under load."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 RESNETS = ["resnet9", "resnet18", "resnet20"]
 NUM_CLASSES = 7

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
 from torch import nn
 
 import stratify.nn.norm as norm_module
@@ -13,24 +14,6 @@ from stratify.nn.norm import (
     client_split,
     combine_statistics,
 )
-
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-    ),
-]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """One intra-op thread: these tensors are tiny, and on a shared 2-core machine a second
-    spinning OpenMP thread makes the tests tens of times slower under load."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 BATCH = 8
 # (N, C), (N, C, L) and (N, C, H, W) inputs with the layer's dims
