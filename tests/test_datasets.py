@@ -149,8 +149,9 @@ def test_missing_data_folder_is_reported(tmp_path):
 # ---------------------------------------------------------------------------- mnist-10k (real)
 
 
+@pytest.mark.data
 def test_mnist_10k_real_files_counts_split_and_determinism(shared_data_dir):
-    # shared_data_dir (tests/conftest.py) fails, never skips, when ../shared/data is missing
+    # shared_data_dir (tests/conftest.py) skips without the files, fails if STRATIFY_REQUIRE_DATA=1
     data_dir = shared_data_dir
     first = load_dataset("mnist-10k", data_dir=str(data_dir))
     assert first.x_train.shape == (8000, 1, 28, 28) and first.x_test.shape == (2000, 1, 28, 28)
@@ -375,6 +376,7 @@ def test_digits_dg_train_val_folders_and_domains(tmp_path):
 # ---------------------------------------------------------------------------- derived mnist
 
 
+@pytest.mark.data
 def test_rotated_mnist_on_the_real_files(shared_data_dir):
     data_dir = shared_data_dir
     base = load_dataset("mnist-10k", data_dir=data_dir)
@@ -393,6 +395,7 @@ def test_rotated_mnist_on_the_real_files(shared_data_dir):
     assert not np.array_equal(other.domains_train, rotated.domains_train)
 
 
+@pytest.mark.data
 def test_colored_mnist_correlation_controls_the_colour(shared_data_dir):
     data_dir = shared_data_dir
     perfect = load_dataset("colored-mnist", data_dir=data_dir, correlation=1.0)
@@ -428,3 +431,219 @@ def test_derived_datasets_on_full_mnist_base(tmp_path):
     assert colored.x_test.shape == (12, 3, 28, 28)
     with pytest.raises(DatasetError, match="unknown base 'emnist'"):
         load_dataset("colored-mnist", data_dir=str(tmp_path), base="emnist")
+
+
+# ---------------------------------------------------------------------------- options
+
+
+def test_every_loader_declares_its_options():
+    from stratify.data.datasets import dataset_options
+
+    assert dataset_options("digits") == {} and dataset_options("mnist-10k") == {}
+    assert list(dataset_options("colored-mnist")) == [
+        "base",
+        "correlation",
+        "test_correlation",
+        "binary_labels",
+    ]
+    correlation = dataset_options("colored-mnist")["correlation"]
+    assert correlation.kind is float and correlation.default == 0.9
+    assert correlation.describe() == "a number in [0, 1]"
+    assert dataset_options("synthetic")["num_classes"].describe() == "a whole number >= 1"
+    assert dataset_options("pacs")["test_domain"].choices == datasets.PACS_DOMAINS
+    with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
+        dataset_options("nope")
+
+
+def test_unknown_option_is_refused_naming_the_valid_ones():
+    # refused before any file is read: no data_dir is needed to get this error
+    with pytest.raises(DatasetError) as caught:
+        load_dataset("colored-mnist", corelation=0.5)
+    assert str(caught.value) == (
+        "colored-mnist has no option 'corelation'; "
+        "valid options: base, binary_labels, correlation, test_correlation"
+    )
+    with pytest.raises(DatasetError) as caught:
+        load_dataset("digits", image_size=8)
+    assert str(caught.value) == "digits has no option 'image_size'; digits takes no options"
+    with pytest.raises(DatasetError, match="^mnist has no option 'seeds'; mnist takes no options"):
+        datasets.load_mnist(seeds=3)  # a loader called directly checks its options too
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        (
+            "colored-mnist",
+            {"correlation": "abc"},
+            "colored-mnist: option correlation='abc' is not a number; "
+            "correlation must be a number in [0, 1]",
+        ),
+        (
+            "rotated-mnist",
+            {"angles": "abc"},
+            "rotated-mnist: option angles='abc' is not a list of numbers; "
+            "angles must be comma-separated numbers",
+        ),
+        (
+            "synthetic",
+            {"n_train": 2.5},
+            "synthetic: option n_train=2.5 is not a whole number; "
+            "n_train must be a whole number >= 1",
+        ),
+        (
+            "colored-mnist",
+            {"binary_labels": "maybe"},
+            "colored-mnist: option binary_labels='maybe' is not true or false; "
+            "binary_labels must be true or false",
+        ),
+        (
+            "colored-mnist",
+            {"correlation": True},
+            "colored-mnist: option correlation=True is not a number; "
+            "correlation must be a number in [0, 1]",
+        ),
+        (
+            "pacs",
+            {"test_domain": 3},
+            "pacs: option test_domain=3 is not text; "
+            "test_domain must be one of art_painting, cartoon, photo, sketch",
+        ),
+    ],
+)
+def test_option_of_the_wrong_type_is_refused(name, options, message):
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(name, **options)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        (
+            "synthetic",
+            {"num_classes": "0"},
+            "synthetic: option num_classes=0 is out of range; num_classes must be >= 1",
+        ),
+        (
+            "synthetic",
+            {"n_test": -4},
+            "synthetic: option n_test=-4 is out of range; n_test must be >= 1",
+        ),
+        (
+            "colored-mnist",
+            {"correlation": 1.5},
+            "colored-mnist: option correlation=1.5 is out of range; correlation must be in [0, 1]",
+        ),
+        (
+            "colored-mnist",
+            {"test_correlation": "-0.1"},
+            "colored-mnist: option test_correlation=-0.1 is out of range; "
+            "test_correlation must be in [0, 1]",
+        ),
+        (
+            "pacs",
+            {"image_size": 0},
+            "pacs: option image_size=0 is out of range; image_size must be >= 1",
+        ),
+        (
+            "rotated-mnist",
+            {"angles": ""},
+            "rotated-mnist: option angles is empty; give at least one number, "
+            "e.g. angles=0,15,30,45,60,75",
+        ),
+        (
+            "colored-mnist",
+            {"base": "emnist"},
+            "colored-mnist: unknown base 'emnist'; choose one of mnist-10k, mnist",
+        ),
+    ],
+)
+def test_option_out_of_range_is_refused(name, options, message):
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(name, **options)
+    assert str(caught.value) == message
+
+
+def test_options_given_as_text_are_converted_with_the_declared_type():
+    typed = load_dataset("synthetic", n_train=30, n_test=10, num_features=4, num_classes=3)
+    text = load_dataset("synthetic", n_train="30", n_test="10", num_features="4", num_classes="3")
+    assert text.x_train.shape == (30, 4) and text.num_classes == 3
+    assert torch.equal(typed.x_train, text.x_train) and torch.equal(typed.y_test, text.y_test)
+
+
+def test_text_angles_and_flags_on_a_fake_mnist(tmp_path):
+    write_fake_mnist(tmp_path / "mnist")
+    text = load_dataset("rotated-mnist", data_dir=str(tmp_path), base="mnist", angles="0, 90")
+    typed = load_dataset("rotated-mnist", data_dir=str(tmp_path), base="mnist", angles=(0, 90))
+    assert text.meta["angles"] == [0.0, 90.0] and torch.equal(text.x_train, typed.x_train)
+    one = load_dataset("rotated-mnist", data_dir=str(tmp_path), base="mnist", angles=45)
+    assert one.meta["angles"] == [45.0] and set(one.domains_train) == {0}
+    binary = load_dataset("colored-mnist", data_dir=str(tmp_path), base="mnist", binary_labels="1")
+    assert binary.num_classes == 2
+
+
+# ---------------------------------------------------------------------------- corrupt files
+
+
+def compressible_idx_gz(path: Path) -> Path:
+    # mostly zeros, so gzip really deflates it and a flipped byte lands in coded data
+    images = np.zeros((4, 28, 28), dtype=np.uint8)
+    images[:, 10:18, 10:18] = 200
+    return write_idx(path, images)
+
+
+def test_a_flipped_byte_anywhere_in_a_gzipped_idx_file_names_the_file(tmp_path):
+    path = compressible_idx_gz(tmp_path / "t10k-images-idx3-ubyte.gz")
+    intact = path.read_bytes()
+    # past the gzip header (10 bytes, then the file name gzip.open stores): deflate data
+    # (zlib.error, EOFError) and the CRC/size trailer (BadGzipFile)
+    assert intact[3] & 0x08  # FNAME flag
+    for position in range(intact.index(b"\0", 10) + 1, len(intact)):
+        corrupt = bytearray(intact)
+        corrupt[position] ^= 0xFF
+        path.write_bytes(bytes(corrupt))
+        with pytest.raises(DatasetError) as caught:
+            read_idx(path)
+        message = str(caught.value)
+        assert message.startswith(f"cannot read {path}: ") and "\n" not in message, position
+
+
+def test_mnist_with_a_corrupt_gzip_stream_is_one_dataset_error(tmp_path):
+    import zlib
+
+    write_fake_mnist(tmp_path / "mnist")
+    path = compressible_idx_gz(tmp_path / "mnist" / "train-images-idx3-ubyte.gz")
+    corrupt = bytearray(path.read_bytes())
+    corrupt[corrupt.index(b"\0", 10) + 1] ^= 0xFF  # the first byte of deflate data
+    path.write_bytes(bytes(corrupt))
+    with pytest.raises(zlib.error):  # the case that used to escape as a traceback
+        gzip.decompress(bytes(corrupt))
+    with pytest.raises(DatasetError, match="^cannot read .*train-images-idx3-ubyte.gz: "):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("layout", ["mnist", "MNIST/raw"])
+def test_out_of_range_label_byte_names_the_label_file(tmp_path, layout):
+    suffix = ".gz" if layout == "mnist" else ""
+    arrays = fake_mnist_arrays()
+    labels = arrays[1].copy()
+    labels[5] = 12
+    write_fake_mnist(tmp_path / layout, suffix=suffix)
+    write_idx(tmp_path / layout / f"train-labels-idx1-ubyte{suffix}", labels)
+    with pytest.raises(DatasetError) as caught:
+        load_dataset("mnist", data_dir=str(tmp_path))
+    message = str(caught.value)
+    assert message.startswith(
+        f"mnist: label 12 at position 5 of {tmp_path / layout / 'train-labels-idx1-ubyte'}"
+    )
+    assert "outside [0, 10)" in message and "\n" not in message
+
+
+def test_out_of_range_label_of_any_loader_is_a_dataset_error(tmp_path, monkeypatch):
+    import torchvision.datasets.cifar
+
+    write_fake_cifar10(tmp_path, per_batch=12)  # labels 0..11 but 10 classes
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
+    with pytest.raises(DatasetError, match=r"^cifar10: label 10 at position 10 of the training"):
+        load_dataset("cifar10", data_dir=str(tmp_path))

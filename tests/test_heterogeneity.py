@@ -144,6 +144,7 @@ def test_client_triplets():
     assert no_attributes[0, 0] == pytest.approx(0.0) and np.isnan(no_attributes[0, 1:]).all()
 
 
+@pytest.mark.data
 def test_metrics_on_colored_mnist_follow_the_correlation(shared_data_dir):
     """Perfect colour-label correlation on 10 digits: ΔSC = 2 H(A) / (H(Y) + H(A)) globally."""
     from stratify.data.datasets import load_dataset

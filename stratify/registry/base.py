@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,9 @@ def assign_placeholders(num_unique: int, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, 0x5EED]).permutation(num_unique)
 
 
-def validate_client_labels(client_labels: Sequence[Mapping[Hashable, int]]) -> None:
+# client labels are typed Mapping[Any, int]: Mapping is invariant in its key type, so
+# Mapping[Hashable, int] would refuse a caller's dict[int, int]
+def validate_client_labels(client_labels: Sequence[Mapping[Any, int]]) -> None:
     if len(client_labels) == 0:
         raise RegistryError("no clients to register; give at least one client with labels")
     for client, counts in enumerate(client_labels):
@@ -85,7 +88,7 @@ class LabelRegistry(ABC):
 
     @abstractmethod
     def register(
-        self, client_labels: Sequence[Mapping[Hashable, int]], num_classes: int | None = None
+        self, client_labels: Sequence[Mapping[Any, int]], num_classes: int | None = None
     ) -> RegistryResult:
         """Register every client's ``{label: count}``; returns and stores the result.
 

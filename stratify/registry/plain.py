@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class PlainRegistry(LabelRegistry):
     name = "plain"
 
     def register(
-        self, client_labels: Sequence[Mapping[Hashable, int]], num_classes: int | None = None
+        self, client_labels: Sequence[Mapping[Any, int]], num_classes: int | None = None
     ) -> RegistryResult:
         validate_client_labels(client_labels)
         discovered: dict[Hashable, int] = {}

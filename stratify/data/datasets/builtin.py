@@ -1,0 +1,59 @@
+"""Datasets that need no files: scikit-learn's bundled ``digits`` and generated ``synthetic``
+clusters."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stratify.data.datasets.base import Dataset, Option, dataset_loader, fixed_split, make_dataset
+
+
+@dataset_loader("digits")
+def load_digits(data_dir: str | None, device, seed: int) -> Dataset:
+    """scikit-learn's bundled 8x8 handwritten digits (1,797 images): the embedded default."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    images = (bunch.images.astype(np.float32) / 16.0 - 0.5) / 0.5
+    images = images[:, None, :, :]
+    train, test = fixed_split(len(images), 360, seed=1797)
+    return make_dataset(
+        "digits",
+        images[train],
+        bunch.target[train],
+        images[test],
+        bunch.target[test],
+        10,
+        device,
+    )
+
+
+@dataset_loader(
+    "synthetic",
+    Option("n_train", int, 2000, "Training samples.", minimum=1),
+    Option("n_test", int, 500, "Test samples.", minimum=1),
+    Option("num_features", int, 32, "Dimensions of each sample.", minimum=1),
+    Option("num_classes", int, 10, "Number of classes (Gaussian clusters).", minimum=1),
+)
+def load_synthetic(
+    data_dir: str | None,
+    device,
+    seed: int,
+    *,
+    n_train: int,
+    n_test: int,
+    num_features: int,
+    num_classes: int,
+) -> Dataset:
+    """Gaussian class clusters in ``num_features`` dimensions, any size, seeded."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0.0, 1.0, size=(num_classes, num_features)).astype(np.float32)
+
+    def draw(n: int):
+        labels = rng.integers(0, num_classes, size=n)
+        points = centers[labels] + rng.normal(0.0, 1.0, size=(n, num_features)).astype(np.float32)
+        return points, labels
+
+    x_train, y_train = draw(n_train)
+    x_test, y_test = draw(n_test)
+    return make_dataset("synthetic", x_train, y_train, x_test, y_test, num_classes, device)

@@ -1,0 +1,66 @@
+"""Tabular data: Covertype (581,012 samples, 54 features, 7 classes) through scikit-learn."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from stratify.data.datasets.base import (
+    Dataset,
+    dataset_loader,
+    fixed_split,
+    make_dataset,
+    require_data_dir,
+)
+from stratify.errors import DatasetError
+
+
+@dataset_loader("covtype")
+def load_covtype(data_dir: str | None, device, seed: int) -> Dataset:
+    """Forest covertype via ``sklearn.datasets.fetch_covtype(data_home=data_dir)``, no download.
+
+    Labels 1..7 become 0..6; a fixed 80/20 split; features standardised with the training
+    split's mean and standard deviation (so no test statistics leak into training).
+    """
+    directory = require_data_dir(
+        "covtype",
+        data_dir,
+        "covertype/samples_py3 and covertype/targets_py3 (scikit-learn's cache)",
+    )
+    from sklearn.datasets import fetch_covtype
+
+    try:
+        bunch = fetch_covtype(data_home=str(directory), download_if_missing=False)
+    except OSError:
+        raise DatasetError(
+            f"covtype: no scikit-learn cache in {directory / 'covertype'}; run "
+            f"sklearn.datasets.fetch_covtype(data_home={str(directory)!r}) once on a machine "
+            "with internet access and copy the folder here"
+        ) from None
+    except (EOFError, ValueError, KeyError, pickle.UnpicklingError) as error:
+        raise DatasetError(
+            f"covtype: cannot read {directory / 'covertype'} ({error}); "
+            "delete it and fetch it again"
+        ) from None
+    features = np.asarray(bunch.data, dtype=np.float32)
+    labels = np.asarray(bunch.target, dtype=np.int64) - 1
+    if features.ndim != 2 or len(features) != len(labels) or labels.min() < 0 or labels.max() > 6:
+        raise DatasetError(
+            f"covtype: {directory / 'covertype'} holds unexpected data (features {features.shape}, "
+            "labels outside 1..7); delete it and fetch it again"
+        )
+    train, test = fixed_split(len(features), len(features) // 5, seed=581012)
+    mean = features[train].mean(axis=0)
+    std = features[train].std(axis=0)
+    std[std == 0] = 1.0  # constant columns stay zero instead of dividing by zero
+    standardised = (features - mean) / std
+    return make_dataset(
+        "covtype",
+        standardised[train],
+        labels[train],
+        standardised[test],
+        labels[test],
+        7,
+        device,
+    )

@@ -1,0 +1,179 @@
+"""The CKKS label registry: one interface over both protocols, and result comparison."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from stratify.errors import RegistryError
+from stratify.registry.base import (
+    LabelRegistry,
+    RegistryResult,
+    assign_placeholders,
+    validate_client_labels,
+)
+from stratify.registry.ckks.encoding import (
+    COUNT_LIMIT,
+    CKKSParameters,
+    KeyedLabelHash,
+    seeded_hash_key,
+)
+from stratify.registry.ckks.protocols import (
+    PROTOCOLS,
+    ProtocolStats,
+    _NaiveRun,
+    _PackedRun,
+    _ProtocolRun,
+)
+from stratify.registry.ckks.roles import KeyHolder, Server
+
+
+class CKKSRegistry(LabelRegistry):
+    """Placeholder registry over CKKS (TenSEAL), ``naive`` or ``packed`` protocol.
+
+    Gives exactly :class:`~stratify.registry.plain.PlainRegistry`'s result for the same
+    seed and input. :meth:`register` either completes or raises
+    :class:`~stratify.errors.RegistryError` with :attr:`result`, :attr:`timings` and
+    :attr:`stats` unchanged.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the placeholder assignment (and of the default hash key).
+    protocol : {"packed", "naive"}
+        How labels and counts are laid out in ciphertexts.
+    hash_key : bytes, optional
+        Key of the clients' keyed label hash; default derived from ``seed``.
+    label_hash : callable, optional
+        Replaces the keyed hash (``label -> int`` in ``[0, LABEL_HASH_RANGE)``); codes
+        are range-checked.
+    max_unique : int, optional
+        Bound on the number of unique labels when ``num_classes`` is not given; sets the
+        packed block size. Default: the clients' total label count, capped at the slots.
+    parameters : CKKSParameters, optional
+        Encryption parameters.
+
+    Attributes
+    ----------
+    timings : dict
+        Seconds of the last registration: ``setup_s`` (key generation, when it happened
+        in that call), ``unique_s``, ``mapping_s``, ``aggregation_s`` (client and server
+        work both counted).
+    stats : ProtocolStats or None
+        Counters of the last registration.
+    """
+
+    name = "ckks"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        protocol: str = "packed",
+        *,
+        hash_key: bytes | None = None,
+        label_hash: Callable[[Hashable], int] | None = None,
+        max_unique: int | None = None,
+        parameters: CKKSParameters | None = None,
+    ) -> None:
+        super().__init__(seed=seed)
+        if protocol not in PROTOCOLS:
+            raise RegistryError(
+                f"unknown CKKS protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}"
+            )
+        if max_unique is not None and (int(max_unique) != max_unique or max_unique < 1):
+            raise RegistryError(f"max_unique must be a positive integer, got {max_unique!r}")
+        self.protocol = protocol
+        self.name = f"ckks-{protocol}"
+        self.max_unique = max_unique
+        self.parameters = parameters or CKKSParameters()
+        self.label_hash = label_hash or KeyedLabelHash(hash_key or seeded_hash_key(seed))
+        self.timings: dict[str, float] = {}
+        self.stats: ProtocolStats | None = None
+        self._roles: tuple[KeyHolder, Server] | None = None
+
+    def roles(self) -> tuple[KeyHolder, Server]:
+        """The key holder and the server, created on first use (key generation ~30 ms)."""
+        if self._roles is None:
+            key_holder = KeyHolder(self.parameters, self.label_hash)
+            self._roles = (key_holder, Server(key_holder.public_context()))
+        return self._roles
+
+    def register(
+        self, client_labels: Sequence[Mapping[Any, int]], num_classes: int | None = None
+    ) -> RegistryResult:
+        validate_client_labels(client_labels)
+        if num_classes is not None and (
+            isinstance(num_classes, bool)
+            or not isinstance(num_classes, (int, np.integer))
+            or num_classes < 1
+        ):
+            raise RegistryError(f"num_classes must be a positive integer, got {num_classes!r}")
+        client_counts = [[int(count) for count in counts.values()] for counts in client_labels]
+        total_count = sum(map(sum, client_counts))
+        if total_count > COUNT_LIMIT:
+            raise RegistryError(
+                f"{total_count} samples in all; the CKKS registry counts at most {COUNT_LIMIT}"
+            )
+        stats = ProtocolStats()
+        start = time.perf_counter()
+        key_holder, server = self.roles()
+        setup_s = time.perf_counter() - start
+
+        start = time.perf_counter()
+        codes = key_holder.encode(client_labels)  # each client hashes its own labels
+        labels = [list(counts) for counts in client_labels]
+        unique_limit = num_classes if num_classes is not None else self.max_unique
+        run: _ProtocolRun
+        if self.protocol == "naive":
+            run = _NaiveRun(key_holder, server, codes, labels, unique_limit, stats)
+        else:
+            slots = self.parameters.slots
+            # B must hold every unique label; without a bound, the clients' total label
+            # count is one the server can know (it receives that many labels anyway)
+            block_size = min(unique_limit or sum(map(len, codes)), slots)
+            unique_limit = block_size if unique_limit is None else min(unique_limit, slots)
+            run = _PackedRun(
+                key_holder, server, codes, labels, unique_limit, stats, block_size=block_size
+            )
+        run.discover()
+        unique_s = time.perf_counter() - start
+
+        start = time.perf_counter()
+        unique_indices = run.map_labels()
+        placeholder_of_index = assign_placeholders(run.num_unique, self.seed)
+        client_placeholders = [
+            [int(placeholder_of_index[index]) for index in indices] for indices in unique_indices
+        ]
+        client_maps = [
+            dict(zip(counts, placeholders))
+            for counts, placeholders in zip(client_labels, client_placeholders)
+        ]
+        mapping_s = time.perf_counter() - start
+
+        start = time.perf_counter()
+        global_counts = run.aggregate(client_placeholders, client_counts)
+        aggregation_s = time.perf_counter() - start
+
+        result = RegistryResult(run.num_unique, client_maps, global_counts)
+        self.timings = {
+            "setup_s": setup_s,
+            "unique_s": unique_s,
+            "mapping_s": mapping_s,
+            "aggregation_s": aggregation_s,
+        }
+        self.stats = stats
+        self.result = result
+        return result
+
+
+def same_result(first: RegistryResult, second: RegistryResult) -> bool:
+    """Whether two registrations are identical: placeholder count, every client map
+    (labels and placeholders) and the global counts."""
+    return (
+        first.num_placeholders == second.num_placeholders
+        and first.client_maps == second.client_maps
+        and np.array_equal(first.global_counts, second.global_counts)
+    )
