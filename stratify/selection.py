@@ -104,7 +104,7 @@ def plan_single_sample(
     chunk: int,
     rng: np.random.Generator,
 ) -> Plan:
-    """Single-sample plan with chunk size ``chunk`` (DESIGN §4).
+    """Single-sample plan with chunk size ``chunk`` (docs/architecture.md, "Stratify").
 
     The schedule keeps its order and is cut into chunks of ``chunk`` entries. The first
     entry of a chunk selects a client; each later entry stays with the current client

@@ -20,9 +20,37 @@ DEVICES = [
 SHARED_DATA = Path(
     os.environ.get("STRATIFY_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")
 )
+MNIST_FILES = ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_backend_settings():
+    """Process-wide torch settings that code under test may change (e.g.
+    ``stratify.backend.configure_cpu_for_single_sample`` sets one thread and switches
+    oneDNN off) are put back after every test, so no test depends on the order."""
+    threads = torch.get_num_threads()
+    mkldnn = torch.backends.mkldnn.enabled
+    dtype = torch.get_default_dtype()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    torch.backends.mkldnn.enabled = mkldnn
+    torch.set_default_dtype(dtype)
 
 
 @pytest.fixture
 def shared_data_dir() -> str:
-    assert (SHARED_DATA / "mnist").is_dir(), f"the shared data folder {SHARED_DATA} is missing"
+    """The folder holding ``mnist/``; tests using it are marked ``@pytest.mark.data``.
+
+    Without the MNIST files the test is skipped, or fails where ``STRATIFY_REQUIRE_DATA=1``
+    (CI), so that a missing data folder cannot silently turn the real-data tests off there.
+    """
+    if not all((SHARED_DATA / "mnist" / name).is_file() for name in MNIST_FILES):
+        message = (
+            f"MNIST files not found in {SHARED_DATA}; set STRATIFY_DATA_DIR to a folder "
+            "holding mnist/t10k-*-idx?-ubyte.gz"
+        )
+        if os.environ.get("STRATIFY_REQUIRE_DATA") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
     return str(SHARED_DATA)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import cli.bench_privacy as bench_module
-from cli.bench_privacy import make_clients, parse_positive_ints
-from cli.main import main
+import stratify.cli.bench_privacy as bench_module
+from stratify.cli.bench_privacy import make_clients, parse_positive_ints
+from stratify.cli.main import main
 from stratify.errors import ConfigError
 
 FIELDS = {
@@ -49,18 +49,60 @@ def test_tiny_grid_writes_verified_json_and_prints_table_iv(capsys, tmp_path):
     for row in rows:
         assert FIELDS <= set(row)
         assert row["verified"] is True
-        assert row["total_s"] == pytest.approx(
-            row["unique_s"] + row["mapping_s"] + row["aggregation_s"]
-        )
         assert min(row["unique_s"], row["mapping_s"], row["aggregation_s"]) > 0
         assert row["max_decryption_error"] < 1e-3
     naive_10, packed_10 = rows[2], rows[3]
-    assert packed_10["speedup"] == pytest.approx(naive_10["total_s"] / packed_10["total_s"])
+    assert packed_10["speedup"] > 0
     assert packed_10["subtractions"] < naive_10["subtractions"]
     assert "speedup" not in naive_10
     out = captured.out
     assert "verified" in out and "speed-up" in out and "Table IV" in out
     assert "unique + mapping + aggregation" in out and "10 classes" in out and "3 clients" in out
+
+
+# (unique_s, mapping_s, aggregation_s, setup_s) of each of three registrations per cell
+SCRIPTED_TIMINGS = {
+    "naive": [(1.0, 2.0, 3.0, 0.03), (10.0, 1.0, 1.0, 0.0), (2.0, 5.0, 2.0, 0.0)],
+    "packed": [(0.5, 0.25, 0.25, 0.04), (0.5, 1.0, 1.5, 0.0), (0.25, 0.25, 4.0, 0.0)],
+}
+
+
+class ScriptedTimingsRegistry(bench_module.CKKSRegistry):
+    """The real CKKS registry (results still verified against plain) reporting scripted
+    phase times, so that medians, totals and speed-ups can be checked by hand."""
+
+    def register(self, *args, **kwargs):
+        result = super().register(*args, **kwargs)
+        self.calls = getattr(self, "calls", 0) + 1
+        unique, mapping, aggregation, setup = SCRIPTED_TIMINGS[self.protocol][self.calls - 1]
+        self.timings = {
+            "setup_s": setup,
+            "unique_s": unique,
+            "mapping_s": mapping,
+            "aggregation_s": aggregation,
+        }
+        return result
+
+
+def test_phase_medians_totals_and_speedup_from_scripted_timings(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_module, "CKKSRegistry", ScriptedTimingsRegistry)
+    path = tmp_path / "scripted.json"
+    args = ["--classes", "3", "--clients", "2", "--repeat", "3", "--json", str(path)]
+    main(["bench-privacy", *args])
+    naive, packed = json.loads(path.read_text())
+    # naive: phase medians 2, 2, 2; run totals 6, 12, 9 -> total = their median, 9 (not
+    # the sum of the phase medians, 6); key generation is the first run's 0.03
+    assert (naive["unique_s"], naive["mapping_s"], naive["aggregation_s"]) == (2.0, 2.0, 2.0)
+    assert naive["total_s"] == 9.0 and naive["setup_s"] == 0.03
+    # packed: medians 0.5, 0.25, 1.5; run totals 1.0, 3.0, 4.5 -> 3.0; speed-up 9 / 3
+    assert (packed["unique_s"], packed["mapping_s"], packed["aggregation_s"]) == (0.5, 0.25, 1.5)
+    assert packed["total_s"] == 3.0 and packed["setup_s"] == 0.04
+    assert packed["speedup"] == 3.0 and "speedup" not in naive
+    assert naive["verified"] and packed["verified"] and naive["repeat"] == 3
+    out = capsys.readouterr().out
+    assert "9.000" in out and "3.000" in out and "3.0x" in out
+    assert "2.0s + 2.0s + 2.0s" in out  # Table IV, naive
+    assert "500ms + 250ms + 1.5s" in out  # Table IV, packed
 
 
 def test_single_protocol_and_repeats(capsys, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import stratify.registry.ckks.roles as roles_module
 from stratify.errors import RegistryError
 from stratify.registry.base import assign_placeholders
 from stratify.registry.ckks import (
@@ -212,17 +213,28 @@ def test_num_classes_stops_discovery_once_every_class_is_found():
         assert stopping.stats.subtractions < scanning.stats.subtractions
 
 
-def test_timings_and_stats_are_recorded():
+def test_timings_and_stats_are_recorded(monkeypatch):
+    created = []
+    make_context = roles_module.ts.context
+
+    def counting_context(*args, **kwargs):
+        created.append(1)
+        return make_context(*args, **kwargs)
+
+    monkeypatch.setattr(roles_module.ts, "context", counting_context)
     clients = [{0: 3, 1: 4}, {1: 2, 2: 5}]
     for protocol in PROTOCOLS:
+        created.clear()
         registry = CKKSRegistry(seed=0, protocol=protocol)
         registry.register(clients, num_classes=3)
         assert set(registry.timings) == {"setup_s", "unique_s", "mapping_s", "aggregation_s"}
         assert all(value >= 0 for value in registry.timings.values())
         assert registry.stats.bytes_to_server > 0 and registry.stats.bytes_to_key_holder > 0
         assert registry.stats.block_size == (3 if protocol == "packed" else 0)
+        roles = registry.roles()
         registry.register(clients, num_classes=3)
-        assert registry.timings["setup_s"] < 1e-3  # one context per registry, reused
+        # one key generation per registry: the second registration reuses the roles
+        assert len(created) == 1 and registry.roles() is roles
 
 
 def test_packed_vectors_hold_many_labels_per_subtraction():

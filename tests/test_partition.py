@@ -240,6 +240,32 @@ def test_dirichlet_gives_up_after_the_retry_cap():
         partition(labels, 20, "dirichlet:0.01", min_size=5)
 
 
+@pytest.mark.parametrize("clients", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dirichlet_accepts_a_draw_that_meets_the_minimum_exactly(clients, seed):
+    # min_size * clients == N: the only acceptable partition gives every client exactly
+    # N / n = 10 samples. Such a draw exists (alpha = 1000 puts every share near 1/n) and
+    # must be accepted; a check "more than min_size" could never be met and would give up.
+    labels = np.zeros(10 * clients, dtype=np.int64)
+    parts = partition(labels, clients, "dirichlet:1000", seed=seed, min_size=10)
+    assert [len(p) for p in parts] == [10] * clients
+    assert_exact_cover(parts, 10 * clients)
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.05])
+@pytest.mark.parametrize("seed", range(4))
+def test_dirichlet_clients_at_their_fair_share_take_no_more(alpha, seed):
+    # 20 labels of 10 samples, 10 clients: fair share N/n = 20. A client receives a label
+    # only while it holds fewer than 20 samples (at most 19), and one label adds at most
+    # its 10 samples, so no client can exceed 19 + 10 = 29. Tiny alpha gives each label
+    # almost wholly to one client: without the cap some client collects 4+ labels (40+).
+    labels = np.repeat(np.arange(20), 10)
+    parts = partition(labels, 10, f"dirichlet:{alpha}", seed=seed, min_size=1)
+    assert max(len(p) for p in parts) <= 29, sorted(len(p) for p in parts)
+    assert min(len(p) for p in parts) >= 1
+    assert_exact_cover(parts, 200)
+
+
 def test_dirichlet_minimum_larger_than_the_data():
     with pytest.raises(PartitionError, match="needs 110 samples but there are 100"):
         partition(np.repeat([0, 1], 50), 11, "dirichlet:1", min_size=10)
@@ -293,6 +319,7 @@ def test_domains_without_domains_or_with_too_few():
         partition(balanced_labels(), 4, "domains:1", domains=domains[:10])
 
 
+@pytest.mark.data
 def test_niid_bench_sizes_on_real_mnist_10k_labels(shared_data_dir):
     """Sanity numbers on the real labels: every client of classes:2 holds exactly 2 digits."""
     from stratify.data.datasets import load_dataset

@@ -160,3 +160,121 @@ def test_non_positive_chunk_and_batch_rejected():
         plan_single_sample(np.array([0]), pools, selector, chunk=0, rng=rng)
     with pytest.raises(ConfigError):
         plan_global_batches(np.array([0]), pools, selector, batch_labels=-1, rng=rng)
+
+
+# ------------------------------------------------------------- hand-worked reference cases
+
+
+class ZeroDraws:
+    """A generator whose every draw is 0: the uniform selector then takes the first
+    candidate and the weighted one the first client with positive weight, so both pick
+    the lowest-index client that still has a sample of the label. Counts its draws."""
+
+    def __init__(self):
+        self.draws = 0
+
+    def integers(self, high):
+        self.draws += 1
+        return 0
+
+    def random(self):
+        self.draws += 1
+        return 0.0
+
+
+def test_uniform_repeats_round_to_nearest_not_down():
+    # N / |L| = 11/3 = 3.67 -> 4, 8/3 = 2.67 -> 3, 17/4 = 4.25 -> 4, 1/3 -> 0 is rejected.
+    # (Exact halves, e.g. 10/4 = 2.5, round half to even, giving 2; docs/architecture.md "Stratify"
+    # only says round(N/|L|), so halves are deliberately left untested here.)
+    assert label_repeats(np.array([4, 4, 3]), num_train=11).tolist() == [4, 4, 4]
+    assert label_repeats(np.array([3, 3, 2]), num_train=8).tolist() == [3, 3, 3]
+    assert label_repeats(np.array([5, 4, 4, 4]), num_train=17).tolist() == [4, 4, 4, 4]
+    assert label_repeats(np.array([100, 100]), num_train=199).tolist() == [100, 100]
+    with pytest.raises(ConfigError):
+        label_repeats(np.array([1, 1, 1]), num_train=1)
+
+
+# Three clients, labels a = 0 and b = 1 (used directly as placeholders):
+#   client 0: a x 5          (samples 0-4)
+#   client 1: a x 2, b x 4   (samples 5-6, 7-10)
+#   client 2: b x 5          (samples 11-15)
+# Schedule  b a b a b a a b b; every draw is 0, so a selection takes the lowest-index
+# client with the label left. Worked by hand, position by position:
+#   CS=1: every entry selects:                      1 0 1 0 1 0 0 1 2  (p8: client 1 out of b)
+#   CS=2: chunks start at 0,2,4,6,8                 1 1 1 1 1 0 0 1 2  (p5: client 1 out of a)
+#   CS=3: chunks start at 0,3,6; p3 and p6 are a,   1 1 1 0 1 1 0 1 2
+#         re-selected to client 0 although client 1 still holds an a
+#   CS=9: one chunk, re-selection only on an empty pool: 1 1 1 1 1 0 0 1 2
+HAND_LABELS = [0] * 5 + [0] * 2 + [1] * 4 + [1] * 5
+HAND_CLIENTS = [range(0, 5), range(5, 11), range(11, 16)]
+HAND_SCHEDULE = [1, 0, 1, 0, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("selection", ["uniform", "weighted"])
+@pytest.mark.parametrize(
+    "chunk, clients, transfers, selections",
+    [
+        (1, [1, 0, 1, 0, 1, 0, 0, 1, 2], 8, 9),
+        (2, [1, 1, 1, 1, 1, 0, 0, 1, 2], 4, 7),  # starts 0,2,4,6,8 + p5, p7 on empty/absent
+        (3, [1, 1, 1, 0, 1, 1, 0, 1, 2], 6, 6),  # starts 0,3,6 + p4, p7 absent, p8 empty
+        (9, [1, 1, 1, 1, 1, 0, 0, 1, 2], 4, 4),  # p0 + p5, p7, p8
+    ],
+)
+def test_single_sample_plan_reselects_at_every_chunk_start(
+    chunk, clients, transfers, selections, selection
+):
+    labels = np.asarray(HAND_LABELS)
+    federation = Federation([np.asarray(ix) for ix in HAND_CLIENTS], labels)
+    pools = SamplePools(federation, labels, 2, np.random.default_rng(0))
+    counts = np.array([[5, 0], [2, 4], [0, 5]])
+    selector = ClientSelector(counts, counts.sum(0), selection)
+    draws = ZeroDraws()
+    plan = plan_single_sample(np.asarray(HAND_SCHEDULE), pools, selector, chunk, draws)
+    assert plan.clients.tolist() == clients
+    assert plan.transfers == transfers
+    assert draws.draws == selections
+    assert plan.skipped == 0
+    # every sample is drawn from the client the plan names, with the scheduled label
+    assert federation.sample_clients()[plan.samples].tolist() == clients
+    assert labels[plan.samples].tolist() == HAND_SCHEDULE
+
+
+def chi_square_bound(df, false_alarm):
+    """Upper ``false_alarm`` quantile of the chi-square law, exact for 1 and 2 degrees of
+    freedom: chi2(1) is the square of a standard normal, chi2(2) is exponential with mean 2.
+    (No scipy needed; cross-checked against scipy.stats.chi2.isf: 23.93 and 27.63.)"""
+    from statistics import NormalDist
+
+    if df == 1:
+        return NormalDist().inv_cdf(1 - false_alarm / 2) ** 2
+    if df == 2:
+        return -2 * np.log(false_alarm)
+    raise ValueError(df)
+
+
+def chi_square(observed, probabilities):
+    expected = observed.sum() * np.asarray(probabilities)
+    return float(np.sum((observed - expected) ** 2 / expected))
+
+
+def test_weighted_selection_matches_the_share_of_each_client_goodness_of_fit():
+    # one label held 1 / 9 / 90 times: selection probabilities exactly 0.01, 0.09, 0.90.
+    # (Add-one smoothing, (n_kl + 1) / (n_l + K), would give 2/103, 10/103, 91/103: with
+    # 20000 draws a chi-square of about 190, against a bound of 27.6 at p = 1e-6.)
+    labels = np.zeros(100, dtype=np.int64)
+    federation = Federation([range(0, 1), range(1, 10), range(10, 100)], labels)
+    counts = np.array([[1], [9], [90]])
+    selector = ClientSelector(counts, np.array([100]), "weighted")
+    rng = np.random.default_rng(12)
+    pools = SamplePools(federation, labels, 1, rng)
+    draws = np.array([selector.select(pools, 0, rng) for _ in range(20000)])
+    observed = np.bincount(draws, minlength=3)
+    assert chi_square(observed, [0.01, 0.09, 0.90]) < chi_square_bound(2, 1e-6), observed
+    # client 2 runs out: the probabilities renormalise over the others, 1/10 and 9/10
+    # (smoothed: 2/12 and 10/12, a chi-square of about 500 against 23.9)
+    for _ in range(90):
+        pools.take(2, 0)
+    draws = np.array([selector.select(pools, 0, rng) for _ in range(5000)])
+    observed = np.bincount(draws, minlength=3)
+    assert observed[2] == 0
+    assert chi_square(observed[:2], [0.1, 0.9]) < chi_square_bound(1, 1e-6), observed
