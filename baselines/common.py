@@ -1,4 +1,4 @@
-"""Pieces shared by the averaging baselines: option checks, client sampling, averaging math.
+"""Pieces shared by the averaging baselines: their options, client sampling, averaging math.
 
 The math lives in pure functions over ``{name: tensor}`` dictionaries so the tests can
 check it against hand-computed values without a router.
@@ -6,14 +6,18 @@ check it against hand-computed values without a router.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
-from torch import nn
 
 from stratify.errors import ConfigError
+from stratify.options import StrategyOptions, option
+from stratify.state import State
+from stratify.validation import check_fraction, check_positive_int
 
 #: How BatchNorm running statistics (and other buffers) are treated by averaging methods.
 BN_BUFFER_MODES: dict[str, str] = {
@@ -24,61 +28,46 @@ BN_BUFFER_MODES: dict[str, str] = {
 #: Local mini-batch size of the batch-data setting when ``--local-batch-size`` is not given.
 DEFAULT_BATCH_SIZE = 64
 
-State = dict[str, torch.Tensor]
+LocalOptionsT = TypeVar("LocalOptionsT", bound="LocalTrainingOptions")
 
 
-# -- option checks -------------------------------------------------------------------------
+@dataclass
+class LocalTrainingOptions(StrategyOptions):
+    """Options of every method whose clients run local SGD on their own samples."""
+
+    local_epochs: int = option(
+        1, "Passes E over its own data a client makes per round.", check=check_positive_int
+    )
+    local_batch_size: int | None = option(
+        None,
+        "Local mini-batch size "
+        f"[default: 1 in single-sample mode, {DEFAULT_BATCH_SIZE} in batch mode].",
+        check=check_positive_int,
+        cli_type=int,
+    )
+
+    def for_mode(self: LocalOptionsT, mode: str) -> LocalOptionsT:
+        """Single-sample learning trains on batches of one, so only ``None`` or 1 fit it;
+        batch-data learning defaults to :data:`DEFAULT_BATCH_SIZE`."""
+        if mode == "single-sample":
+            if self.local_batch_size not in (None, 1):
+                raise ConfigError(
+                    f"--local-batch-size {self.local_batch_size} does not fit --mode "
+                    f"single-sample (local updates use one sample); use --mode batch"
+                )
+            return dataclasses.replace(self, local_batch_size=1)
+        if self.local_batch_size is None:
+            return dataclasses.replace(self, local_batch_size=DEFAULT_BATCH_SIZE)
+        return self
 
 
-def check_positive_int(value: object, flag: str) -> int:
-    """``value`` as a positive int, or a ConfigError naming ``flag``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
-    return int(value)
+@dataclass
+class ClientSamplingOptions(LocalTrainingOptions):
+    """Options of the methods that sample a fraction of the clients every round."""
 
-
-def check_fraction(value: object, flag: str = "--client-fraction") -> float:
-    """``value`` as a float in ``(0, 1]``."""
-    try:
-        fraction = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} must be a number in (0, 1], got {value!r}") from None
-    if not 0.0 < fraction <= 1.0:
-        raise ConfigError(f"{flag} must be in (0, 1], got {value!r}")
-    return fraction
-
-
-def check_positive(value: object, flag: str) -> float:
-    """``value`` as a finite float ``> 0``."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} must be a positive number, got {value!r}") from None
-    if not (math.isfinite(number) and number > 0):
-        raise ConfigError(f"{flag} must be a positive number, got {value!r}")
-    return number
-
-
-def check_bn_buffers(value: object) -> str:
-    if value not in BN_BUFFER_MODES:
-        raise ConfigError(f"unknown --bn-buffers {value!r}; choose {' or '.join(BN_BUFFER_MODES)}")
-    return str(value)
-
-
-def resolve_batch_size(local_batch_size: int | None, mode: str, algorithm: str) -> int:
-    """The local mini-batch size of ``mode``.
-
-    Single-sample learning trains on batches of one, so only ``None`` or 1 fit it;
-    batch-data learning defaults to :data:`DEFAULT_BATCH_SIZE`.
-    """
-    if mode == "single-sample":
-        if local_batch_size not in (None, 1):
-            raise ConfigError(
-                f"--local-batch-size {local_batch_size} does not fit --mode single-sample "
-                f"(local updates use one sample); use --mode batch with {algorithm}"
-            )
-        return 1
-    return DEFAULT_BATCH_SIZE if local_batch_size is None else local_batch_size
+    client_fraction: float = option(
+        1.0, "Fraction C of the clients taking part in a round, in (0, 1].", check=check_fraction
+    )
 
 
 def participants(num_clients: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
@@ -91,20 +80,6 @@ def participants(num_clients: int, fraction: float, rng: np.random.Generator) ->
     if count >= num_clients:
         return np.arange(num_clients)
     return np.sort(rng.choice(num_clients, size=count, replace=False))
-
-
-# -- state dictionaries --------------------------------------------------------------------
-
-
-def parameter_names(model: nn.Module) -> list[str]:
-    """Names (state-dict keys) of the trainable parameters, in ``model.parameters()`` order."""
-    return [name for name, parameter in model.named_parameters() if parameter.requires_grad]
-
-
-def buffer_names(model: nn.Module) -> list[str]:
-    """State-dict keys that are not trainable parameters: BN running statistics and counters."""
-    trainable = set(parameter_names(model))
-    return [name for name in model.state_dict() if name not in trainable]
 
 
 def weighted_average(
@@ -149,23 +124,3 @@ def weighted_average(
 def mean_state(states: Sequence[Mapping[str, torch.Tensor]]) -> State:
     """Unweighted mean of states (SCAFFOLD's server average)."""
     return weighted_average(states, [1.0] * len(states))
-
-
-def clone_state(
-    state: Mapping[str, torch.Tensor],
-    keys: Sequence[str] | None = None,
-    device: torch.device | None = None,
-) -> State:
-    """Detached copies of ``state`` (of ``keys`` only, if given), moved to ``device`` if given."""
-    keys = list(state) if keys is None else keys
-    if device is None:
-        return {key: state[key].detach().clone() for key in keys}
-    return {key: state[key].detach().to(device, copy=True) for key in keys}
-
-
-@torch.no_grad()
-def load_into(model: nn.Module, values: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``values`` into the matching parameters/buffers of ``model`` in place."""
-    state = model.state_dict()
-    for key, value in values.items():
-        state[key].copy_(value)

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from baselines.common import State, check_positive, clone_state, load_into
-from baselines.fedavg import FedAvg
-from stratify.errors import ConfigError
-from stratify.router import Router
+from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.options import option
+from stratify.router import Context
+from stratify.state import State, clone_state
+from stratify.validation import check_momentum, check_positive
+
+
+@dataclass
+class FedAvgMOptions(FedAvgOptions):
+    """FedAvg's options and the server's momentum and learning rate."""
+
+    algorithm = "fedavgm"
+
+    server_momentum: float = option(0.9, "Server momentum β, in [0, 1).", check=check_momentum)
+    server_lr: float = option(1.0, "Server learning rate η > 0.", check=check_positive)
 
 
 def server_momentum_step(
@@ -46,14 +57,7 @@ def server_momentum_step(
 class FedAvgM(FedAvg):
     """FedAvg whose server applies the averaged update with momentum.
 
-    Parameters
-    ----------
-    local_epochs, local_batch_size, client_fraction, bn_buffers
-        As :class:`~baselines.fedavg.FedAvg`.
-    server_momentum : float
-        Server momentum ``β`` in ``[0, 1)``.
-    server_lr : float
-        Server learning rate ``η > 0``.
+    Options: :class:`FedAvgMOptions`.
 
     Notes
     -----
@@ -64,39 +68,21 @@ class FedAvgM(FedAvg):
 
     name = "fedavgm"
     description = "FedAvg + server momentum: v ← βv + (x − avg), x ← x − η·v"
+    options_class = FedAvgMOptions
+    options: FedAvgMOptions
 
-    def __init__(
-        self,
-        local_epochs: int = 1,
-        local_batch_size: int | None = None,
-        client_fraction: float = 1.0,
-        server_momentum: float = 0.9,
-        server_lr: float = 1.0,
-        bn_buffers: str = "average",
-    ) -> None:
-        super().__init__(local_epochs, local_batch_size, client_fraction, bn_buffers)
-        try:
-            server_momentum = float(server_momentum)
-        except (TypeError, ValueError):
-            server_momentum = math.nan
-        if not 0.0 <= server_momentum < 1.0:
-            raise ConfigError(f"--server-momentum must be in [0, 1), got {server_momentum}")
-        self.server_momentum = server_momentum
-        self.server_lr = check_positive(server_lr, "--server-lr")
-        self.velocity: State = {}
-
-    def setup(self, router: Router) -> None:
-        super().setup(router)
-        state = router.model.state_dict()
+    def setup(self, context: Context) -> None:
+        super().setup(context)
+        state = context.model.state_dict()
         self.velocity = {key: torch.zeros_like(state[key]) for key in self.parameter_keys}
 
-    def server_update(self, router: Router, average: State) -> None:
-        state = router.model.state_dict()
+    def server_update(self, context: Context, average: State) -> State:
+        state = context.model.state_dict()
         current = {key: state[key] for key in self.parameter_keys}
         new_x, self.velocity = server_momentum_step(
-            current, average, self.velocity, self.server_momentum, self.server_lr
+            current, average, self.velocity, self.options.server_momentum, self.options.server_lr
         )
-        load_into(router.model, new_x)
+        return new_x
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "velocity": clone_state(self.velocity)}
@@ -104,4 +90,4 @@ class FedAvgM(FedAvg):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if "velocity" in state:
-            self.velocity = clone_state(state["velocity"], device=getattr(self, "device", None))
+            self.velocity = clone_state(state["velocity"], device=self.device)

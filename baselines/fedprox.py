@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from baselines.fedavg import FedAvg
-from stratify.errors import ConfigError
-from stratify.router import Router
+from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.client import GradientHook
+from stratify.options import option
+from stratify.router import Context
+from stratify.validation import check_nonnegative
+
+
+@dataclass
+class FedProxOptions(FedAvgOptions):
+    """FedAvg's options and the proximal weight ``mu``."""
+
+    algorithm = "fedprox"
+
+    mu: float = option(
+        0.01, "Proximal weight μ ≥ 0 of (μ/2)‖w − w_global‖².", check=check_nonnegative
+    )
 
 
 def proximal_term(
     parameters: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor], mu: float
 ) -> torch.Tensor:
-    """``(μ/2) Σ ‖w − w_g‖²`` over the parameter tensors; its gradient is ``μ (w − w_g)``.
+    """``(μ/2) Σ ‖w − w_g‖²`` over the parameter tensors: the term FedProx adds to the loss.
 
     Parameters
     ----------
@@ -33,51 +46,41 @@ def proximal_term(
     return 0.5 * mu * total
 
 
+@torch.no_grad()
+def add_proximal_gradient(
+    parameters: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor], mu: float
+) -> None:
+    """Add ``μ (w − w_g)``, the gradient of :func:`proximal_term`, to every ``w.grad``."""
+    for parameter, reference in zip(parameters, anchor):
+        assert parameter.grad is not None
+        parameter.grad.add_(parameter - reference, alpha=mu)
+
+
 class FedProx(FedAvg):
     """FedAvg whose local loss adds ``(μ/2)‖w − w_g‖²`` to every mini-batch.
 
-    Parameters
-    ----------
-    local_epochs, local_batch_size, client_fraction, bn_buffers
-        As :class:`~baselines.fedavg.FedAvg`.
-    mu : float
-        Proximal weight ``μ ≥ 0``; ``μ = 0`` gives FedAvg bit for bit (the term is still
-        computed, and adds exactly zero to every gradient).
+    Options: :class:`FedProxOptions`. ``μ = 0`` gives FedAvg bit for bit (the gradient
+    term is still added, and is exactly zero).
 
     Notes
     -----
     Only the local objective differs from FedAvg: the anchor ``w_g`` is the global model
-    as the client received it, held fixed during the round.
+    as the client received it, held fixed during the round. The term's gradient is added
+    to the mini-batch gradient before each step (the same update as back-propagating the
+    term, without building its graph); the reported training loss is the cross-entropy.
     """
 
     name = "fedprox"
     description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
+    options_class = FedProxOptions
+    options: FedProxOptions
 
-    def __init__(
-        self,
-        local_epochs: int = 1,
-        local_batch_size: int | None = None,
-        client_fraction: float = 1.0,
-        mu: float = 0.01,
-        bn_buffers: str = "average",
-    ) -> None:
-        super().__init__(local_epochs, local_batch_size, client_fraction, bn_buffers)
-        try:
-            mu = float(mu)
-        except (TypeError, ValueError):
-            raise ConfigError(f"--mu must be a non-negative number, got {mu!r}") from None
-        if not (math.isfinite(mu) and mu >= 0):
-            raise ConfigError(f"--mu must be a non-negative number, got {mu!r}")
-        self.mu = mu
-
-    def penalty(
-        self, router: Router, client: int, model: nn.Module
-    ) -> Callable[[nn.Module], torch.Tensor]:
+    def gradient_hook(self, context: Context, client: int) -> GradientHook:
         # the global model is not touched until aggregation, so detached views suffice
-        anchor = [parameter.detach() for parameter in router.model.parameters()]
-        mu = self.mu
+        anchor = [parameter.detach() for parameter in context.model.parameters()]
+        mu = self.options.mu
 
-        def proximal(local: nn.Module) -> torch.Tensor:
-            return proximal_term(list(local.parameters()), anchor, mu)
+        def proximal(local: nn.Module) -> None:
+            add_proximal_gradient(list(local.parameters()), anchor, mu)
 
         return proximal

@@ -18,25 +18,35 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.fedavg import FedAvg
+from stratify.baselines.common import ClientSamplingOptions
+from stratify.baselines.fedavg import FedAvg
+from stratify.client import LocalResult
 from stratify.errors import ConfigError, TrainingError
-from stratify.nn.norm import SumBatchNorm
-from stratify.router import ClientUpdate, Router
+from stratify.nn.norm import (
+    BatchNormLayer,
+    has_batch_norm,
+    is_batch_norm,
+    update_running_stats,
+)
+from stratify.router import ClientUpdate, Context
 
 #: Seconds a BN layer waits for the other clients before the step is declared broken.
 BARRIER_TIMEOUT = 600.0
 
 
-def is_batch_norm(module: nn.Module) -> bool:
-    """BatchNorm layers FedTAN synchronises: torch's ``_BatchNorm`` and ``SumBatchNorm``."""
-    return isinstance(module, (nn.modules.batchnorm._BatchNorm, SumBatchNorm))
+@dataclass
+class FedTANOptions(ClientSamplingOptions):
+    """FedAvg's options without ``bn_buffers``: the clients' running statistics stay equal."""
+
+    algorithm = "fedtan"
 
 
 def client_mean_statistics(
@@ -115,6 +125,7 @@ class LockstepBatchNorm:
         module = self.module
         if not module.training:
             return type(module).forward(module, x)
+        assert isinstance(module, BatchNormLayer)  # attach_lockstep wraps only BN layers
         channels = x.shape[1]
         dims = [0, *range(2, x.dim())]
         shape = [1, channels] + [1] * (x.dim() - 2)
@@ -141,16 +152,7 @@ class LockstepBatchNorm:
         if module.bias is not None:
             y = y + module.bias.view(shape)
         if module.track_running_stats and module.running_mean is not None:
-            with torch.no_grad():
-                module.num_batches_tracked.add_(1)
-                factor = (
-                    1.0 / float(module.num_batches_tracked)
-                    if module.momentum is None
-                    else module.momentum
-                )
-                unbiased = var.detach() * (total / (total - 1))
-                module.running_mean.lerp_(mean.detach().to(module.running_mean.dtype), factor)
-                module.running_var.lerp_(unbiased.to(module.running_var.dtype), factor)
+            update_running_stats(module, mean.detach(), var.detach(), total)
         return y
 
 
@@ -190,18 +192,12 @@ def batch_stream(
 class FedTAN(FedAvg):
     """FedAvg whose BatchNorm layers share the clients' mean batch statistics in lockstep.
 
-    Parameters
-    ----------
-    local_epochs : int
-        Local epochs per round. All participants step together: a round has
-        ``local_epochs × max_k ceil(n_k / B)`` lockstep steps, so the largest client makes
-        ``local_epochs`` passes and smaller clients continue with fresh shuffles of their
-        data until the round ends.
-    local_batch_size : int, optional
-        Local mini-batch size; ``None`` means 1 in single-sample mode (BN then normalises
-        over the spatial positions of one image per client) and 64 in batch mode.
-    client_fraction : float
-        Fraction of the clients taking part in a round, in ``(0, 1]``.
+    Options (:class:`FedTANOptions`): ``local_epochs`` — all participants step together,
+    so a round has ``local_epochs × max_k ceil(n_k / B)`` lockstep steps: the largest
+    client makes ``local_epochs`` passes and smaller clients continue with fresh shuffles
+    of their data until the round ends; ``local_batch_size`` — 1 in single-sample mode
+    (BN then normalises over the spatial positions of one image per client), 64 by
+    default in batch mode; ``client_fraction``.
 
     Notes
     -----
@@ -216,44 +212,42 @@ class FedTAN(FedAvg):
 
     name = "fedtan"
     description = "FedAvg whose BN uses the mean of client batch statistics, in lockstep steps"
+    options_class = FedTANOptions  # type: ignore[assignment]
+    options: FedTANOptions  # type: ignore[assignment]
 
-    def __init__(
-        self,
-        local_epochs: int = 1,
-        local_batch_size: int | None = None,
-        client_fraction: float = 1.0,
-    ) -> None:
-        super().__init__(local_epochs, local_batch_size, client_fraction, bn_buffers="average")
+    @property
+    def bn_buffer_mode(self) -> str:
+        return "average"
 
-    def setup(self, router: Router) -> None:
-        super().setup(router)
-        if not any(is_batch_norm(module) for module in router.model.modules()):
+    def setup(self, context: Context) -> None:
+        super().setup(context)
+        if not has_batch_norm(context.model):
             raise ConfigError(
                 "fedtan needs a model with BatchNorm layers (e.g. --model resnet20 --norm bn); "
                 "without them it is fedavg"
             )
 
     def local_round(
-        self, router: Router, clients: list[int], rng: np.random.Generator
+        self, context: Context, clients: list[int], rng: np.random.Generator
     ) -> list[ClientUpdate]:
         exchange = StatisticsExchange(len(clients))
-        models, contexts, optimizers, streams = [], [], [], []
+        models, seats, optimizers, streams = [], [], [], []
         for slot, client in enumerate(clients):
-            model = self.receive(router, client)
+            model = self.receive(context, client)
             model.train()
-            context = _ClientContext(exchange, slot)
-            attach_lockstep(model, context)
+            seat = _ClientContext(exchange, slot)
+            attach_lockstep(model, seat)
             models.append(model)
-            contexts.append(context)
-            optimizers.append(torch.optim.SGD(model.parameters(), lr=router.lr))
+            seats.append(seat)
+            optimizers.append(torch.optim.SGD(model.parameters(), lr=context.lr))
             streams.append(
-                batch_stream(router.federation.client_indices[client], self.batch_size, rng)
+                batch_stream(context.federation.client_indices[client], self.batch_size, rng)
             )
-        sizes = [len(router.federation.client_indices[client]) for client in clients]
-        steps = self.local_epochs * max(math.ceil(size / self.batch_size) for size in sizes)
-        x_train, y_train = router.dataset.x_train, router.dataset.y_train
-        loss_sum = torch.zeros((), device=router.device)
-        samples = 0
+        sizes = [len(context.federation.client_indices[client]) for client in clients]
+        steps = self.options.local_epochs * max(math.ceil(size / self.batch_size) for size in sizes)
+        x_train, y_train = context.x_train, context.y_train
+        loss_sums = torch.zeros(len(clients), dtype=torch.float64, device=context.device)
+        samples = [0] * len(clients)
 
         def client_loss(slot: int, batch: torch.Tensor) -> torch.Tensor:
             try:
@@ -266,11 +260,11 @@ class FedTAN(FedAvg):
             with ThreadPoolExecutor(max_workers=len(clients)) as pool:
                 for _ in range(steps):
                     batches = [
-                        torch.as_tensor(next(stream), device=router.device) for stream in streams
+                        torch.as_tensor(next(stream), device=context.device) for stream in streams
                     ]
                     exchange.reset()
-                    for context in contexts:
-                        context.calls = 0
+                    for seat in seats:
+                        seat.calls = 0
                     futures = [
                         pool.submit(client_loss, slot, batch) for slot, batch in enumerate(batches)
                     ]
@@ -281,22 +275,21 @@ class FedTAN(FedAvg):
                     for optimizer in optimizers:
                         optimizer.step()
                     with torch.no_grad():
-                        for loss, batch in zip(losses, batches):
-                            loss_sum += loss.detach() * len(batch)
-                    samples += sum(len(batch) for batch in batches)
+                        for slot, (loss, batch) in enumerate(zip(losses, batches)):
+                            loss_sums[slot] += loss.detach() * len(batch)
+                            samples[slot] += len(batch)
         finally:
             for model in models:
                 detach_lockstep(model)
-        router.stats.steps += steps * len(clients)
-        router.stats.loss_sum += float(loss_sum)
-        router.stats.loss_count += samples
         return [
-            self.client_update(router, client, model, steps)
-            for client, model in zip(clients, models)
+            self.client_update(
+                context, client, model, LocalResult(steps, float(loss_sums[slot]), samples[slot])
+            )
+            for slot, (client, model) in enumerate(zip(clients, models))
         ]
 
     @staticmethod
-    def _gather(futures) -> list[torch.Tensor]:
+    def _gather(futures: list[Future]) -> list[torch.Tensor]:
         results, errors = [], []
         for future in futures:
             try:

@@ -8,15 +8,30 @@ Option II of the paper: after ``K`` local steps of size ``η_l`` a client sets
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from baselines.common import State, check_positive, clone_state, load_into, mean_state
-from baselines.fedavg import FedAvg
-from stratify.router import ClientUpdate, Router
+from stratify.baselines.common import mean_state
+from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.client import GradientHook, LocalResult
+from stratify.options import option
+from stratify.router import ClientUpdate, Context
+from stratify.state import State, clone_state
+from stratify.validation import check_positive
+
+
+@dataclass
+class ScaffoldOptions(FedAvgOptions):
+    """FedAvg's options and the server learning rate ``η_g``."""
+
+    algorithm = "scaffold"
+
+    server_lr: float = option(
+        1.0, "Global step size η_g > 0 (1 in the paper).", check=check_positive
+    )
 
 
 def control_variate_update(
@@ -69,43 +84,29 @@ def scaffold_server_update(
 class Scaffold(FedAvg):
     """SCAFFOLD with option-II control variates and a server learning rate.
 
-    Parameters
-    ----------
-    local_epochs, local_batch_size, client_fraction, bn_buffers
-        As :class:`~baselines.fedavg.FedAvg`.
-    server_lr : float
-        Global step size ``η_g`` (1 in the paper's experiments).
+    Options: :class:`ScaffoldOptions`.
 
     Notes
     -----
     Control variates cover the trainable parameters; BN buffers follow ``bn_buffers``
     (sample-weighted, as in FedAvg). The server averages ``Δy`` and ``Δc`` uniformly over
-    the participants, as in the paper. Traffic: besides the model download and upload,
-    every participant downloads ``c`` and uploads ``Δc_i``, two parameter-sized payloads
-    counted in ``bytes_sent``. The checkpoint carries ``c`` and every ``c_i``.
+    the participants, as in the paper. ``K`` is the number of local steps a client
+    actually took (``E · ceil(n_k / B)``), not the number of local epochs. Traffic:
+    besides the model download and upload, every participant downloads ``c`` and uploads
+    ``Δc_i``, two parameter-sized payloads counted in ``bytes_sent``. The checkpoint
+    carries ``c`` and every ``c_i``.
     """
 
     name = "scaffold"
     description = "control variates c, c_i (zero start, option II) correct local drift; server lr"
+    options_class = ScaffoldOptions
+    options: ScaffoldOptions
 
-    def __init__(
-        self,
-        local_epochs: int = 1,
-        local_batch_size: int | None = None,
-        client_fraction: float = 1.0,
-        server_lr: float = 1.0,
-        bn_buffers: str = "average",
-    ) -> None:
-        super().__init__(local_epochs, local_batch_size, client_fraction, bn_buffers)
-        self.server_lr = check_positive(server_lr, "--server-lr")
-        self.server_variate: State = {}
-        self.client_variates: dict[int, State] = {}
-
-    def setup(self, router: Router) -> None:
-        super().setup(router)
-        state = router.model.state_dict()
+    def setup(self, context: Context) -> None:
+        super().setup(context)
+        state = context.model.state_dict()
         self.server_variate = {key: torch.zeros_like(state[key]) for key in self.parameter_keys}
-        self.client_variates = {}
+        self.client_variates: dict[int, State] = {}
 
     def client_variate(self, client: int) -> State:
         if client not in self.client_variates:
@@ -114,48 +115,49 @@ class Scaffold(FedAvg):
             }
         return self.client_variates[client]
 
-    def before_step(
-        self, router: Router, client: int, model: nn.Module
-    ) -> Callable[[nn.Module], None]:
+    def gradient_hook(self, context: Context, client: int) -> GradientHook:
         c_i = self.client_variate(client)
         correction = [self.server_variate[key] - c_i[key] for key in self.parameter_keys]
 
         def correct(local: nn.Module) -> None:
-            grads = [p.grad for p in local.parameters() if p.requires_grad]
+            grads: list[torch.Tensor] = []
+            for p in local.parameters():
+                if p.requires_grad:
+                    assert p.grad is not None  # the hook runs right after backward
+                    grads.append(p.grad)
             torch._foreach_add_(grads, correction)
 
         return correct
 
     def client_update(
-        self, router: Router, client: int, model: nn.Module, steps: int
+        self, context: Context, client: int, model: nn.Module, result: LocalResult
     ) -> ClientUpdate:
-        update = super().client_update(router, client, model, steps)
-        global_state = router.model.state_dict()
+        update = super().client_update(context, client, model, result)
+        assert update.state is not None
+        global_state = context.model.state_dict()
         start = {key: global_state[key] for key in self.parameter_keys}
         end = {key: update.state[key] for key in self.parameter_keys}
         old = self.client_variate(client)
-        new = control_variate_update(old, self.server_variate, start, end, steps, router.lr)
+        new = control_variate_update(old, self.server_variate, start, end, result.steps, context.lr)
         update.extra["delta_y"] = {key: end[key] - start[key] for key in self.parameter_keys}
         update.extra["delta_c"] = {key: new[key] - old[key] for key in self.parameter_keys}
         self.client_variates[client] = new
+        # c down and Δc_i up: parameter-sized payloads beside the model's transfers
+        update.stats.uploads = 2
         return update
 
-    def count_traffic(self, router: Router, participants: int) -> None:
-        # model down + up, plus c down and Δc_i up (parameter-sized payloads)
-        router.count_transfers(2 * participants, gradients=2 * participants)
-
-    def aggregate_parameters(self, router: Router, updates: list[ClientUpdate]) -> None:
-        global_state = router.model.state_dict()
+    def aggregate_parameters(self, context: Context, updates: list[ClientUpdate]) -> State:
+        global_state = context.model.state_dict()
         x = {key: global_state[key] for key in self.parameter_keys}
         new_x, self.server_variate = scaffold_server_update(
             x,
             self.server_variate,
             [update.extra["delta_y"] for update in updates],
             [update.extra["delta_c"] for update in updates],
-            self.server_lr,
-            router.federation.num_clients,
+            self.options.server_lr,
+            context.federation.num_clients,
         )
-        load_into(router.model, new_x)
+        return new_x
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -167,8 +169,8 @@ class Scaffold(FedAvg):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if "server_variate" in state:
-            device = getattr(self, "device", None)
-            self.server_variate = clone_state(state["server_variate"], device=device)
+            self.server_variate = clone_state(state["server_variate"], device=self.device)
             self.client_variates = {
-                int(k): clone_state(v, device=device) for k, v in state["client_variates"].items()
+                int(k): clone_state(v, device=self.device)
+                for k, v in state["client_variates"].items()
             }

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
-from baselines.common import check_positive_int, resolve_batch_size
-from stratify.router import ClientUpdate, Round, Router, Strategy
+from stratify.baselines.common import LocalTrainingOptions
+from stratify.router import ClientUpdate, Context, Round, RoundStats, Strategy
+
+
+@dataclass
+class SFLOptions(LocalTrainingOptions):
+    """Local epochs and mini-batch size of the client holding the model."""
+
+    algorithm = "sfl"
 
 
 class SFL(Strategy):
     """Vanilla sequential FL: each round the global model visits every client once, in a
     random order, and each client trains it on all its data before passing it on.
 
-    Parameters
-    ----------
-    local_epochs : int
-        Passes each client makes over its own data when it holds the model.
-    local_batch_size : int, optional
-        Local mini-batch size; ``None`` means 1 in ``--mode single-sample`` (the only size
-        that mode allows) and 64 in ``--mode batch``.
+    Options: :class:`SFLOptions`.
 
     Notes
     -----
@@ -32,31 +34,30 @@ class SFL(Strategy):
 
     name = "sfl"
     description = "sequential model passing in random client order; each trains on all its data"
-
-    def __init__(self, local_epochs: int = 1, local_batch_size: int | None = None) -> None:
-        self.local_epochs = check_positive_int(local_epochs, "--local-epochs")
-        self.local_batch_size = (
-            None
-            if local_batch_size is None
-            else check_positive_int(local_batch_size, "--local-batch-size")
-        )
-
-    def setup(self, router: Router) -> None:
-        self.batch_size = resolve_batch_size(self.local_batch_size, router.mode, self.name)
+    options_class = SFLOptions
+    options: SFLOptions
 
     def configure_rounds(
-        self, router: Router, epoch: int, rng: np.random.Generator
+        self, context: Context, epoch: int, rng: np.random.Generator
     ) -> Iterable[Round]:
-        return [Round(index=0, clients=rng.permutation(router.federation.num_clients))]
+        return [Round(index=0, clients=rng.permutation(context.federation.num_clients))]
 
-    def fit(self, router: Router, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
+    def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
+        assert round_.clients is not None and self.options.local_batch_size is not None
+        updates = []
         for client in round_.clients.tolist():
-            router.count_transfers(1)
-            router.local_sgd(
-                router.model,
-                router.federation.client_indices[client],
-                self.local_epochs,
-                self.batch_size,
-                rng,
+            indices = context.federation.client_indices[client]
+            # the travelling global model is trained in place
+            result = context.trainer.train(
+                context.model,
+                indices,
+                epochs=self.options.local_epochs,
+                batch_size=self.options.local_batch_size,
+                lr=context.lr,
+                rng=rng,
             )
-        return []
+            stats = RoundStats(
+                steps=result.steps, transfers=1, loss_sum=result.loss_sum, loss_count=result.samples
+            )
+            updates.append(ClientUpdate(client=client, num_samples=len(indices), stats=stats))
+        return updates

@@ -1,4 +1,4 @@
-"""`stratify algorithms`: every available method with a one-line description and its options."""
+"""`stratify algorithms`: every available method, its modes and its options with defaults."""
 
 from __future__ import annotations
 
@@ -6,14 +6,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from stratify.algorithms import ALGORITHMS, option_flag, strategy_class, strategy_options
-
-
-def option_text(option: str, default: object) -> str:
-    """How ``stratify train`` spells a strategy option and its default."""
-    if option == "fused":  # Stratify's constructor flag is the CLI's --batch-path
-        return f"--batch-path {'fused' if default else 'explicit'}"
-    return option_flag(option) if default is None else f"{option_flag(option)} {default}"
+from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.options import flag
 
 
 def describe(name: str) -> tuple[str, str, str]:
@@ -22,10 +16,13 @@ def describe(name: str) -> tuple[str, str, str]:
         cls = strategy_class(name)
     except ImportError as error:  # a registered module that cannot be imported
         return f"(unavailable: {error})", "", ""
-    options = ", ".join(
-        option_text(option, default) for option, default in strategy_options(name).items()
-    )
-    return cls.description, ", ".join(cls.modes), options
+    options = []
+    for entry in cls.options_class.option_fields():
+        text = flag(entry.name) if entry.default is None else f"{flag(entry.name)} {entry.default}"
+        modes = entry.metadata["modes"]
+        options.append(text if len(modes) == 2 else f"{text} ({modes[0]})")
+    schedule = f"--lr-schedule {cls.default_lr_schedule}"
+    return cls.description, ", ".join(cls.modes), ", ".join([*options, schedule])
 
 
 @click.command("algorithms")

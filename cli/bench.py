@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 import numpy as np
@@ -12,14 +13,14 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from stratify.data.datasets import load_dataset
-from stratify.data.partition import partition
+from stratify.backend import configure_cpu_for_single_sample, resolve_device
+from stratify.cli.common import DATA_DIR
+from stratify.config import TrainConfig
+from stratify.data.datasets import Dataset, load_dataset
 from stratify.errors import ConfigError
-from stratify.federation import Federation
+from stratify.experiment import build_experiment
 from stratify.nn.models import build_model
-from stratify.registry import PlainRegistry
-from stratify.router import Router, configure_cpu_for_single_sample
-from stratify.run import resolve_device
+from stratify.router import Router
 from stratify.strategy import Stratify
 
 
@@ -34,17 +35,20 @@ def parse_int_list(text: str, flag: str) -> list[int]:
 
 
 def build_router(
-    dataset, clients: int, spec: str, seed: int, chunk: int, model_name: str, lr: float
-):
-    labels = dataset.train_labels
-    federation = Federation(partition(labels, clients, spec, seed=seed), labels)
-    registry = PlainRegistry(seed=seed).register(federation.label_counts())
-    torch.manual_seed(seed)
-    model = build_model(model_name, dataset.input_shape, dataset.num_classes).to(
-        dataset.x_train.device
+    dataset: Dataset, clients: int, spec: str, seed: int, chunk: int, model_name: str, lr: float
+) -> Router:
+    """A single-sample Stratify router on ``dataset`` (plain registry: no CKKS set-up cost)."""
+    config = TrainConfig(
+        dataset=dataset.name,
+        partition=spec,
+        clients=clients,
+        model=model_name,
+        lr=lr,
+        seed=seed,
+        secure=False,
+        options={"chunk": chunk},
     )
-    strategy = Stratify(chunk=chunk)
-    return Router(model, dataset, federation, registry, strategy, lr=lr, seed=seed)
+    return build_experiment(config, dataset=dataset).router
 
 
 @click.group("bench")
@@ -54,7 +58,7 @@ def bench() -> None:
 
 @bench.command("transfers")
 @click.option("--dataset", default="mnist-10k", show_default=True)
-@click.option("--data-dir", default="../shared/data", show_default=True)
+@DATA_DIR
 @click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
 @click.option("--clients", default=10, show_default=True, type=int)
 @click.option("--chunks", default="1,5,50,150", show_default=True)
@@ -66,12 +70,14 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
     """Model transfers per epoch for chunk sizes CS (planning only, no training)."""
     chunk_sizes = parse_int_list(chunks, "--chunks")
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
-    results = []
+    results: list[dict[str, Any]] = []
     for chunk in chunk_sizes:
         counts = []
         router = build_router(data, clients, spec, 0, chunk, "mlp", 0.01)
+        stratify = router.strategy
+        assert isinstance(stratify, Stratify)
         for seed in range(seeds):
-            plan = router.strategy.plan_epoch(router, np.random.default_rng([seed, 1]))
+            plan = stratify.plan_epoch(router.context, np.random.default_rng([seed, 1]))
             counts.append(plan.transfers)
         results.append({"chunk": chunk, "transfers": float(np.mean(counts)), "runs": counts})
     baseline = results[0]["transfers"]
@@ -115,7 +121,7 @@ def timed(function, device: torch.device) -> float:
 
 @bench.command("steps")
 @click.option("--dataset", default="mnist-10k", show_default=True)
-@click.option("--data-dir", default="../shared/data", show_default=True)
+@DATA_DIR
 @click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
 @click.option("--clients", default=10, show_default=True, type=int)
 @click.option("--model", "model_name", default="cnn", show_default=True)
@@ -130,8 +136,15 @@ def steps(dataset, data_dir, spec, clients, model_name, steps, device, json_path
         raise ConfigError(f"--steps must be positive, got {steps}")
     device = resolve_device(device)
     data = load_dataset(dataset, data_dir=data_dir, device=device)
+    # the reference runs first with torch's default backend settings, which building a
+    # single-sample router on the CPU changes; keep them for it
+    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
     router = build_router(data, clients, spec, 0, 5, model_name, 0.01)
-    plan = router.strategy.plan_epoch(router, np.random.default_rng([0, 1]))
+    torch.set_num_threads(threads)
+    torch.backends.mkldnn.enabled = mkldnn
+    stratify = router.strategy
+    assert isinstance(stratify, Stratify)
+    plan = stratify.plan_epoch(router.context, np.random.default_rng([0, 1]))
     samples = np.resize(plan.samples, steps)
     warmup = samples[: min(200, steps)]
     results = []
@@ -157,8 +170,8 @@ def steps(dataset, data_dir, spec, clients, model_name, steps, device, json_path
         results.append(
             {"loop": "plain eager PyTorch, 1 thread, oneDNN off", "steps_per_s": steps / seconds}
         )
-    router.execute_single_sample(warmup)
-    seconds = timed(lambda: router.execute_single_sample(samples), device)
+    stratify.execute_single_sample(router.context, warmup)
+    seconds = timed(lambda: stratify.execute_single_sample(router.context, samples), device)
     results.append(
         {"loop": "stratify engine (execute_single_sample)", "steps_per_s": steps / seconds}
     )

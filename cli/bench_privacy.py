@@ -92,6 +92,7 @@ def time_cell(classes: int, clients: int, protocol: str, repeat: int, seed: int)
         verified = verified and same_result(result, expected)
         runs.append(dict(registry.timings))
     stats = registry.stats
+    assert stats is not None  # set by register(), which ran repeat >= 1 times
     row = {"protocol": protocol, "classes": classes, "clients": clients}
     for phase in PHASES:
         row[phase] = statistics.median(run[phase] for run in runs)

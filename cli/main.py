@@ -11,11 +11,11 @@ from stratify.errors import StratifyError
 
 # command name -> (module, attribute); imported only when the command runs, so `--help` is fast.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("cli.train", "train"),
-    "partition-stats": ("cli.partition_stats", "partition_stats"),
-    "bench-privacy": ("cli.bench_privacy", "bench_privacy"),
-    "bench": ("cli.bench", "bench"),
-    "algorithms": ("cli.algorithms", "algorithms"),
+    "train": ("stratify.cli.train", "train"),
+    "partition-stats": ("stratify.cli.partition_stats", "partition_stats"),
+    "bench-privacy": ("stratify.cli.bench_privacy", "bench_privacy"),
+    "bench": ("stratify.cli.bench", "bench"),
+    "algorithms": ("stratify.cli.algorithms", "algorithms"),
 }
 
 
@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as error:
+        # one line, like the library's errors: the usage text would bury the message
+        click.echo(f"error: {error.format_message()}", err=True)
+        sys.exit(2)
     except click.ClickException as error:
         error.show()
         sys.exit(error.exit_code)

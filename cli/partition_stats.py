@@ -5,42 +5,13 @@ from __future__ import annotations
 import click
 import numpy as np
 
-from stratify.errors import DatasetError
+from stratify.cli.common import DATA_DIR, DATASET_OPTION, parse_options
 
 METRIC_ROWS = (
     ("class imbalance ΔCI", "ci"),
     ("attribute imbalance ΔAI", "ai"),
     ("spurious correlation ΔSC", "sc"),
 )
-
-
-def parse_option_value(text: str):
-    """Read a dataset option value: ``"3"`` -> 3, ``"0.5"`` -> 0.5, ``"true"`` -> True,
-    ``"0,15,30"`` -> (0, 15, 30), anything else stays text."""
-    if "," in text:
-        return tuple(parse_option_value(part.strip()) for part in text.split(",") if part.strip())
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_options(pairs: tuple[str, ...]) -> dict:
-    """``("correlation=0.5", ...)`` -> ``{"correlation": 0.5, ...}`` (dataset options)."""
-    options = {}
-    for pair in pairs:
-        key, separator, value = pair.partition("=")
-        if not separator or not key.strip():
-            raise DatasetError(
-                f"dataset option {pair!r} is not KEY=VALUE; use e.g. -o correlation=0.5"
-            )
-        options[key.strip().replace("-", "_")] = parse_option_value(value.strip())
-    return options
 
 
 def _format(value: float | None) -> str:
@@ -53,15 +24,9 @@ def _format(value: float | None) -> str:
     "dataset_name",
     default="digits",
     show_default=True,
-    help="Dataset name (see DESIGN §7), e.g. digits, mnist-10k, colored-mnist.",
+    help='Dataset name, e.g. digits, mnist-10k, colored-mnist (README, "Datasets").',
 )
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    envvar="STRATIFY_DATA_DIR",
-    help="Folder holding the dataset files (env STRATIFY_DATA_DIR).",
-)
+@DATA_DIR
 @click.option(
     "--partition",
     "spec",
@@ -83,14 +48,7 @@ def _format(value: float | None) -> str:
     default=None,
     help="dirichlet: smallest allowed client (default min(10, N // (2 clients))).",
 )
-@click.option(
-    "-o",
-    "--option",
-    "options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Dataset option, repeatable, e.g. -o correlation=0.5 -o base=mnist.",
-)
+@DATASET_OPTION
 def partition_stats(
     dataset_name: str,
     data_dir: str | None,
@@ -98,7 +56,7 @@ def partition_stats(
     clients: int,
     seed: int,
     min_size: int | None,
-    options: tuple[str, ...],
+    dataset_options: tuple[str, ...],
 ) -> None:
     """Print per-client label counts and the six FedDiverse heterogeneity metrics.
 
@@ -114,7 +72,7 @@ def partition_stats(
 
     parse_partition_spec(spec)  # reject a malformed spec before loading any data
     dataset = load_dataset(
-        dataset_name, data_dir=data_dir, device="cpu", seed=seed, **parse_options(options)
+        dataset_name, data_dir=data_dir, device="cpu", seed=seed, **parse_options(dataset_options)
     )
     labels = dataset.train_labels
     domains = dataset.domains_train

@@ -1,63 +1,87 @@
-"""`stratify train`: one federated training run of any algorithm."""
+"""`stratify train`: one federated training run of any algorithm.
+
+Its flags are generated from :class:`~stratify.config.TrainConfig` and from every
+method's options dataclass, so each default and help text is written once, in the
+library. Values reach the library as typed on the command line and are checked there,
+so a bad value reads the same from the CLI and from Python.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stratify.errors import ConfigError
-from stratify.run import EpochRecord, Run, TrainConfig
+from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.cli.common import DATASET_OPTION, parse_options
+from stratify.config import TrainConfig
+from stratify.options import flag
+from stratify.run import EpochRecord, Run
 
-# strategy options: flag -> strategy constructor argument; rejected where they don't apply
-STRATEGY_FLAGS = [
-    click.option("--chunk", type=int, help="Stratify single-sample chunk size CS [default: 5]."),
-    click.option(
-        "--batch-labels",
-        type=int,
-        help="Stratify batch-data labels per global batch B [default: 64].",
-    ),
-    click.option(
-        "--selection",
-        type=click.Choice(["uniform", "weighted"]),
-        help="Stratify client selection [default: uniform].",
-    ),
-    click.option(
-        "--repeats",
-        type=click.Choice(["uniform", "proportional"]),
-        help="Stratify label repeats in the SLS [default: uniform].",
-    ),
-    click.option("--repeat-count", type=int, help="Stratify: override r_l of the uniform SLS."),
-    click.option("--cap", type=int, help="Stratify: cap of the proportional SLS [default: N/|L|]."),
-    click.option(
-        "--batch-path",
-        type=click.Choice(["fused", "explicit"]),
-        help="Stratify batch-data: one tensor or client by client [default: fused].",
-    ),
-    click.option("--local-epochs", type=int, help="Baselines: local epochs per round."),
-    click.option(
-        "--local-batch-size",
-        type=int,
-        help="Baselines, batch mode: local mini-batch size [default: 64]; single-sample uses 1.",
-    ),
-    click.option("--client-fraction", type=float, help="Baselines: fraction of clients per round."),
-    click.option("--mu", type=float, help="FedProx proximal weight μ."),
-    click.option("--server-lr", type=float, help="Server learning rate (SCAFFOLD, FedAvgM)."),
-    click.option("--server-momentum", type=float, help="FedAvgM server momentum β."),
-    click.option(
-        "--bn-buffers",
-        type=click.Choice(["average", "local"]),
-        help="Averaging baselines: BN running stats [default: average].",
-    ),
-]
+METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
 
 
-def strategy_flags(function):
-    for decorator in reversed(STRATEGY_FLAGS):
+def metavar(entry: dataclasses.Field) -> str:
+    choices = entry.metadata["choices"]
+    if choices:
+        return "[" + "|".join(choices) + "]"
+    return METAVARS.get(entry.metadata["type"], "TEXT")
+
+
+def config_option(entry: dataclasses.Field) -> Callable:
+    """The click option of a :class:`TrainConfig` field, with its help and default."""
+    name = flag(entry.name)
+    meta = entry.metadata
+    if meta["type"] is bool:
+        return click.option(
+            f"{name}/--no-{name[2:]}", default=entry.default, show_default=True, help=meta["help"]
+        )
+    return click.option(
+        name,
+        default=entry.default,
+        show_default=entry.default is not None,
+        metavar=metavar(entry),
+        envvar=meta["envvar"],
+        help=meta["help"],
+    )
+
+
+def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:
+    """Option name -> ``(algorithm, field)`` of every method that takes it."""
+    found: dict[str, list[tuple[str, dataclasses.Field]]] = {}
+    for algorithm in ALGORITHMS:
+        for entry in strategy_class(algorithm).options_class.option_fields():
+            found.setdefault(entry.name, []).append((algorithm, entry))
+    return found
+
+
+def method_option(name: str, takers: list[tuple[str, dataclasses.Field]]) -> Callable:
+    """A method option's click flag: help from its first method, defaults of each."""
+    first = takers[0][1]
+    defaults = {algorithm: entry.default for algorithm, entry in takers}
+    if len(set(map(repr, defaults.values()))) == 1:
+        default = f"default: {first.default}" if first.default is not None else ""
+    else:
+        default = "defaults: " + ", ".join(f"{a} {d}" for a, d in defaults.items())
+    modes = first.metadata["modes"]
+    where = ", ".join(defaults) + ("" if len(modes) == 2 else f"; --mode {modes[0]}")
+    help_text = f"{first.metadata['help'].rstrip('.')} ({where})."
+    if default:
+        help_text += f" [{default}]"
+    return click.option(flag(name), default=None, metavar=metavar(first), help=help_text)
+
+
+def with_flags(function: Callable) -> Callable:
+    options = [config_option(entry) for entry in TrainConfig.flag_fields()]
+    options += [method_option(name, takers) for name, takers in method_options().items()]
+    for decorator in reversed(options):
         function = decorator(function)
     return function
 
@@ -68,70 +92,8 @@ def default_out(config: TrainConfig) -> str:
 
 
 @click.command("train")
-@click.option("--dataset", default="digits", show_default=True, help="Dataset name.")
-@click.option(
-    "--data-dir", type=click.Path(file_okay=False), help="Folder holding the dataset files."
-)
-@click.option(
-    "--partition",
-    default="classes:1",
-    show_default=True,
-    help="iid | classes:k | dirichlet:α | shards:s | domains:d",
-)
-@click.option("--clients", default=10, show_default=True, type=int)
-@click.option(
-    "--algorithm", default="stratify", show_default=True, help="See `stratify algorithms`."
-)
-@click.option(
-    "--mode",
-    type=click.Choice(["single-sample", "batch"]),
-    default="single-sample",
-    show_default=True,
-)
-@click.option("--epochs", default=5, show_default=True, type=int)
-@click.option("--lr", type=float, help="Base learning rate [default: 0.05 on digits, else 0.01].")
-@click.option(
-    "--lr-schedule",
-    type=click.Choice(["inverse-epoch", "constant"]),
-    default="inverse-epoch",
-    show_default=True,
-    help="Epoch e uses lr/e, or lr throughout.",
-)
-@click.option(
-    "--momentum",
-    default=0.0,
-    show_default=True,
-    type=float,
-    help="SGD momentum of the global optimizer.",
-)
-@click.option(
-    "--model",
-    default=None,
-    help="cnn | mlp | resnet9 | resnet18 | resnet20 [default: cnn for images, mlp for tabular]",
-)
-@click.option(
-    "--norm",
-    default="bn",
-    show_default=True,
-    help="bn | gn | sumbn | sumbn-client-mean | none (ResNets; cnn and mlp have no norm layers)",
-)
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option(
-    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
-)
-@click.option(
-    "--secure/--no-secure",
-    default=True,
-    show_default=True,
-    help="CKKS placeholder registry, or the plain one.",
-)
-@click.option(
-    "--protocol",
-    type=click.Choice(["packed", "naive"]),
-    default="packed",
-    show_default=True,
-    help="CKKS protocol.",
-)
+@with_flags
+@DATASET_OPTION
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -139,62 +101,26 @@ def default_out(config: TrainConfig) -> str:
 )
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a run already in --out.")
-@strategy_flags
 def train(
-    dataset,
-    data_dir,
-    partition,
-    clients,
-    algorithm,
-    mode,
-    epochs,
-    lr,
-    lr_schedule,
-    momentum,
-    model,
-    norm,
-    seed,
-    device,
-    secure,
-    protocol,
-    out,
-    resume,
-    overwrite,
-    **strategy_options,
+    dataset_options: tuple[str, ...],
+    out: str | None,
+    resume: bool,
+    overwrite: bool,
+    **values: Any,
 ) -> None:
     """Train the global model federatedly and write config, metrics, summary and checkpoint."""
-    if mode == "batch" and strategy_options["chunk"] is not None:
-        raise ConfigError("--chunk applies to --mode single-sample; use --batch-labels for batch")
-    if mode == "single-sample" and strategy_options["batch_labels"] is not None:
-        raise ConfigError("--batch-labels applies to --mode batch; use --chunk for single-sample")
-    batch_path = strategy_options.pop("batch_path")
-    if batch_path is not None:
-        strategy_options["fused"] = batch_path == "fused"
+    config_keys = {entry.name for entry in TrainConfig.flag_fields()}
     config = TrainConfig(
-        dataset=dataset,
-        data_dir=data_dir,
-        partition=partition,
-        clients=clients,
-        algorithm=algorithm,
-        mode=mode,
-        epochs=epochs,
-        lr=lr,
-        lr_schedule=lr_schedule,
-        momentum=momentum,
-        model=model,
-        norm=norm,
-        seed=seed,
-        device=device,
-        secure=secure,
-        protocol=protocol,
-        options={key: value for key, value in strategy_options.items() if value is not None},
+        **{key: value for key, value in values.items() if key in config_keys},
+        options={key: value for key, value in values.items() if key not in config_keys},
+        dataset_options=parse_options(dataset_options),
         out=out,
     )
     if config.out is None:
         config.out = default_out(config)
     console = Console(stderr=True)
-    display = TrainingProgress(console, f"{algorithm} on {dataset}", epochs)
-    with console.status(f"loading {dataset}, partitioning, registering labels…"):
+    display = TrainingProgress(console, f"{config.algorithm} on {config.dataset}", config.epochs)
+    with console.status(f"loading {config.dataset}, partitioning, registering labels…"):
         run = Run(
             config,
             resume=resume,

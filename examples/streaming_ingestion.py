@@ -16,13 +16,13 @@ import argparse
 import numpy as np
 import torch
 
+from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.data.partition import partition
+from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.nn.models import build_model
 from stratify.registry import PlainRegistry
-from stratify.router import Router
-from stratify.strategy import Stratify
 from stratify.stream import StreamLearner
 
 
@@ -57,19 +57,22 @@ def main(argv: list[str] | None = None) -> list[float]:
         cut = [int(len(ix) * args.pretrain_fraction) for ix in clients]
         stored = [ix[:n] for ix, n in zip(clients, cut)]
         clients = [ix[n:] for ix, n in zip(clients, cut)]
-        federation = Federation(stored, labels)
-        registry = PlainRegistry(seed=args.seed).register(federation.label_counts())
-        router = Router(
-            model,
-            dataset,
-            federation,
-            registry,
-            Stratify(batch_labels=32),
+        config = TrainConfig(
+            dataset=args.dataset,
             mode="batch",
             lr=args.lr,
-            momentum=0.9,
+            lr_schedule="constant",
             seed=args.seed,
+            secure=False,
+            options={"batch_labels": 32, "momentum": 0.9},
         )
+        router = build_experiment(
+            config,
+            dataset=dataset,
+            federation=Federation(stored, labels),
+            registry=PlainRegistry(seed=args.seed),
+            model=model,
+        ).router
         for epoch in range(1, args.pretrain_epochs + 1):
             router.run_epoch(epoch)
         print(

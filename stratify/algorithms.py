@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from stratify.errors import ConfigError
@@ -12,12 +12,12 @@ from stratify.router import Strategy
 # name -> "module:Class"
 ALGORITHMS: dict[str, str] = {
     "stratify": "stratify.strategy:Stratify",
-    "fedavg": "baselines.fedavg:FedAvg",
-    "fedprox": "baselines.fedprox:FedProx",
-    "scaffold": "baselines.scaffold:Scaffold",
-    "fedavgm": "baselines.fedavgm:FedAvgM",
-    "sfl": "baselines.sfl:SFL",
-    "fedtan": "baselines.fedtan:FedTAN",
+    "fedavg": "stratify.baselines.fedavg:FedAvg",
+    "fedprox": "stratify.baselines.fedprox:FedProx",
+    "scaffold": "stratify.baselines.scaffold:Scaffold",
+    "fedavgm": "stratify.baselines.fedavgm:FedAvgM",
+    "sfl": "stratify.baselines.sfl:SFL",
+    "fedtan": "stratify.baselines.fedtan:FedTAN",
 }
 
 
@@ -25,41 +25,28 @@ def strategy_class(name: str) -> type[Strategy]:
     """The strategy class registered as ``name``."""
     if name not in ALGORITHMS:
         raise ConfigError(
-            f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)} "
+            f"unknown --algorithm {name!r}; choose one of {', '.join(ALGORITHMS)} "
             "(`stratify algorithms` describes them)"
         )
     module_name, class_name = ALGORITHMS[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def strategy_options(name: str) -> dict[str, Any]:
-    """Constructor options of ``name`` with their defaults."""
-    signature = inspect.signature(strategy_class(name).__init__)
-    return {
-        parameter.name: parameter.default
-        for parameter in signature.parameters.values()
-        if parameter.name != "self"
-    }
-
-
-def option_flag(option: str) -> str:
-    return "--" + option.replace("_", "-")
-
-
-def build_strategy(name: str, options: dict[str, Any]) -> Strategy:
-    """Instantiate ``name`` with ``options``, rejecting options it does not take.
+def build_strategy(name: str, values: Mapping[str, Any], mode: str) -> Strategy:
+    """Instantiate ``name`` from user-given option ``values`` for ``mode``.
 
     Parameters
     ----------
     name : str
         Registered algorithm name.
-    options : dict
-        Option name (constructor argument) -> value; ``None`` values mean "not given".
+    values : mapping
+        Option name (field of the method's options dataclass) -> value; ``None`` means
+        "not given". Options the method does not take, or that do not apply to ``mode``,
+        are refused with one line naming the valid ones.
+    mode : {"single-sample", "batch"}
+        Learning setting.
     """
-    accepted = strategy_options(name)
-    given = {key: value for key, value in options.items() if value is not None}
-    foreign = sorted(key for key in given if key not in accepted)
-    if foreign:
-        flags = ", ".join(option_flag(key) for key in foreign)
-        raise ConfigError(f"{flags} does not apply to --algorithm {name}; remove it")
-    return strategy_class(name)(**given)
+    cls = strategy_class(name)
+    if mode not in cls.modes:
+        raise ConfigError(f"--algorithm {name} runs in --mode {' or '.join(cls.modes)}, not {mode}")
+    return cls(cls.options_class.from_values(values, name, mode))

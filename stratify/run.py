@@ -1,7 +1,7 @@
 """A training run: set-up, epochs, evaluation, metrics files, checkpoint and resume.
 
-Files written to the run folder (DESIGN §8): ``config.json``, ``metrics.jsonl`` (one
-object per epoch), ``summary.json`` and ``checkpoint.pt``.
+Files written to the run folder (docs/architecture.md, "Run folder"): ``config.json``,
+``metrics.jsonl`` (one object per epoch), ``summary.json`` and ``checkpoint.pt``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import os
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,98 +19,12 @@ import numpy as np
 import torch
 
 from stratify import __version__
-from stratify.algorithms import build_strategy
-from stratify.data.datasets import load_dataset
-from stratify.data.partition import partition
+from stratify.backend import Timer
+from stratify.config import RESUMABLE_CHANGES, TrainConfig
 from stratify.errors import ConfigError, StratifyError, TrainingError
-from stratify.federation import Federation
-from stratify.nn.models import build_model
-from stratify.registry import make_registry
-from stratify.router import Router, Timer, configure_cpu_for_single_sample
+from stratify.experiment import build_experiment
 
-# datasets whose single-sample runs need another base rate: the 8x8 digits leave the CNN on
-# its initial plateau for a whole epoch at 0.01 (5 epochs: 0.91 at 0.01, 0.97 at 0.05)
-DEFAULT_LR = {"digits": 0.05}
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt")
-# options that may change between a run and its resumption
-RESUMABLE_CHANGES = ("epochs", "device", "out")
-
-
-@dataclass
-class TrainConfig:
-    """Everything that defines a run; written to ``config.json``.
-
-    Parameters
-    ----------
-    dataset, data_dir : str
-        Dataset name and the folder its files live in.
-    partition : str
-        Partition spec (``iid``, ``classes:k``, ``dirichlet:α``, ``shards:s``, ``domains:d``).
-    clients : int
-        Number of clients.
-    algorithm : str
-        Strategy name (``stratify algorithms`` lists them).
-    mode : {"single-sample", "batch"}
-        Learning setting.
-    epochs : int
-        Epochs (Stratify: passes of the SLS; baselines: rounds).
-    lr : float, optional
-        SGD base learning rate; ``None`` takes the dataset's default
-        (:data:`DEFAULT_LR`, 0.01 where it has none).
-    momentum : float
-        SGD momentum.
-    lr_schedule : {"inverse-epoch", "constant"}
-        Epoch ``e`` trains with ``lr / e`` or with ``lr``.
-    model, norm : str
-        Model name (``None``: ``cnn`` for images, ``mlp`` for tabular) and its norm layer.
-    seed : int
-        Seeds data generation, partition, registry, schedule, selection and model init.
-    device : str
-        ``auto``, ``cpu`` or ``cuda``.
-    secure : bool
-        CKKS registry (True) or plain registry (False).
-    protocol : {"packed", "naive"}
-        CKKS protocol of the secure registry.
-    options : dict
-        Strategy options (constructor arguments of the strategy).
-    """
-
-    dataset: str = "digits"
-    data_dir: str | None = None
-    partition: str = "classes:1"
-    clients: int = 10
-    algorithm: str = "stratify"
-    mode: str = "single-sample"
-    epochs: int = 5
-    lr: float | None = None
-    lr_schedule: str = "inverse-epoch"
-    momentum: float = 0.0
-    model: str | None = None
-    norm: str = "bn"
-    seed: int = 0
-    device: str = "auto"
-    secure: bool = True
-    protocol: str = "packed"
-    options: dict[str, Any] = field(default_factory=dict)
-    out: str | None = None
-
-    def comparable(self) -> dict[str, Any]:
-        values = dataclasses.asdict(self)
-        for key in RESUMABLE_CHANGES:
-            values.pop(key)
-        return values
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            "--device cuda asked for, but torch sees no CUDA device; use --device cpu"
-        )
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"unknown device {device!r}; choose auto, cpu or cuda")
-    return torch.device(device)
 
 
 @dataclass
@@ -127,7 +41,8 @@ class EpochRecord:
 
 
 class Run:
-    """Builds the pieces of DESIGN §3 from a config and trains epoch by epoch.
+    """Builds a run's parts with :func:`~stratify.experiment.build_experiment` and trains
+    epoch by epoch, writing the run folder.
 
     Parameters
     ----------
@@ -151,10 +66,6 @@ class Run:
         on_epoch: Callable[[EpochRecord], None] | None = None,
         on_steps: Callable[[int], None] | None = None,
     ) -> None:
-        if config.epochs <= 0:
-            raise ConfigError(f"--epochs must be a positive integer, got {config.epochs}")
-        if config.clients <= 0:
-            raise ConfigError(f"--clients must be a positive integer, got {config.clients}")
         if resume and overwrite:
             raise ConfigError("--resume and --overwrite contradict each other; give one")
         self.config = config
@@ -164,56 +75,13 @@ class Run:
         self.start_epoch = 0
         checkpoint = self._prepare_out(resume, overwrite)
 
-        self.device = resolve_device(config.device)
-        if self.device.type == "cpu" and config.mode == "single-sample":
-            configure_cpu_for_single_sample()
-        self.dataset = load_dataset(
-            config.dataset, data_dir=config.data_dir, device=self.device, seed=config.seed
-        )
-        labels = self.dataset.train_labels
-        if config.clients > len(labels):
-            raise ConfigError(
-                f"{config.clients} clients but only {len(labels)} training samples; "
-                "use fewer clients"
-            )
-        client_indices = partition(
-            labels,
-            config.clients,
-            config.partition,
-            seed=config.seed,
-            domains=self.dataset.domains_train,
-        )
-        self.federation = Federation(client_indices, labels)
-        unheld = sorted(set(labels.tolist()) - set(labels[np.concatenate(client_indices)].tolist()))
-        if unheld:
-            raise ConfigError(
-                f"label(s) {', '.join(map(str, unheld))} are held by no client under "
-                f"{config.partition} with {config.clients} clients; use more clients or "
-                "another partition"
-            )
-        registry = make_registry(config.secure, seed=config.seed, protocol=config.protocol)
-        self.registry = registry.register(
-            self.federation.label_counts(), num_classes=self.dataset.num_classes
-        )
-        self.strategy = build_strategy(config.algorithm, config.options)
-        self.lr = config.lr if config.lr is not None else DEFAULT_LR.get(config.dataset, 0.01)
-        torch.manual_seed(config.seed)
-        model_name = config.model or ("cnn" if len(self.dataset.input_shape) == 3 else "mlp")
-        model = build_model(
-            model_name, self.dataset.input_shape, self.dataset.num_classes, norm=config.norm
-        ).to(self.device)
-        self.router = Router(
-            model,
-            self.dataset,
-            self.federation,
-            self.registry,
-            self.strategy,
-            mode=config.mode,
-            lr=self.lr,
-            lr_schedule=config.lr_schedule,
-            momentum=config.momentum,
-            seed=config.seed,
-        )
+        self.experiment = build_experiment(config)
+        self.device = self.experiment.device
+        self.dataset = self.experiment.dataset
+        self.federation = self.experiment.federation
+        self.registry = self.experiment.registry
+        self.strategy = self.experiment.strategy
+        self.router = self.experiment.router
         self.router.on_steps = on_steps
         if checkpoint is not None:
             self._load_checkpoint(checkpoint)
@@ -278,7 +146,9 @@ class Run:
             **dataclasses.asdict(self.config),
             "resolved": {
                 "device": str(self.device),
-                "lr": self.lr,
+                "lr": self.experiment.lr,
+                "lr_schedule": self.experiment.lr_schedule,
+                "options": self.strategy.options.to_dict(),
                 "model": self.router.model.__class__.__name__,
                 "num_placeholders": self.registry.num_placeholders,
                 "model_bytes": self.router.model_bytes,
@@ -292,6 +162,7 @@ class Run:
         }
 
     def _write_json(self, name: str, payload: dict[str, Any]) -> None:
+        assert self.out is not None  # run files are written only with --out
         path = self.out / name
         temporary = path.with_suffix(path.suffix + ".tmp")
         temporary.write_text(json.dumps(payload, indent=2) + "\n")
@@ -302,19 +173,19 @@ class Run:
             "epoch": epoch,
             "config": self.config.comparable(),
             "model": self.router.model.state_dict(),
-            "optimizer": self.router.optimizer.state_dict(),
             "strategy": self.strategy.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "records": [dataclasses.asdict(record) for record in self.records],
         }
+        assert self.out is not None  # checkpoints are saved only with --out
         path = self.out / "checkpoint.pt"
         temporary = path.with_suffix(".pt.tmp")
         torch.save(state, temporary)
         os.replace(temporary, path)
 
     def _load_checkpoint(self, checkpoint: dict) -> None:
+        assert self.out is not None  # _prepare_out loads a checkpoint only from --out
         self.router.model.load_state_dict(checkpoint["model"])
-        self.router.optimizer.load_state_dict(checkpoint["optimizer"])
         self.strategy.load_state_dict(checkpoint["strategy"])
         torch.set_rng_state(checkpoint["torch_rng"])
         self.records = [EpochRecord(**record) for record in checkpoint["records"]]

@@ -12,12 +12,13 @@ from collections.abc import Sequence
 import numpy as np
 from torch import nn
 
+from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset
+from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.router import EpochStats, Router
-from stratify.strategy import Stratify
 
 
 class StreamLearner:
@@ -70,18 +71,31 @@ class StreamLearner:
         self.windows_seen += 1
         if not present:
             return EpochStats()
-        labels = self.dataset.train_labels
-        federation = Federation(present, labels)
-        result = self.registry.register(federation.label_counts())
-        strategy = Stratify(
-            chunk=self.chunk,
-            selection=self.selection,
-            repeats="proportional",
-            cap=int(result.global_counts.max()),
+        federation = Federation(present, self.dataset.train_labels)
+        # proportional repeats capped at the window's size: r_l = n_l, every arrival once
+        window_size = sum(len(indices) for indices in present)
+        config = TrainConfig(
+            dataset=self.dataset.name,
+            algorithm="stratify",
+            mode="single-sample",
+            lr=self.lr,
+            lr_schedule="constant",
+            seed=self.seed,
+            secure=False,
+            options={
+                "chunk": self.chunk,
+                "selection": self.selection,
+                "repeats": "proportional",
+                "cap": window_size,
+            },
         )
-        self.router = Router(
-            self.model, self.dataset, federation, result, strategy, lr=self.lr, seed=self.seed
-        )
+        self.router = build_experiment(
+            config,
+            dataset=self.dataset,
+            federation=federation,
+            registry=self.registry,
+            model=self.model,
+        ).router
         return self.router.run_epoch(self.windows_seen)
 
     def evaluate(self) -> tuple[float, float]:

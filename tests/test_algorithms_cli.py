@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from cli.main import main
 from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.cli.main import main
+from stratify.config import TrainConfig
+from stratify.errors import ConfigError
 
 
 def test_algorithms_lists_every_algorithm_with_its_description(capsys, monkeypatch):
@@ -30,7 +32,15 @@ DIGITS = ["train", "--dataset", "digits", "--epochs", "1", "--no-secure"]
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (["--algorithm", "fedsgd"], "unknown algorithm 'fedsgd'"),
+        (["--algorithm", "fedsgd"], "unknown --algorithm 'fedsgd'; choose one of stratify, fedavg"),
+        (["--mode", "online"], "unknown --mode 'online'; choose one of single-sample, batch"),
+        (["--chunk", "3", "--mode", "batch"], "--chunk applies to --mode single-sample, not batch"),
+        (["--batch-labels", "8"], "--batch-labels applies to --mode batch, not single-sample"),
+        (["--batch-path", "fast", "--mode", "batch"], "unknown --batch-path 'fast'; choose one"),
+        (["--chunk", "zero"], "--chunk must be a positive integer, got 'zero'"),
+        (["--epochs", "0"], "--epochs must be a positive integer, got 0"),
+        (["--lr", "-1"], "--lr must be a positive finite number"),
+        (["--no-such-flag"], "No such option '--no-such-flag'"),
         (["--mu", "0.1"], "--mu does not apply to --algorithm stratify"),
         (["--algorithm", "fedavg", "--mu", "0.1"], "--mu does not apply to --algorithm fedavg"),
         (["--algorithm", "sfl", "--bn-buffers", "local"], "--bn-buffers does not apply"),
@@ -53,11 +63,37 @@ def test_bad_baseline_input_is_one_line(tmp_path, capsys, arguments, message):
     assert len(err.splitlines()) == 1 and message in err, err
 
 
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"algorithm": "fedsgd"}, "unknown --algorithm 'fedsgd'; choose one of stratify, fedavg"),
+        ({"mode": "online"}, "unknown --mode 'online'; choose one of single-sample, batch"),
+        ({"mode": "batch", "options": {"chunk": 3}}, "--chunk applies to --mode single-sample"),
+        ({"options": {"mu": 0.1}}, "--mu does not apply to --algorithm stratify; its options"),
+        ({"epochs": 0}, "--epochs must be a positive integer, got 0"),
+    ],
+)
+def test_library_refuses_options_with_the_cli_message(values, message):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**values)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_unknown_option_names_the_valid_ones(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([*DIGITS, "--out", str(tmp_path / "run"), "--algorithm", "sfl", "--mu", "1"])
+    err = capsys.readouterr().err
+    assert "its options are: --local-epochs, --local-batch-size" in err
+
+
 def test_train_cli_runs_a_baseline(tmp_path, capsys):
     out = tmp_path / "scaffold"
     main(
         [
-            *DIGITS,
+            *DIGITS[:-3],
+            "--epochs",
+            "2",
+            "--no-secure",
             "--out",
             str(out),
             "--algorithm",
@@ -71,7 +107,13 @@ def test_train_cli_runs_a_baseline(tmp_path, capsys):
         ]
     )
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["algorithm"] == "scaffold" and summary["best_epoch"] == 1
-    assert summary["total_transfers"] == 20  # 10 clients × (download + upload)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    best = max(rows, key=lambda row: row["test_accuracy"])
+    assert summary["algorithm"] == "scaffold" and len(rows) == 2
+    assert (summary["best_epoch"], summary["best_accuracy"]) == (
+        best["epoch"],
+        best["test_accuracy"],
+    )
+    assert summary["total_transfers"] == 40  # 2 rounds × 10 clients × (download + upload)
     config = json.loads((out / "config.json").read_text())
     assert config["options"] == {"local_batch_size": 32, "server_lr": 1.0}

@@ -8,19 +8,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.common import participants, weighted_average
-from baselines.fedavg import FedAvg
-from baselines.fedavgm import FedAvgM, server_momentum_step
-from baselines.fedprox import FedProx, proximal_term
-from baselines.fedtan import FedTAN
-from baselines.scaffold import Scaffold, control_variate_update, scaffold_server_update
-from baselines.sfl import SFL
+from stratify.baselines.common import participants, weighted_average
+from stratify.baselines.fedavg import FedAvg
+from stratify.baselines.fedavgm import FedAvgM, server_momentum_step
+from stratify.baselines.fedprox import FedProx, add_proximal_gradient, proximal_term
+from stratify.baselines.fedtan import FedTAN
+from stratify.baselines.scaffold import Scaffold, control_variate_update, scaffold_server_update
+from stratify.baselines.sfl import SFL
+from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError
+from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.nn.norm import SumBatchNorm, client_split
 from stratify.registry import PlainRegistry
-from stratify.router import Router
 
 FEATURES, CLASSES = 4, 3
 
@@ -35,8 +36,15 @@ def tiny_router(strategy, model, sizes=(3, 5), mode="batch", lr=0.1, seed=0, dat
     offsets = np.cumsum([0, *sizes])
     client_indices = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))]
     federation = Federation(client_indices, labels)
-    registry = PlainRegistry(seed=0).register(federation.label_counts())
-    return Router(model, dataset, federation, registry, strategy, mode=mode, lr=lr, seed=seed)
+    config = TrainConfig(algorithm=strategy.name, mode=mode, lr=lr, seed=seed, secure=False)
+    return build_experiment(
+        config,
+        dataset=dataset,
+        federation=federation,
+        registry=PlainRegistry(seed=0),
+        model=model,
+        strategy=strategy,
+    ).router
 
 
 def linear(seed=0):
@@ -161,7 +169,7 @@ def test_bn_buffers_local_stay_with_their_client():
     # the global model evaluates with the sample-weighted average of the clients' buffers
     assert torch.allclose(router.model[1].running_mean, (3 * own[0] + 5 * own[1]) / 8, atol=1e-6)
     # a client receives the global parameters but its own buffers
-    received = strategy.receive(router, 0)
+    received = strategy.receive(router.context, 0)
     assert torch.equal(received[1].running_mean, own[0])
     assert torch.equal(received[0].weight, router.model[0].weight)
     # and its statistics keep running from there
@@ -207,6 +215,11 @@ def test_proximal_term_and_its_gradient():
     value.backward()
     assert np.isclose(float(value.detach()), 0.25 * (1 + 4))
     assert torch.allclose(w.grad, 0.5 * (w.detach() - anchor))
+    # the local steps add the term's gradient directly; it must be the same vector
+    grad = torch.tensor([0.25, -1.0])
+    w.grad = grad.clone()
+    add_proximal_gradient([w], [anchor], mu=0.5)
+    assert torch.allclose(w.grad, grad + torch.tensor([0.5, 1.0]))
 
 
 def test_fedprox_local_steps_by_hand():
@@ -319,6 +332,49 @@ def test_scaffold_two_rounds_by_hand():
     assert stats.bytes_sent == 4 * router.model_bytes + 4 * router.gradient_bytes
 
 
+def test_scaffold_k_is_the_local_step_count_not_the_epoch_count():
+    # E = 2 local epochs of mini-batches of 2: client 0 (3 samples) takes K = 4 steps,
+    # client 1 (5 samples) K = 6; option II divides by K·η_l. Replayed by hand in float64
+    # with the same per-epoch shuffles (the round's generator, client after client).
+    lr, epochs, batch = 0.1, 2, 2
+    strategy = Scaffold(local_epochs=epochs, local_batch_size=batch, server_lr=1.0)
+    router = tiny_router(strategy, linear(), sizes=(3, 5), mode="batch", lr=lr)
+    w, b = numpy_params(router.model)
+    c = [np.zeros_like(w), np.zeros_like(b)]
+    c_i = {k: [np.zeros_like(w), np.zeros_like(b)] for k in (0, 1)}
+    for epoch in (1, 2):
+        rng = np.random.default_rng([0, epoch])
+        ys, new_c, steps = [], {}, {}
+        for k in (0, 1):
+            yw, yb, steps[k] = w.copy(), b.copy(), 0
+            for _ in range(epochs):
+                order = rng.permutation(router.federation.client_indices[k])
+                for start in range(0, len(order), batch):
+                    gw, gb = ce_gradient(
+                        yw, yb, *client_data(router, k, order[start : start + batch])
+                    )
+                    yw = yw - lr * (gw - c_i[k][0] + c[0])
+                    yb = yb - lr * (gb - c_i[k][1] + c[1])
+                    steps[k] += 1
+            scale = 1.0 / (steps[k] * lr)
+            new_c[k] = [c_i[k][0] - c[0] + (w - yw) * scale, c_i[k][1] - c[1] + (b - yb) * scale]
+            ys.append((yw, yb))
+        assert steps == {0: 4, 1: 6}
+        delta_c = [np.mean([new_c[k][j] - c_i[k][j] for k in (0, 1)], 0) for j in (0, 1)]
+        w = w + np.mean([yw - w for yw, _ in ys], 0)
+        b = b + np.mean([yb - b for _, yb in ys], 0)
+        c = [c[j] + delta_c[j] for j in (0, 1)]
+        c_i = new_c
+        stats = router.run_epoch(epoch)
+        assert stats.steps == 10
+        w1, b1 = numpy_params(router.model)
+        assert np.allclose(w1, w, atol=1e-5) and np.allclose(b1, b, atol=1e-5)
+        assert np.allclose(strategy.server_variate["weight"].numpy(), c[0], atol=1e-5)
+        for k in (0, 1):
+            assert np.allclose(strategy.client_variates[k]["weight"].numpy(), c_i[k][0], atol=1e-5)
+            assert np.allclose(strategy.client_variates[k]["bias"].numpy(), c_i[k][1], atol=1e-5)
+
+
 def test_scaffold_state_round_trip():
     strategy = Scaffold()
     tiny_router(strategy, linear(), mode="single-sample").run_epoch(1)
@@ -370,7 +426,7 @@ def test_sfl_round_equals_training_clients_one_after_another(mode):
 def test_sfl_order_is_random_each_round():
     router = tiny_router(SFL(), mlp(), sizes=(1,) * 6, mode="single-sample")
     orders = [
-        list(router.strategy.configure_rounds(router, e, router.epoch_rng(e)))[0].clients
+        list(router.strategy.configure_rounds(router.context, e, router.epoch_rng(e)))[0].clients
         for e in (1, 2, 3)
     ]
     assert all(sorted(order.tolist()) == list(range(6)) for order in orders)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
+from stratify.cli.main import main
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +73,7 @@ def test_output_is_deterministic_for_a_seed(capsys):
     assert run_ok(capsys, *args) == run_ok(capsys, *args)
 
 
+@pytest.mark.data
 def test_mnist_10k_dirichlet(capsys, shared_data_dir):
     output = run_ok(
         capsys,
@@ -91,6 +92,7 @@ def test_mnist_10k_dirichlet(capsys, shared_data_dir):
     assert float(metric(output, "ΔCI")[1]) > float(metric(output, "ΔCI")[0])
 
 
+@pytest.mark.data
 def test_colored_mnist_uses_colour_as_attribute(capsys, shared_data_dir, monkeypatch):
     monkeypatch.setenv("STRATIFY_DATA_DIR", shared_data_dir)  # --data-dir from the environment
     output = run_ok(
@@ -133,7 +135,7 @@ def test_console_script_end_to_end():
     command = [
         sys.executable,
         "-m",
-        "cli.main",
+        "stratify.cli.main",
         "partition-stats",
         "--dataset",
         "digits",

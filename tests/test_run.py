@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from cli.main import main
+from stratify.cli.main import main
 from stratify.errors import ConfigError, StratifyError, TrainingError
 from stratify.run import Run, TrainConfig
 
@@ -61,7 +61,6 @@ def test_run_writes_the_design_outputs(tmp_path):
     saved = json.loads((out / "summary.json").read_text())
     assert saved == summary
     assert saved["best_accuracy"] == max(row["test_accuracy"] for row in rows)
-    assert saved["total_transfers"] == sum(row["transfers"] for row in rows)
     assert json.loads((out / "config.json").read_text())["versions"]["torch"] == torch.__version__
 
 
@@ -75,9 +74,10 @@ def test_same_seed_gives_identical_metrics(tmp_path):
 
 @pytest.mark.parametrize("mode", ["single-sample", "batch"])
 def test_resume_equals_uninterrupted_run(tmp_path, mode):
-    changes = {"mode": mode, "epochs": 4, "momentum": 0.5}
+    # momentum: the global optimizer's state must travel in the checkpoint
+    changes = {"mode": mode, "epochs": 4, "options": {**FAST, "momentum": 0.5}}
     if mode == "batch":
-        changes["options"] = {**FAST, "batch_labels": 16}
+        changes["options"]["batch_labels"] = 16
     Run(config(tmp_path, "straight", **changes)).train()
     Run(config(tmp_path, "pieces", **{**changes, "epochs": 2})).train()
     Run(config(tmp_path, "pieces", **changes), resume=True).train()
@@ -182,3 +182,31 @@ def test_failed_set_up_leaves_out_untouched(tmp_path):
     with pytest.raises(StratifyError):
         Run(config(tmp_path, "fresh", dataset="mnist-10k", data_dir=str(tmp_path / "none")))
     assert not (tmp_path / "fresh").exists()
+
+
+def test_train_takes_dataset_options_and_the_data_dir_variable(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "synthetic"
+    main(
+        ["train", "--dataset", "synthetic", "-o", "n_train=300", "-o", "n_test=50"]
+        + ["--partition", "iid", "--epochs", "1", "--no-secure", "--out", str(out)]
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["dataset_options"] == {"n_train": "300", "n_test": "50"}
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    first = json.loads(rows[0])
+    # 300 training samples: 10 labels × round(300 / 10) schedule entries, each trained or
+    # skipped (a label whose samples ran out)
+    assert first["steps"] + first["skipped"] == 300
+    capsys.readouterr()  # the successful run's progress display
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--dataset", "synthetic", "-o", "n_trian=300", "--out", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "n_trian" in err and "n_train" in err, err
+
+    monkeypatch.setenv("STRATIFY_DATA_DIR", str(tmp_path / "no-data-here"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--dataset", "mnist-10k", "--out", str(tmp_path / "y")])
+    assert exit_info.value.code == 2
+    assert str(tmp_path / "no-data-here") in capsys.readouterr().err

@@ -160,6 +160,8 @@ def partition(
     rng = np.random.default_rng(seed)
     if kind == "iid":
         parts = np.array_split(rng.permutation(num_samples), num_clients)
+    elif value is None:  # parse_partition_spec gives every kind but iid a parameter
+        raise AssertionError(f"partition kind {kind!r} parsed without a parameter")
     elif kind == "classes":
         parts = _by_group(labels, num_clients, int(value), rng, noun="labels", kind=kind)
     elif kind == "domains":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeAlias
 
 import torch
 from torch import nn
@@ -269,6 +270,10 @@ class SumBatchNorm(nn.Module):
     """
 
     client_sizes: tuple[int, ...] | None
+    # registered as buffers (None without track_running_stats), so declared as torch does
+    running_mean: torch.Tensor | None
+    running_var: torch.Tensor | None
+    num_batches_tracked: torch.Tensor | None
 
     def __init__(
         self,
@@ -314,6 +319,8 @@ class SumBatchNorm(nn.Module):
     def reset_running_stats(self) -> None:
         """Zero the running mean, set the running variance to one, and the count to zero."""
         if self.track_running_stats:
+            assert self.running_mean is not None and self.running_var is not None
+            assert self.num_batches_tracked is not None
             self.running_mean.zero_()
             self.running_var.fill_(1.0)
             self.num_batches_tracked.zero_()
@@ -342,6 +349,7 @@ class SumBatchNorm(nn.Module):
             )
 
     def _update_factor(self) -> float:
+        assert self.num_batches_tracked is not None  # called only when tracking running stats
         self.num_batches_tracked.add_(1)
         if self.momentum is None:
             return 1.0 / float(self.num_batches_tracked)
@@ -399,13 +407,45 @@ class SumBatchNorm(nn.Module):
                 x_flat, self.weight, self.bias, membership, client_counts, self.eps, self.combine
             )
         if update_stats:
-            factor = self._update_factor()
-            with torch.no_grad():
-                # running_var tracks the unbiased variance, as nn.BatchNorm does
-                unbiased_var = var * (count / (count - 1))
-                self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
-                self.running_var.lerp_(unbiased_var.to(self.running_var.dtype), factor)
+            update_running_stats(self, mean, var, count)
         return y.reshape(x.shape)
+
+
+BatchNormLayer: TypeAlias = nn.modules.batchnorm._BatchNorm | SumBatchNorm
+
+
+def is_batch_norm(module: nn.Module) -> bool:
+    """Whether ``module`` normalises with batch statistics, coupling the samples of a batch:
+    torch's BatchNorm layers and :class:`SumBatchNorm` (not instance or group norm)."""
+    return isinstance(module, (nn.modules.batchnorm._BatchNorm, SumBatchNorm))
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` is a batch-statistics norm (:func:`is_batch_norm`)."""
+    return any(is_batch_norm(module) for module in model.modules())
+
+
+@torch.no_grad()
+def update_running_stats(
+    module: BatchNormLayer, mean: torch.Tensor, biased_var: torch.Tensor, count: int
+) -> None:
+    """Fold one training batch's statistics into a BN layer's running statistics.
+
+    As ``torch.nn.BatchNorm`` does: ``num_batches_tracked`` grows by one, the factor is
+    ``momentum`` (or ``1 / num_batches_tracked`` when momentum is ``None``), and the
+    running variance tracks the *unbiased* variance ``var · n / (n − 1)`` of the ``count``
+    values per channel.
+    """
+    assert module.running_mean is not None and module.running_var is not None
+    assert module.num_batches_tracked is not None
+    module.num_batches_tracked.add_(1)
+    if module.momentum is None:
+        factor = 1.0 / float(module.num_batches_tracked)
+    else:
+        factor = module.momentum
+    unbiased_var = biased_var * (count / (count - 1))
+    module.running_mean.lerp_(mean.to(module.running_mean.dtype), factor)
+    module.running_var.lerp_(unbiased_var.to(module.running_var.dtype), factor)
 
 
 class SumBatchNorm1d(SumBatchNorm):

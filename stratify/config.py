@@ -1,0 +1,113 @@
+"""The configuration of a run: one dataclass, its defaults written once.
+
+:class:`TrainConfig` is what ``config.json`` records and what
+:func:`stratify.experiment.build_experiment` builds from; the ``train`` command generates
+its flags from the fields (help and default included), like the methods' options
+(docs/architecture.md, "Options").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from stratify.algorithms import ALGORITHMS, build_strategy
+from stratify.backend import DEVICES
+from stratify.options import MODES, option, validate_fields
+from stratify.router import LR_SCHEDULES
+from stratify.validation import check_positive, check_positive_int, check_seed
+
+# datasets whose single-sample runs need another base rate: the 8x8 digits leave the CNN on
+# its initial plateau for a whole epoch at 0.01 (5 epochs: 0.91 at 0.01, 0.97 at 0.05)
+DEFAULT_LR = {"digits": 0.05}
+FALLBACK_LR = 0.01
+PROTOCOLS = ("packed", "naive")
+# options that may change between a run and its resumption
+RESUMABLE_CHANGES = ("epochs", "device", "out")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a run; written to ``config.json``.
+
+    Every field made with :func:`~stratify.options.option` is a flag of ``stratify
+    train`` with that help text. ``options`` holds the method's options (fields of its
+    :class:`~stratify.options.StrategyOptions` class) and ``dataset_options`` the
+    loader's (``-o KEY=VALUE``). Invalid values are refused on creation.
+    """
+
+    dataset: str = option("digits", "Dataset name, e.g. digits, mnist-10k, colored-mnist.")
+    data_dir: str | None = option(
+        None,
+        "Folder holding the dataset files (not needed for digits and synthetic).",
+        cli_type=str,
+        envvar="STRATIFY_DATA_DIR",
+    )
+    partition: str = option("classes:1", "iid | classes:k | dirichlet:α | shards:s | domains:d")
+    clients: int = option(10, "Number of clients.", check=check_positive_int)
+    algorithm: str = option(
+        "stratify",
+        "Federated method (`stratify algorithms` lists them).",
+        choices=tuple(ALGORITHMS),
+    )
+    mode: str = option("single-sample", "Learning setting.", choices=MODES)
+    epochs: int = option(
+        5, "Epochs (Stratify: passes of the SLS; baselines: rounds).", check=check_positive_int
+    )
+    lr: float | None = option(
+        None,
+        f"Base learning rate [default: {DEFAULT_LR['digits']} on digits, else {FALLBACK_LR}].",
+        check=check_positive,
+        cli_type=float,
+    )
+    lr_schedule: str | None = option(
+        None,
+        "Epoch e trains with lr/e (inverse-epoch) or lr (constant) "
+        "[default: the method's: inverse-epoch for stratify, constant for the baselines].",
+        choices=LR_SCHEDULES,
+        cli_type=str,
+    )
+    model: str | None = option(
+        None,
+        "cnn | mlp | resnet9 | resnet18 | resnet20 [default: cnn for images, mlp for tabular].",
+        cli_type=str,
+    )
+    norm: str = option(
+        "bn", "bn | gn | sumbn | sumbn-client-mean | none (ResNets; cnn and mlp have none)."
+    )
+    seed: int = option(
+        0,
+        "Seeds data generation, partition, registry, schedule, selection and model init.",
+        check=check_seed,
+    )
+    device: str = option("auto", "Where tensors live.", choices=DEVICES)
+    secure: bool = option(True, "CKKS placeholder registry, or the plain one.")
+    protocol: str = option("packed", "CKKS protocol of the secure registry.", choices=PROTOCOLS)
+    options: dict[str, Any] = field(default_factory=dict)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+        # the method's options are checked now, before any data is loaded, and kept typed
+        given = {key: value for key, value in self.options.items() if value is not None}
+        checked = build_strategy(self.algorithm, given, self.mode).options
+        self.options = {key: getattr(checked, key) for key in given}
+
+    def comparable(self) -> dict[str, Any]:
+        """The fields a resumed run must share with its checkpoint."""
+        values = dataclasses.asdict(self)
+        for key in RESUMABLE_CHANGES:
+            values.pop(key)
+        return values
+
+    @classmethod
+    def flag_fields(cls) -> list[dataclasses.Field]:
+        """The fields that are flags of ``stratify train``."""
+        return [entry for entry in dataclasses.fields(cls) if "help" in entry.metadata]
+
+
+def default_lr(dataset: str) -> float:
+    """The base learning rate used when ``--lr`` is not given."""
+    return DEFAULT_LR.get(dataset, FALLBACK_LR)

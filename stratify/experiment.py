@@ -1,0 +1,146 @@
+"""One experiment factory: config -> dataset, partition, federation, registry, strategy,
+model, router, with one set of defaults.
+
+``Run`` (the ``train`` command), the benchmarks, the stream learner, the examples and the
+tests build their routers here, so a default changes in one place (docs/architecture.md,
+"Data flow"). Parts a caller already holds (a loaded dataset, a window's federation, a
+model kept across windows) are passed in and not rebuilt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from stratify.algorithms import build_strategy
+from stratify.backend import configure_cpu_for_single_sample, resolve_device
+from stratify.client import LocalTrainer
+from stratify.config import TrainConfig, default_lr
+from stratify.data.datasets import Dataset, load_dataset
+from stratify.data.partition import partition
+from stratify.errors import ConfigError
+from stratify.federation import Federation
+from stratify.nn.models import build_model
+from stratify.registry import make_registry
+from stratify.registry.base import LabelRegistry, RegistryResult
+from stratify.router import Router, Strategy
+
+
+@dataclass
+class Experiment:
+    """The built parts of a run, with the defaults that were resolved."""
+
+    config: TrainConfig
+    device: torch.device
+    dataset: Dataset
+    federation: Federation
+    registry: RegistryResult
+    strategy: Strategy
+    model: nn.Module
+    router: Router
+    lr: float
+    lr_schedule: str
+
+
+def build_experiment(
+    config: TrainConfig,
+    *,
+    dataset: Dataset | None = None,
+    federation: Federation | None = None,
+    registry: LabelRegistry | None = None,
+    model: nn.Module | None = None,
+    strategy: Strategy | None = None,
+    trainer: LocalTrainer | None = None,
+) -> Experiment:
+    """Build every part of ``config``'s run, in the order that fixes its random state.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The run's configuration; ``lr`` and ``lr_schedule`` left ``None`` take the
+        dataset's and the method's defaults.
+    dataset : Dataset, optional
+        An already loaded dataset (default: load ``config.dataset``), on its device.
+    federation : Federation, optional
+        The clients (default: partition the training labels by ``config.partition``; only
+        then are labels that no client holds refused, since a caller's federation, e.g. a
+        streaming window, may hold a subset of the labels).
+    registry : LabelRegistry, optional
+        The label registry to run (default: CKKS or plain by ``config.secure``).
+    model : torch.nn.Module, optional
+        The global model (default: a fresh ``config.model`` seeded with ``config.seed``).
+    strategy : Strategy, optional
+        A strategy instance, e.g. of a method not in the registry (default:
+        ``config.algorithm`` with ``config.options``).
+    trainer : LocalTrainer, optional
+        Local training of the clients (default: plain SGD).
+    """
+    device = dataset.x_train.device if dataset is not None else resolve_device(config.device)
+    if device.type == "cpu" and config.mode == "single-sample":
+        configure_cpu_for_single_sample()
+    if dataset is None:
+        dataset = load_dataset(
+            config.dataset,
+            data_dir=config.data_dir,
+            device=device,
+            seed=config.seed,
+            **config.dataset_options,
+        )
+    if federation is None:
+        federation = partition_clients(dataset, config)
+    if registry is None:
+        registry = make_registry(config.secure, seed=config.seed, protocol=config.protocol)
+    registered = registry.register(federation.label_counts(), num_classes=dataset.num_classes)
+    if strategy is None:
+        strategy = build_strategy(config.algorithm, config.options, config.mode)
+    lr = config.lr if config.lr is not None else default_lr(config.dataset)
+    lr_schedule = config.lr_schedule or strategy.default_lr_schedule
+    if model is None:
+        torch.manual_seed(config.seed)
+        model_name = config.model or ("cnn" if len(dataset.input_shape) == 3 else "mlp")
+        model = build_model(model_name, dataset.input_shape, dataset.num_classes, norm=config.norm)
+        model = model.to(device)
+    router = Router(
+        model,
+        dataset,
+        federation,
+        registered,
+        strategy,
+        mode=config.mode,
+        lr=lr,
+        lr_schedule=lr_schedule,
+        seed=config.seed,
+        trainer=trainer,
+    )
+    return Experiment(
+        config, device, dataset, federation, registered, strategy, model, router, lr, lr_schedule
+    )
+
+
+def partition_clients(dataset: Dataset, config: TrainConfig) -> Federation:
+    """Split the training samples into ``config.clients`` clients by ``config.partition``.
+
+    Refuses more clients than samples and a split that leaves a label with no client (the
+    schedule could never visit it).
+    """
+    labels = dataset.train_labels
+    if config.clients > len(labels):
+        raise ConfigError(
+            f"{config.clients} clients but only {len(labels)} training samples; use fewer clients"
+        )
+    client_indices = partition(
+        labels, config.clients, config.partition, seed=config.seed, domains=dataset.domains_train
+    )
+    federation = Federation(client_indices, labels)
+    held = labels[np.concatenate(client_indices)]
+    unheld = sorted(set(labels.tolist()) - set(held.tolist()))
+    if unheld:
+        raise ConfigError(
+            f"label(s) {', '.join(map(str, unheld))} are held by no client under "
+            f"{config.partition} with {config.clients} clients; use more clients or "
+            "another partition"
+        )
+    return federation

@@ -1,0 +1,96 @@
+"""Checks of user-given values: each returns the value in its proper type or raises a
+:class:`~stratify.errors.ConfigError` whose one line names the option and what is valid.
+
+The same checks serve the library and the CLI, so an out-of-range value reads the same
+whichever way it came in (docs/architecture.md, "Options").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from stratify.errors import ConfigError
+
+#: Seeds feed ``numpy.random.default_rng`` and ``torch.manual_seed``; torch takes < 2**63.
+SEED_LIMIT = 2**63
+
+
+def _number(value: object, flag: str, expected: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{flag} must be {expected}, got {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} must be {expected}, got {value!r}") from None
+
+
+def check_int(value: object, flag: str, minimum: int | None = None) -> int:
+    """``value`` as an int ``>= minimum``."""
+    expected = "an integer" if minimum is None else f"an integer >= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            value = int(value)
+        else:
+            raise ConfigError(f"{flag} must be {expected}, got {value!r}")
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{flag} must be {expected}, got {number}")
+    return number
+
+
+def check_positive_int(value: object, flag: str) -> int:
+    """``value`` as an int ``> 0``."""
+    try:
+        return check_int(value, flag, minimum=1)
+    except ConfigError:
+        raise ConfigError(f"{flag} must be a positive integer, got {value!r}") from None
+
+
+def check_seed(value: object, flag: str = "--seed") -> int:
+    """A seed in ``[0, 2**63)``."""
+    seed = check_int(value, flag, minimum=0)
+    if seed >= SEED_LIMIT:
+        raise ConfigError(f"{flag} must be in [0, 2**63), got {seed}")
+    return seed
+
+
+def check_positive(value: object, flag: str) -> float:
+    """``value`` as a finite float ``> 0``."""
+    number = _number(value, flag, "a positive number")
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"{flag} must be a positive finite number, got {value!r}")
+    return number
+
+
+def check_nonnegative(value: object, flag: str) -> float:
+    """``value`` as a finite float ``>= 0``."""
+    number = _number(value, flag, "a non-negative number")
+    if not (math.isfinite(number) and number >= 0):
+        raise ConfigError(f"{flag} must be a non-negative finite number, got {value!r}")
+    return number
+
+
+def check_fraction(value: object, flag: str) -> float:
+    """``value`` as a float in ``(0, 1]``."""
+    number = _number(value, flag, "a number in (0, 1]")
+    if not 0.0 < number <= 1.0:
+        raise ConfigError(f"{flag} must be in (0, 1], got {value!r}")
+    return number
+
+
+def check_momentum(value: object, flag: str) -> float:
+    """A momentum coefficient: ``value`` as a float in ``[0, 1)``."""
+    number = _number(value, flag, "a number in [0, 1)")
+    if not 0.0 <= number < 1.0:
+        raise ConfigError(f"{flag} must be in [0, 1), got {value!r}")
+    return number
+
+
+def check_choice(value: object, flag: str, choices: Sequence[str]) -> str:
+    """``value`` as one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"unknown {flag} {value!r}; choose one of {', '.join(choices)}")
+    return str(value)
