@@ -18,8 +18,15 @@ test: $(STAMP)
 train: $(STAMP)
 	$(VENV)/bin/stratify train --mode single-sample --chunk 5
 
+# mypy checks an installed copy: baselines/ and cli/ only become stratify.baselines and
+# stratify.cli through setup.cfg's package_dir, which mypy cannot follow in the source tree
 lint: $(STAMP)
 	$(VENV)/bin/ruff check stratify baselines cli tests examples
+	$(VENV)/bin/ruff format --check stratify baselines cli tests examples
+	rm -rf build/typecheck
+	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps \
+		--target build/typecheck .
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../setup.cfg -p stratify
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info build
