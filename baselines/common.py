@@ -17,13 +17,21 @@ import torch
 from stratify.errors import ConfigError
 from stratify.options import StrategyOptions, option
 from stratify.state import State
-from stratify.validation import check_fraction, check_positive_int
+from stratify.validation import (
+    check_fraction,
+    check_momentum,
+    check_nonnegative,
+    check_positive_int,
+)
 
 #: How BatchNorm running statistics (and other buffers) are treated by averaging methods.
 BN_BUFFER_MODES: dict[str, str] = {
     "average": "sample-weighted average of the clients' buffers, like the parameters",
     "local": "each client keeps its own buffers; the global model evaluates with their average",
 }
+
+#: Aggregation weights of the averaging methods (FedBSS, FedBR and FedDiverse use equal).
+WEIGHTINGS = ("samples", "equal")
 
 #: Local mini-batch size of the batch-data setting when ``--local-batch-size`` is not given.
 DEFAULT_BATCH_SIZE = 64
@@ -44,6 +52,12 @@ class LocalTrainingOptions(StrategyOptions):
         f"[default: 1 in single-sample mode, {DEFAULT_BATCH_SIZE} in batch mode].",
         check=check_positive_int,
         cli_type=int,
+    )
+    local_momentum: float | None = option(
+        0.0, "SGD momentum of the clients' local optimizer, in [0, 1).", check=check_momentum
+    )
+    local_weight_decay: float = option(
+        0.0, "L2 weight decay of the clients' local optimizer.", check=check_nonnegative
     )
 
     def for_mode(self: LocalOptionsT, mode: str) -> LocalOptionsT:
@@ -68,6 +82,18 @@ class ClientSamplingOptions(LocalTrainingOptions):
     client_fraction: float = option(
         1.0, "Fraction C of the clients taking part in a round, in (0, 1].", check=check_fraction
     )
+    weighting: str = option(
+        "samples",
+        "Aggregation weights: the clients' sample counts n_k, or equal for every client.",
+        choices=WEIGHTINGS,
+    )
+
+
+def client_weights(sizes: Sequence[int], weighting: str) -> list[float]:
+    """Aggregation weights of clients with ``sizes`` samples: ``n_k``, or 1 each (equal)."""
+    if weighting == "equal":
+        return [1.0] * len(sizes)
+    return [float(size) for size in sizes]
 
 
 def participants(num_clients: int, fraction: float, rng: np.random.Generator) -> np.ndarray:

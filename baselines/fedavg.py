@@ -13,9 +13,10 @@ The base class of the averaging baselines. Its hooks, each overridden by one var
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from torch import nn
@@ -23,6 +24,7 @@ from torch import nn
 from stratify.baselines.common import (
     BN_BUFFER_MODES,
     ClientSamplingOptions,
+    client_weights,
     participants,
     weighted_average,
 )
@@ -30,13 +32,41 @@ from stratify.client import GradientHook, LocalResult
 from stratify.options import option
 from stratify.router import ClientUpdate, Context, Round, RoundStats, Strategy
 from stratify.state import State, buffer_names, clone_state, load_into, parameter_names
+from stratify.validation import check_momentum, check_positive_int
+
+#: NIID-Bench's local training in batch mode: 10 local epochs, SGD momentum 0.9.
+BATCH_LOCAL_EPOCHS = 10
+BATCH_LOCAL_MOMENTUM = 0.9
+
+FedAvgOptionsT = TypeVar("FedAvgOptionsT", bound="FedAvgOptions")
 
 
 @dataclass
 class FedAvgOptions(ClientSamplingOptions):
-    """Options of :class:`FedAvg` and the methods built on it."""
+    """Options of :class:`FedAvg` and the methods built on it.
+
+    Defaults in batch mode are NIID-Bench's (Li et al. 2022), which the Stratify paper
+    follows for its baselines: E = 10 local epochs, local batch 64, SGD momentum 0.9
+    (with lr 0.01 and a constant schedule, the run's defaults for these methods). In
+    single-sample mode a client steps on one sample at a time: batch 1, E = 1, no momentum.
+    """
 
     algorithm = "fedavg"
+
+    local_epochs: int | None = option(
+        None,
+        "Passes E over its own data a client makes per round "
+        f"[default: {BATCH_LOCAL_EPOCHS} in batch mode, 1 in single-sample mode].",
+        check=check_positive_int,
+        cli_type=int,
+    )
+    local_momentum: float | None = option(
+        None,
+        "SGD momentum of the clients' local optimizer, in [0, 1) "
+        f"[default: {BATCH_LOCAL_MOMENTUM} in batch mode, 0 in single-sample mode].",
+        check=check_momentum,
+        cli_type=float,
+    )
 
     bn_buffers: str = option(
         "average",
@@ -44,26 +74,36 @@ class FedAvgOptions(ClientSamplingOptions):
         choices=tuple(BN_BUFFER_MODES),
     )
 
+    def for_mode(self: FedAvgOptionsT, mode: str) -> FedAvgOptionsT:
+        options = super().for_mode(mode)
+        batch = mode == "batch"
+        if options.local_epochs is None:
+            options = dataclasses.replace(options, local_epochs=BATCH_LOCAL_EPOCHS if batch else 1)
+        if options.local_momentum is None:
+            momentum = BATCH_LOCAL_MOMENTUM if batch else 0.0
+            options = dataclasses.replace(options, local_momentum=momentum)
+        return options
+
 
 class FedAvg(Strategy):
     """Federated averaging: every round the sampled clients train a copy of the global model
     locally and the server replaces it by the sample-weighted average.
 
-    Options (:class:`FedAvgOptions`): ``local_epochs`` E, ``local_batch_size`` (1 in
-    single-sample mode, 64 by default in batch mode), ``client_fraction`` C
-    (``max(1, round(C·K))`` clients drawn without replacement each round) and
-    ``bn_buffers``. ``average``: BatchNorm running statistics (all non-parameter state)
-    are averaged with the clients' sample counts like the parameters
+    Options (:class:`FedAvgOptions`, defaults NIID-Bench's in batch mode): ``local_epochs``
+    E, ``local_batch_size``, ``local_momentum`` and ``local_weight_decay`` of the clients'
+    SGD; ``client_fraction`` C (``max(1, round(C·K))`` clients drawn without replacement
+    each round); ``weighting`` (``samples``: weights ``n_k``; ``equal``: every
+    participant alike) and ``bn_buffers``. ``average``: BatchNorm running statistics (all
+    non-parameter state) are averaged with the aggregation weights like the parameters
     (``num_batches_tracked`` becomes the rounded weighted mean). ``local``: each client
     keeps its own buffers between rounds (a client taking part for the first time starts
     from the global ones); the global model's buffers, used for evaluation, are the
-    sample-weighted average of the latest buffers of every client that has trained so far.
+    weighted average of the latest buffers of every client that has trained so far.
 
     Notes
     -----
     One epoch of the run is one round. Traffic: each participant downloads and uploads
-    the model once per round (2 transfers each). Aggregation weights are the clients'
-    sample counts ``n_k``.
+    the model once per round (2 transfers each).
     """
 
     name = "fedavg"
@@ -106,14 +146,26 @@ class FedAvg(Strategy):
             result = context.trainer.train(
                 model,
                 context.federation.client_indices[client],
-                epochs=self.options.local_epochs,
+                epochs=self.local_epochs,
                 batch_size=self.batch_size,
                 lr=context.lr,
                 rng=rng,
+                momentum=self.local_momentum,
+                weight_decay=self.options.local_weight_decay,
                 before_step=self.gradient_hook(context, client),
             )
             updates.append(self.client_update(context, client, model, result))
         return updates
+
+    @property
+    def local_epochs(self) -> int:
+        assert self.options.local_epochs is not None, "setup() resolves the local epochs"
+        return self.options.local_epochs
+
+    @property
+    def local_momentum(self) -> float:
+        assert self.options.local_momentum is not None, "setup() resolves the momentum"
+        return self.options.local_momentum
 
     @property
     def batch_size(self) -> int:
@@ -163,8 +215,7 @@ class FedAvg(Strategy):
     def aggregate_parameters(self, context: Context, updates: list[ClientUpdate]) -> State:
         """Sample-weighted average of the parameters, handed to :meth:`server_update`."""
         states = [self.select(update, self.parameter_keys) for update in updates]
-        average = weighted_average(states, [update.num_samples for update in updates])
-        return self.server_update(context, average)
+        return self.server_update(context, weighted_average(states, self.weights(updates)))
 
     def server_update(self, context: Context, average: State) -> State:
         """FedAvg: the average becomes the global parameters."""
@@ -176,7 +227,7 @@ class FedAvg(Strategy):
             return {}
         if self.bn_buffer_mode == "average":
             states = [self.select(update, self.buffer_keys) for update in updates]
-            return weighted_average(states, [update.num_samples for update in updates])
+            return weighted_average(states, self.weights(updates))
         for update in updates:
             assert update.state is not None
             self.client_buffers[update.client] = clone_state(update.state, self.buffer_keys)
@@ -184,8 +235,12 @@ class FedAvg(Strategy):
         sizes = context.federation.client_sizes
         return weighted_average(
             [self.client_buffers[client] for client in clients],
-            [int(sizes[client]) for client in clients],
+            client_weights([int(sizes[client]) for client in clients], self.options.weighting),
         )
+
+    def weights(self, updates: list[ClientUpdate]) -> list[float]:
+        """Aggregation weights of the updates, by ``weighting``."""
+        return client_weights([update.num_samples for update in updates], self.options.weighting)
 
     @staticmethod
     def select(update: ClientUpdate, keys: list[str]) -> State:

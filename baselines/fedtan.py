@@ -239,12 +239,19 @@ class FedTAN(FedAvg):
             attach_lockstep(model, seat)
             models.append(model)
             seats.append(seat)
-            optimizers.append(torch.optim.SGD(model.parameters(), lr=context.lr))
+            optimizers.append(
+                torch.optim.SGD(
+                    model.parameters(),
+                    lr=context.lr,
+                    momentum=self.local_momentum,
+                    weight_decay=self.options.local_weight_decay,
+                )
+            )
             streams.append(
                 batch_stream(context.federation.client_indices[client], self.batch_size, rng)
             )
         sizes = [len(context.federation.client_indices[client]) for client in clients]
-        steps = self.options.local_epochs * max(math.ceil(size / self.batch_size) for size in sizes)
+        steps = self.local_epochs * max(math.ceil(size / self.batch_size) for size in sizes)
         x_train, y_train = context.x_train, context.y_train
         loss_sums = torch.zeros(len(clients), dtype=torch.float64, device=context.device)
         samples = [0] * len(clients)

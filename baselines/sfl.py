@@ -55,6 +55,8 @@ class SFL(Strategy):
                 batch_size=self.options.local_batch_size,
                 lr=context.lr,
                 rng=rng,
+                momentum=self.options.local_momentum or 0.0,
+                weight_decay=self.options.local_weight_decay,
             )
             stats = RoundStats(
                 steps=result.steps, transfers=1, loss_sum=result.loss_sum, loss_count=result.samples

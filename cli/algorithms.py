@@ -21,7 +21,12 @@ def describe(name: str) -> tuple[str, str, str]:
         text = flag(entry.name) if entry.default is None else f"{flag(entry.name)} {entry.default}"
         modes = entry.metadata["modes"]
         options.append(text if len(modes) == 2 else f"{text} ({modes[0]})")
-    schedule = f"--lr-schedule {cls.default_lr_schedule}"
+    strategy = cls()
+    schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
+    if len(set(schedules.values())) == 1:
+        schedule = f"--lr-schedule {next(iter(schedules.values()))}"
+    else:
+        schedule = "--lr-schedule " + ", ".join(f"{s} ({m})" for m, s in schedules.items())
     return cls.description, ", ".join(cls.modes), ", ".join([*options, schedule])
 
 

@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratify.validation import check_nonnegative
-
 #: ``hook(model)`` runs after ``backward`` and before the step: it may change ``.grad``.
 GradientHook = Callable[[nn.Module], None]
 
@@ -50,24 +48,11 @@ class LocalTrainer:
     ----------
     x_train, y_train : torch.Tensor
         Training tensors on the device; a client reads only its own indices.
-    momentum : float
-        SGD momentum of the local optimizer (a fresh optimizer every round, as clients
-        keep no optimizer state between rounds).
-    weight_decay : float
-        L2 weight decay of the local optimizer.
     """
 
-    def __init__(
-        self,
-        x_train: torch.Tensor,
-        y_train: torch.Tensor,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
-    ) -> None:
+    def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor) -> None:
         self.x_train = x_train
         self.y_train = y_train
-        self.momentum = check_nonnegative(momentum, "--local-momentum")
-        self.weight_decay = check_nonnegative(weight_decay, "--local-weight-decay")
 
     @staticmethod
     def receive(global_model: nn.Module) -> nn.Module:
@@ -83,6 +68,8 @@ class LocalTrainer:
         batch_size: int,
         lr: float,
         rng: np.random.Generator,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
         before_step: GradientHook | None = None,
     ) -> LocalResult:
         """Train ``model`` in place on the samples ``indices``.
@@ -99,11 +86,14 @@ class LocalTrainer:
             Local learning rate.
         rng : numpy.random.Generator
             Shuffles the client's samples every local epoch.
+        momentum, weight_decay : float
+            Of the local SGD optimizer, made afresh for every call: clients keep no
+            optimizer state between rounds.
         before_step : callable, optional
             Gradient hook called after ``backward`` and before the step.
         """
         optimizer = torch.optim.SGD(
-            model.parameters(), lr=lr, momentum=self.momentum, weight_decay=self.weight_decay
+            model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
         )
         x_train, y_train = self.x_train, self.y_train
         model.train()

@@ -64,7 +64,8 @@ class TrainConfig:
     lr_schedule: str | None = option(
         None,
         "Epoch e trains with lr/e (inverse-epoch) or lr (constant) "
-        "[default: the method's: inverse-epoch for stratify, constant for the baselines].",
+        "[default: the method's: inverse-epoch for stratify in single-sample mode, "
+        "constant otherwise].",
         choices=LR_SCHEDULES,
         cli_type=str,
     )

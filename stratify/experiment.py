@@ -97,7 +97,7 @@ def build_experiment(
     if strategy is None:
         strategy = build_strategy(config.algorithm, config.options, config.mode)
     lr = config.lr if config.lr is not None else default_lr(config.dataset)
-    lr_schedule = config.lr_schedule or strategy.default_lr_schedule
+    lr_schedule = config.lr_schedule or strategy.lr_schedule_for(config.mode)
     if model is None:
         torch.manual_seed(config.seed)
         model_name = config.model or ("cnn" if len(dataset.input_shape) == 3 else "mlp")

@@ -220,6 +220,10 @@ class Strategy(ABC):
         """The new global state from the updates; ``None`` keeps the (travelled) model."""
         return None
 
+    def lr_schedule_for(self, mode: str) -> str:
+        """The learning-rate schedule used in ``mode`` when the run gives none."""
+        return self.default_lr_schedule
+
     def state_dict(self) -> dict[str, Any]:
         """Strategy state a checkpoint must carry (e.g. control variates, momentum)."""
         return {}

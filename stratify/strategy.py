@@ -139,6 +139,12 @@ class Stratify(Strategy):
     default_lr_schedule = "inverse-epoch"
     options: StratifyOptions
 
+    def lr_schedule_for(self, mode: str) -> str:
+        """``inverse-epoch`` for batch-of-one steps; ``constant`` for global batches, where
+        lr/e starves the later epochs (mnist-10k, dirichlet:0.5, B = 64, lr 0.01, 5 epochs:
+        42.95% with lr/e against 74.40% constant, README "Batch-data learning")."""
+        return "inverse-epoch" if mode == "single-sample" else "constant"
+
     def setup(self, context: Context) -> None:
         super().setup(context)
         federation, registry = context.federation, context.registry

@@ -108,7 +108,12 @@ def test_participants_fraction():
 
 def test_fedavg_round_is_the_sample_weighted_average_of_local_gradient_steps():
     # local batch = whole client, 1 local epoch: each client takes one full-batch GD step
-    router = tiny_router(FedAvg(local_batch_size=8), linear(), sizes=(3, 5), lr=0.5)
+    router = tiny_router(
+        FedAvg(local_batch_size=8, local_epochs=1, local_momentum=0.0),
+        linear(),
+        sizes=(3, 5),
+        lr=0.5,
+    )
     w0, b0 = numpy_params(router.model)
     expected_w, expected_b = np.zeros_like(w0), np.zeros_like(b0)
     for client, share in ((0, 3 / 8), (1, 5 / 8)):
@@ -123,6 +128,58 @@ def test_fedavg_round_is_the_sample_weighted_average_of_local_gradient_steps():
     assert stats.steps == 2
 
 
+def test_equal_weighting_averages_the_clients_alike():
+    router = tiny_router(
+        FedAvg(local_batch_size=8, weighting="equal", local_epochs=1, local_momentum=0.0),
+        linear(),
+        sizes=(3, 5),
+        lr=0.5,
+    )
+    w0, b0 = numpy_params(router.model)
+    expected_w, expected_b = np.zeros_like(w0), np.zeros_like(b0)
+    for client in (0, 1):
+        gw, gb = ce_gradient(w0, b0, *client_data(router, client))
+        expected_w += 0.5 * (w0 - 0.5 * gw)
+        expected_b += 0.5 * (b0 - 0.5 * gb)
+    router.run_epoch(1)
+    w1, b1 = numpy_params(router.model)
+    assert np.allclose(w1, expected_w, atol=1e-6) and np.allclose(b1, expected_b, atol=1e-6)
+
+
+def test_local_momentum_and_weight_decay_reach_the_local_steps():
+    # one client, full batch, 2 local epochs: v1 = g0 + λw0, w1 = w0 − η v1,
+    # v2 = β v1 + g1 + λw1, w2 = w1 − η v2 (torch's SGD with dampening 0)
+    lr, beta, decay = 0.3, 0.5, 0.01
+    strategy = FedAvg(
+        local_epochs=2, local_batch_size=8, local_momentum=beta, local_weight_decay=decay
+    )
+    router = tiny_router(strategy, linear(), sizes=(4,), lr=lr)
+    w, b = numpy_params(router.model)
+    x, y = client_data(router, 0)
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    for _ in range(2):
+        gw, gb = ce_gradient(w, b, x, y)
+        vw, vb = beta * vw + gw + decay * w, beta * vb + gb + decay * b
+        w, b = w - lr * vw, b - lr * vb
+    router.run_epoch(1)
+    w1, b1 = numpy_params(router.model)
+    assert np.allclose(w1, w, atol=1e-6) and np.allclose(b1, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", [FedAvg, FedProx, Scaffold, FedAvgM])
+def test_fedavg_family_defaults_are_niid_benchs_in_batch_mode(method):
+    # FedAvgOptions' docstring: E = 10, batch 64, momentum 0.9, constant lr in batch mode;
+    # batch of one, E = 1, no momentum in single-sample mode
+    batch = tiny_router(method(), linear(), mode="batch").strategy
+    assert (batch.local_epochs, batch.batch_size, batch.local_momentum) == (10, 64, 0.9)
+    assert batch.lr_schedule_for("batch") == "constant"
+    single = tiny_router(method(), linear(), mode="single-sample").strategy
+    assert (single.local_epochs, single.batch_size, single.local_momentum) == (1, 1, 0.0)
+    assert (batch.options.local_weight_decay, batch.options.weighting) == (0.0, "samples")
+    if method is FedProx:
+        assert batch.options.mu == 0.01
+
+
 def test_fedavg_single_sample_mode_uses_batches_of_one():
     router = tiny_router(FedAvg(local_epochs=2), linear(), sizes=(3, 5), mode="single-sample")
     assert router.strategy.batch_size == 1
@@ -132,7 +189,11 @@ def test_fedavg_single_sample_mode_uses_batches_of_one():
 
 
 def test_client_fraction_samples_clients():
-    router = tiny_router(FedAvg(client_fraction=0.5), linear(), sizes=(2, 2, 2, 2))
+    router = tiny_router(
+        FedAvg(client_fraction=0.5, local_epochs=1, local_momentum=0.0),
+        linear(),
+        sizes=(2, 2, 2, 2),
+    )
     stats = router.run_epoch(1)
     assert stats.transfers == 4 and stats.steps == 2
 
@@ -145,7 +206,9 @@ def bn_input(model, x):
 
 
 def test_bn_buffers_average_is_sample_weighted():
-    router = tiny_router(FedAvg(local_batch_size=8), bn_mlp(), sizes=(3, 5))
+    router = tiny_router(
+        FedAvg(local_batch_size=8, local_epochs=1, local_momentum=0.0), bn_mlp(), sizes=(3, 5)
+    )
     start = copy.deepcopy(router.model)
     expected_mean = torch.zeros(6, dtype=torch.float64)
     expected_var = torch.zeros(6, dtype=torch.float64)
@@ -161,7 +224,11 @@ def test_bn_buffers_average_is_sample_weighted():
 
 
 def test_bn_buffers_local_stay_with_their_client():
-    router = tiny_router(FedAvg(local_batch_size=8, bn_buffers="local"), bn_mlp(), sizes=(3, 5))
+    router = tiny_router(
+        FedAvg(local_batch_size=8, bn_buffers="local", local_epochs=1, local_momentum=0.0),
+        bn_mlp(),
+        sizes=(3, 5),
+    )
     router.run_epoch(1)
     strategy = router.strategy
     own = {k: strategy.client_buffers[k]["1.running_mean"].clone() for k in (0, 1)}
@@ -337,7 +404,9 @@ def test_scaffold_k_is_the_local_step_count_not_the_epoch_count():
     # client 1 (5 samples) K = 6; option II divides by K·η_l. Replayed by hand in float64
     # with the same per-epoch shuffles (the round's generator, client after client).
     lr, epochs, batch = 0.1, 2, 2
-    strategy = Scaffold(local_epochs=epochs, local_batch_size=batch, server_lr=1.0)
+    strategy = Scaffold(
+        local_epochs=epochs, local_batch_size=batch, local_momentum=0.0, server_lr=1.0
+    )
     router = tiny_router(strategy, linear(), sizes=(3, 5), mode="batch", lr=lr)
     w, b = numpy_params(router.model)
     c = [np.zeros_like(w), np.zeros_like(b)]
