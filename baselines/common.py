@@ -43,7 +43,8 @@ LocalOptionsT = TypeVar("LocalOptionsT", bound="LocalTrainingOptions")
 class LocalTrainingOptions(StrategyOptions):
     """Options of every method whose clients run local SGD on their own samples."""
 
-    local_epochs: int = option(
+    # ``int | None``: methods may leave it to be resolved per mode (FedAvgOptions)
+    local_epochs: int | None = option(
         1, "Passes E over its own data a client makes per round.", check=check_positive_int
     )
     local_batch_size: int | None = option(

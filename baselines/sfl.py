@@ -43,7 +43,9 @@ class SFL(Strategy):
         return [Round(index=0, clients=rng.permutation(context.federation.num_clients))]
 
     def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
-        assert round_.clients is not None and self.options.local_batch_size is not None
+        options = self.options
+        assert round_.clients is not None
+        assert options.local_epochs is not None and options.local_batch_size is not None
         updates = []
         for client in round_.clients.tolist():
             indices = context.federation.client_indices[client]
@@ -51,12 +53,12 @@ class SFL(Strategy):
             result = context.trainer.train(
                 context.model,
                 indices,
-                epochs=self.options.local_epochs,
-                batch_size=self.options.local_batch_size,
+                epochs=options.local_epochs,
+                batch_size=options.local_batch_size,
                 lr=context.lr,
                 rng=rng,
-                momentum=self.options.local_momentum or 0.0,
-                weight_decay=self.options.local_weight_decay,
+                momentum=options.local_momentum or 0.0,
+                weight_decay=options.local_weight_decay,
             )
             stats = RoundStats(
                 steps=result.steps, transfers=1, loss_sum=result.loss_sum, loss_count=result.samples
