@@ -183,6 +183,7 @@ def print_results(console: Console, run: Run, summary: dict) -> None:
         "steps",
         "transfers",
         "skipped",
+        "reused",
         "seconds",
     ):
         table.add_column(column, justify="right")
@@ -195,6 +196,7 @@ def print_results(console: Console, run: Run, summary: dict) -> None:
             str(record.steps),
             str(record.transfers),
             str(record.skipped),
+            str(record.reused),
             f"{record.wall_seconds:.1f}",
         )
     console.print(table)

@@ -77,8 +77,10 @@ class Federation:
 class SamplePools:
     """Per-client, per-placeholder pools of sample indices, drawn without replacement.
 
-    Built fresh (and shuffled) at the start of every epoch; an empty pool makes its
-    client unavailable for that placeholder until the next epoch.
+    Built fresh (and shuffled) at the start of every epoch. When every client's pool of a
+    placeholder is empty, :meth:`refill` may start a new pass over that placeholder's
+    samples (a fresh shuffle of each client's pool), so a scheduled label never has to be
+    dropped; samples drawn after a refill count as ``reused``.
 
     Parameters
     ----------
@@ -89,7 +91,10 @@ class SamplePools:
     num_placeholders : int
         Number of placeholders ``U``.
     rng : numpy.random.Generator
-        Shuffles every pool.
+        Shuffles every pool (and every refilled pool).
+    refill : bool
+        Whether :meth:`refill` starts new passes (``--exhausted refill``) or declines
+        (``--exhausted skip``: the entry is dropped and counted as skipped).
     """
 
     def __init__(
@@ -98,10 +103,15 @@ class SamplePools:
         sample_placeholders: np.ndarray,
         num_placeholders: int,
         rng: np.random.Generator,
+        refill: bool = False,
     ) -> None:
         shape = (federation.num_clients, num_placeholders)
+        self.rng = rng
+        self.allow_refill = refill
         self.pools: list[list[np.ndarray]] = []
         self.remaining = np.zeros(shape, dtype=np.int64)
+        self.passes = np.zeros(num_placeholders, dtype=np.int64)
+        self.reused = 0
         for client, indices in enumerate(federation.client_indices):
             by_placeholder = []
             placeholders_of_client = sample_placeholders[indices]
@@ -116,4 +126,23 @@ class SamplePools:
         left = self.remaining[client, placeholder]
         pool = self.pools[client][placeholder]
         self.remaining[client, placeholder] = left - 1
+        if self.passes[placeholder] > 0:
+            self.reused += 1
         return int(pool[len(pool) - left])
+
+    def refill(self, placeholder: int) -> bool:
+        """Start a new pass over ``placeholder``'s samples once all of them are used.
+
+        Returns whether the pools now hold samples of it: ``False`` when refilling is
+        off, when some pool still has samples, or when no client holds the placeholder.
+        """
+        if not self.allow_refill or self.remaining[:, placeholder].any():
+            return False
+        sizes = np.array([len(pools[placeholder]) for pools in self.pools])
+        if not sizes.any():
+            return False
+        for pools in self.pools:
+            pools[placeholder] = self.rng.permutation(pools[placeholder])
+        self.remaining[:, placeholder] = sizes
+        self.passes[placeholder] += 1
+        return True

@@ -47,6 +47,8 @@ class RoundStats:
         Parameter-sized payloads that are not models: summed gradients, control variates.
     skipped : int
         Schedule entries dropped because no client had a sample of the label left.
+    reused : int
+        Schedule entries trained on a sample already used this epoch (refilled labels).
     loss_sum, loss_count : float, int
         Summed training loss and the number of samples it covers.
     """
@@ -55,6 +57,7 @@ class RoundStats:
     transfers: int = 0
     uploads: int = 0
     skipped: int = 0
+    reused: int = 0
     loss_sum: float = 0.0
     loss_count: int = 0
 
@@ -63,6 +66,7 @@ class RoundStats:
         self.transfers += other.transfers
         self.uploads += other.uploads
         self.skipped += other.skipped
+        self.reused += other.reused
         self.loss_sum += other.loss_sum
         self.loss_count += other.loss_count
 

@@ -38,6 +38,8 @@ class EpochRecord:
     bytes_sent: int
     skipped: int
     wall_seconds: float
+    # after wall_seconds, with a default: checkpoints written before it existed still load
+    reused: int = 0
 
 
 class Run:
@@ -219,6 +221,7 @@ class Run:
                 transfers=stats.transfers,
                 bytes_sent=stats.bytes_sent,
                 skipped=stats.skipped,
+                reused=stats.reused,
                 wall_seconds=round(timer.seconds, 4),
             )
             self.records.append(record)

@@ -31,12 +31,15 @@ class Plan:
         (``len = batches + 1``); ``None`` for single-sample plans.
     skipped : int
         Schedule entries dropped because no client had a sample of the label left.
+    reused : int
+        Entries trained on a sample already used this epoch (a refilled label).
     """
 
     samples: np.ndarray
     clients: np.ndarray
     batch_starts: np.ndarray | None
     skipped: int
+    reused: int = 0
 
     @property
     def steps(self) -> int:
@@ -97,6 +100,17 @@ class ClientSelector:
         return int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
 
 
+def select_or_refill(
+    selector: ClientSelector, pools: SamplePools, placeholder: int, rng: np.random.Generator
+) -> int:
+    """A client for ``placeholder``; when every pool of it is empty, after a refill (if
+    the pools allow one). ``-1`` when the entry has to be skipped."""
+    client = selector.select(pools, placeholder, rng)
+    if client < 0 and pools.refill(placeholder):
+        client = selector.select(pools, placeholder, rng)
+    return client
+
+
 def plan_single_sample(
     schedule: np.ndarray,
     pools: SamplePools,
@@ -132,13 +146,14 @@ def plan_single_sample(
     for position, placeholder in enumerate(schedule.tolist()):
         starts_chunk = position % chunk == 0
         if starts_chunk or current < 0 or pools.remaining[current, placeholder] == 0:
-            current = selector.select(pools, placeholder, rng)
+            current = select_or_refill(selector, pools, placeholder, rng)
             if current < 0:
                 continue
         samples[executed] = pools.take(current, placeholder)
         clients[executed] = current
         executed += 1
-    return Plan(samples[:executed], clients[:executed], None, len(schedule) - executed)
+    skipped = len(schedule) - executed
+    return Plan(samples[:executed], clients[:executed], None, skipped, pools.reused)
 
 
 def plan_global_batches(
@@ -176,7 +191,7 @@ def plan_global_batches(
     for start in range(0, len(schedule), batch_labels):
         batch_samples, batch_clients = [], []
         for placeholder in schedule[start : start + batch_labels].tolist():
-            client = selector.select(pools, placeholder, rng)
+            client = select_or_refill(selector, pools, placeholder, rng)
             if client < 0:
                 skipped += 1
                 continue
@@ -190,5 +205,11 @@ def plan_global_batches(
         batch_starts.append(batch_starts[-1] + len(order))
     if not samples:
         empty = np.empty(0, dtype=np.int64)
-        return Plan(empty, empty, np.zeros(1, dtype=np.int64), skipped)
-    return Plan(np.concatenate(samples), np.concatenate(clients), np.asarray(batch_starts), skipped)
+        return Plan(empty, empty, np.zeros(1, dtype=np.int64), skipped, pools.reused)
+    return Plan(
+        np.concatenate(samples),
+        np.concatenate(clients),
+        np.asarray(batch_starts),
+        skipped,
+        pools.reused,
+    )

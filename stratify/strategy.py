@@ -34,6 +34,7 @@ from stratify.validation import check_momentum, check_positive_int
 #: samples between two progress reports of the single-sample loop
 PROGRESS_EVERY = 1000
 BATCH_PATHS = ("fused", "explicit")
+EXHAUSTED = ("refill", "skip")
 
 
 @dataclass
@@ -79,6 +80,12 @@ class StratifyOptions(StrategyOptions):
     )
     momentum: float = option(
         0.0, "SGD momentum of the global optimizer, in [0, 1).", check=check_momentum
+    )
+    exhausted: str = option(
+        "refill",
+        "A scheduled label whose samples are all used this epoch: start a new pass over "
+        "them (refill), or drop the entry (skip).",
+        choices=EXHAUSTED,
     )
 
 
@@ -169,7 +176,11 @@ class Stratify(Strategy):
         """The epoch's schedule turned into hops (single-sample) or global batches."""
         schedule = stratified_label_schedule(self.label_repeats, rng)
         pools = SamplePools(
-            context.federation, self.sample_placeholders, context.registry.num_placeholders, rng
+            context.federation,
+            self.sample_placeholders,
+            context.registry.num_placeholders,
+            rng,
+            refill=self.options.exhausted == "refill",
         )
         if context.mode == "single-sample":
             return plan_single_sample(schedule, pools, self.selector, self.options.chunk, rng)
@@ -179,7 +190,9 @@ class Stratify(Strategy):
         self, context: Context, epoch: int, rng: np.random.Generator
     ) -> Iterable[Round]:
         plan = self.plan_epoch(context, rng)
-        return [Round(index=0, payload=plan, stats=RoundStats(skipped=plan.skipped))]
+        return [
+            Round(index=0, payload=plan, stats=RoundStats(skipped=plan.skipped, reused=plan.reused))
+        ]
 
     # -- execution ------------------------------------------------------------------------
 

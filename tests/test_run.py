@@ -34,7 +34,7 @@ def read_metrics(path):
     return rows
 
 
-def test_run_writes_the_design_outputs(tmp_path):
+def test_run_writes_its_output_files(tmp_path):
     summary = Run(config(tmp_path)).train()
     out = tmp_path / "run"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -55,6 +55,7 @@ def test_run_writes_the_design_outputs(tmp_path):
         "bytes_sent",
         "skipped",
         "wall_seconds",
+        "reused",
     }
     labels = json.loads((out / "config.json").read_text())["resolved"]["num_placeholders"]
     assert rows[0]["steps"] + rows[0]["skipped"] == 40 * labels

@@ -7,7 +7,13 @@ from stratify.errors import ConfigError
 from stratify.federation import Federation, SamplePools
 from stratify.registry import PlainRegistry
 from stratify.schedule import label_repeats, stratified_label_schedule
-from stratify.selection import ClientSelector, Plan, plan_global_batches, plan_single_sample
+from stratify.selection import (
+    ClientSelector,
+    Plan,
+    plan_global_batches,
+    plan_single_sample,
+    select_or_refill,
+)
 
 
 def make_federation(labels, client_indices, seed=0):
@@ -278,3 +284,66 @@ def test_weighted_selection_matches_the_share_of_each_client_goodness_of_fit():
     observed = np.bincount(draws, minlength=3)
     assert observed[2] == 0
     assert chi_square(observed[:2], [0.1, 0.9]) < chi_square_bound(1, 1e-6), observed
+
+
+# -- exhausted labels: refill or skip --------------------------------------------------------
+
+
+def imbalanced_pools(rng, refill):
+    # label 0: samples 0-2 at client 0 and 3-4 at client 1 (5 in all); label 1: 20 samples
+    labels = [0] * 5 + [1] * 20
+    federation, registry = make_federation(
+        labels, [[0, 1, 2, *range(5, 15)], [3, 4, *range(15, 25)]]
+    )
+    pools = SamplePools(
+        federation,
+        federation.sample_placeholders(registry),
+        registry.num_placeholders,
+        rng,
+        refill=refill,
+    )
+    placeholder_of_label_0 = int(federation.sample_placeholders(registry)[0])
+    return federation, registry, pools, placeholder_of_label_0
+
+
+def test_refill_passes_use_every_sample_once_per_pass():
+    rng = np.random.default_rng(0)
+    federation, registry, pools, zero = imbalanced_pools(rng, refill=True)
+    selector = ClientSelector(
+        federation.placeholder_counts(registry), registry.global_counts, "uniform"
+    )
+    drawn = []
+    for _ in range(13):
+        client = select_or_refill(selector, pools, zero, rng)
+        assert client >= 0
+        drawn.append(pools.take(client, zero))
+    # passes of 5: each holds every sample of label 0 exactly once
+    for start in (0, 5):
+        assert sorted(drawn[start : start + 5]) == [0, 1, 2, 3, 4]
+    assert len(set(drawn[10:])) == 3 and set(drawn[10:]) <= {0, 1, 2, 3, 4}
+    assert pools.reused == 8 and pools.passes[zero] == 2
+
+
+@pytest.mark.parametrize("planner", ["single-sample", "batch"])
+def test_refill_keeps_every_label_at_its_repeats(planner):
+    # uniform repeats: round(25 / 2) = 12 entries per label, but label 0 has 5 samples
+    for refill, skipped, reused in ((True, 0, 7), (False, 7, 0)):
+        rng = np.random.default_rng(4)
+        federation, registry, pools, zero = imbalanced_pools(rng, refill)
+        repeats = label_repeats(registry.global_counts, 25, mode="uniform")
+        assert repeats.tolist() == [12, 12]
+        schedule = stratified_label_schedule(repeats, rng)
+        selector = ClientSelector(
+            federation.placeholder_counts(registry), registry.global_counts, "uniform"
+        )
+        if planner == "single-sample":
+            plan = plan_single_sample(schedule, pools, selector, 3, rng)
+        else:
+            plan = plan_global_batches(schedule, pools, selector, 4, rng)
+        labels = np.asarray([0] * 5 + [1] * 20)[plan.samples]
+        assert (plan.skipped, plan.reused) == (skipped, reused)
+        assert np.bincount(labels, minlength=2).tolist() == [12 - skipped, 12]
+        if planner == "single-sample":
+            label_0 = plan.samples[labels == 0].tolist()
+            for start in range(0, len(label_0), 5):  # no sample twice within a pass
+                assert len(set(label_0[start : start + 5])) == len(label_0[start : start + 5])
