@@ -1,25 +1,31 @@
-"""FedTAN (Wang et al. 2023): FedAvg whose BatchNorm uses cross-client statistics in lockstep.
+"""FedTAN (Wang et al. 2023): FedAvg whose BatchNorm uses cross-client statistics.
 
-In every local step, each BN layer of every participating client normalises with the
-*mean of the clients' batch statistics* (mean of the per-client means, mean of the
-per-client biased variances: the ``client-mean`` combine mode of
-:class:`stratify.nn.norm.SumBatchNorm`), and the gradient flows back through those
-shared statistics to every client. The clients' weights diverge during the local steps,
-so one forward over the union batch would not be exact; instead each client runs its
-forward on its own model copy in its own thread, and its BN layers meet the other
-clients' at a :class:`threading.Barrier` to exchange statistics
-(:class:`StatisticsExchange`). The loss of the step is the sum of the clients' mean
-losses; one backward over it (the autograd graph spans the threads) gives every client
-its own gradient, including the terms that reach it through the shared statistics.
+As the authors' code computes them (``nets/Sub_ResNet20.py`` and ``FedTAN.py`` of
+wangyanmeng/FedTAN), every BN layer of every participant normalises with shared
+statistics built in two exchanges: the clients' batch means are averaged into a global
+mean; each client then computes its biased variance *around that global mean*, and those
+variances are averaged. For clients with equal batch sizes this is exactly BatchNorm on
+the union batch. The gradient flows back through the shared statistics to every client.
+
+Only the first local step of a round exchanges statistics (the official code's
+``first_local_updating``); the remaining local steps run on each client alone with its
+own batch statistics, as ordinary local training. During the shared step the clients'
+forwards run each on its own model copy in its own thread, and their BN layers meet at a
+:class:`threading.Barrier` (:class:`StatisticsExchange`). The loss of the step is the sum
+of the clients' mean losses; one backward over it (the autograd graph spans the threads)
+gives every client its own gradient, including the terms that reach it through the
+shared statistics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -36,7 +42,14 @@ from stratify.nn.norm import (
     is_batch_norm,
     update_running_stats,
 )
+from stratify.options import option
 from stratify.router import ClientUpdate, Context
+from stratify.validation import check_momentum, check_nonnegative
+
+#: The official code's local mini-batch (args.py of wangyanmeng/FedTAN).
+BATCH_SIZE = 128
+
+FedTANOptionsT = TypeVar("FedTANOptionsT", bound="FedTANOptions")
 
 #: Seconds a BN layer waits for the other clients before the step is declared broken.
 BARRIER_TIMEOUT = 600.0
@@ -44,21 +57,28 @@ BARRIER_TIMEOUT = 600.0
 
 @dataclass
 class FedTANOptions(ClientSamplingOptions):
-    """FedAvg's options without ``bn_buffers``: the clients' running statistics stay equal."""
+    """FedAvg's options without ``bn_buffers`` (the clients' running statistics stay
+    equal), with the official code's local SGD: momentum 0.9, weight decay 1e-4 and, in
+    batch mode, batch 128 (its 5 local steps per round at lr 0.5 map to ``local_epochs``
+    passes and the run's ``--lr`` here)."""
 
     algorithm = "fedtan"
 
+    local_momentum: float | None = option(
+        0.9, "SGD momentum of the clients' local optimizer, in [0, 1).", check=check_momentum
+    )
+    local_weight_decay: float = option(
+        1e-4, "L2 weight decay of the clients' local optimizer.", check=check_nonnegative
+    )
 
-def client_mean_statistics(
-    means: torch.Tensor, variances: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FedTAN's global statistics: the unweighted mean over clients of ``(K, C)`` means and
-    biased variances."""
-    return means.mean(0), variances.mean(0)
+    def for_mode(self: FedTANOptionsT, mode: str) -> FedTANOptionsT:
+        if mode == "batch" and self.local_batch_size is None:
+            return dataclasses.replace(self, local_batch_size=BATCH_SIZE)
+        return super().for_mode(mode)
 
 
 class StatisticsExchange:
-    """The meeting point of the participants' BN layers during one lockstep step.
+    """The meeting point of the participants' BN layers during the shared step.
 
     Parameters
     ----------
@@ -69,40 +89,31 @@ class StatisticsExchange:
 
     Notes
     -----
-    Slots are keyed by the index of the BN call within a client's forward pass, so a fast
-    client writing the next layer's statistics never overwrites a slot a slower client
-    still reads. :meth:`reset` clears them between steps.
+    Slots are keyed by the BN call's index within a client's forward pass and by the
+    phase (mean, then variance), so a fast client writing the next statistic never
+    overwrites a slot a slower client still reads. :meth:`reset` clears them between steps.
     """
 
     def __init__(self, num_clients: int, timeout: float = BARRIER_TIMEOUT) -> None:
         self.num_clients = num_clients
         self.barrier = threading.Barrier(num_clients, timeout=timeout)
         self.lock = threading.Lock()
-        self.slots: dict[int, list] = {}
+        self.slots: dict[tuple[int, str], list] = {}
 
     def reset(self) -> None:
         self.slots = {}
 
-    def exchange(
-        self, call: int, slot: int, mean: torch.Tensor, var: torch.Tensor, count: int
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Deposit one client's statistics, wait for all, return the combined ones.
-
-        Returns
-        -------
-        tuple
-            Mean over clients of the means, of the biased variances, and the total number
-            of values per channel (for the unbiased running variance).
-        """
+    def average(
+        self, key: tuple[int, str], slot: int, value: torch.Tensor, count: int
+    ) -> tuple[torch.Tensor, int]:
+        """Deposit one client's per-channel statistic, wait for all, return their
+        unweighted mean over clients and the clients' total number of values per channel."""
         with self.lock:
-            entries = self.slots.setdefault(call, [None] * self.num_clients)
-        entries[slot] = (mean, var, count)
+            entries = self.slots.setdefault(key, [None] * self.num_clients)
+        entries[slot] = (value, count)
         self.barrier.wait()
-        mean, var = client_mean_statistics(
-            torch.stack([entry[0] for entry in entries]),
-            torch.stack([entry[1] for entry in entries]),
-        )
-        return mean, var, sum(entry[2] for entry in entries)
+        mean = torch.stack([entry[0] for entry in entries]).mean(0)
+        return mean, sum(entry[1] for entry in entries)
 
     def abort(self) -> None:
         self.barrier.abort()
@@ -111,10 +122,11 @@ class StatisticsExchange:
 class LockstepBatchNorm:
     """Replaces the ``forward`` of one BN layer in one client's model copy.
 
-    In training mode it computes the client's batch mean and biased variance per
-    channel, exchanges them, normalises with the clients' mean statistics and updates the
-    running statistics as ``nn.BatchNorm`` does (unbiased variance over all clients'
-    values). Outside training the layer's own forward runs unchanged.
+    In training mode it exchanges the client's batch mean, then its biased variance
+    around the resulting global mean (:class:`StatisticsExchange`), normalises with the
+    shared statistics and updates the running statistics as ``nn.BatchNorm`` does
+    (unbiased variance over all clients' values). Outside training the layer's own
+    forward runs unchanged.
     """
 
     def __init__(self, module: nn.Module, client: _ClientContext) -> None:
@@ -132,15 +144,14 @@ class LockstepBatchNorm:
         count = x.numel() // channels
         stats_dtype = torch.float32 if x.device.type == "mps" else torch.float64
         values = x.to(stats_dtype)
-        client_mean = values.mean(dims)
-        client_var = (values - client_mean.view(shape)).square().mean(dims)
         call = self.client.calls
         self.client.calls += 1
-        mean, var, total = self.client.exchange.exchange(
-            call, self.client.slot, client_mean, client_var, count
-        )
-        if total <= self.client.exchange.num_clients:
-            # every client saw one value per channel: all client variances are zero
+        exchange, slot = self.client.exchange, self.client.slot
+        mean, total = exchange.average((call, "mean"), slot, values.mean(dims), count)
+        client_var = (values - mean.view(shape)).square().mean(dims)
+        var, _ = exchange.average((call, "var"), slot, client_var, count)
+        if total <= exchange.num_clients:
+            # every client saw one value per channel: the statistics are meaningless
             raise ConfigError(
                 "fedtan: a BatchNorm layer sees one value per channel per client "
                 f"(input {tuple(x.shape)}); use --mode batch or a larger --local-batch-size"
@@ -190,28 +201,31 @@ def batch_stream(
 
 
 class FedTAN(FedAvg):
-    """FedAvg whose BatchNorm layers share the clients' mean batch statistics in lockstep.
+    """FedAvg whose BatchNorm layers share the clients' batch statistics in the first
+    local step of every round.
 
-    Options (:class:`FedTANOptions`): ``local_epochs`` — all participants step together,
-    so a round has ``local_epochs × max_k ceil(n_k / B)`` lockstep steps: the largest
-    client makes ``local_epochs`` passes and smaller clients continue with fresh shuffles
-    of their data until the round ends; ``local_batch_size`` — 1 in single-sample mode
-    (BN then normalises over the spatial positions of one image per client), 64 by
-    default in batch mode; ``client_fraction``.
+    Options (:class:`FedTANOptions`): ``local_epochs`` — client k makes
+    ``local_epochs × ceil(n_k / B)`` local steps per round; the first is taken by all
+    participants together with shared statistics, the others each client alone;
+    ``local_batch_size`` — 1 in single-sample mode (BN then normalises over the spatial
+    positions of one image per client), 128 by default in batch mode;
+    ``client_fraction``, ``weighting``.
 
     Notes
     -----
     Needs a model with BatchNorm layers (``--model resnet9|resnet18|resnet20`` with
     ``--norm bn`` or ``--norm sumbn-client-mean``); on a model without them FedTAN would
-    be FedAvg, so it is refused. Because every client normalises with the same
-    statistics, their running statistics stay identical and are simply averaged like the
-    parameters (there is no ``--bn-buffers`` choice to make). Traffic: the model
-    download and upload of FedAvg; the per-layer statistic exchanges (a few ``C``-sized
-    vectors per layer and step) are not counted as model transfers.
+    be FedAvg, so it is refused. The official code counts local *steps* (5, sampled with
+    replacement); here they are local epochs of shuffled mini-batches, like the other
+    baselines. Its running variance uses the correction ``B / (B − 1)`` with the number of
+    images ``B``; here it is torch's, over all values of a channel. Running statistics
+    are averaged like the parameters (there is no ``--bn-buffers`` choice to make).
+    Traffic: the model download and upload of FedAvg; the statistic exchanges (two
+    ``C``-sized vectors per BN layer in the shared step) are not counted as transfers.
     """
 
     name = "fedtan"
-    description = "FedAvg whose BN uses the mean of client batch statistics, in lockstep steps"
+    description = "FedAvg whose BN shares the clients' batch statistics in each round's first step"
     options_class = FedTANOptions  # type: ignore[assignment]
     options: FedTANOptions  # type: ignore[assignment]
 
@@ -251,7 +265,7 @@ class FedTAN(FedAvg):
                 batch_stream(context.federation.client_indices[client], self.batch_size, rng)
             )
         sizes = [len(context.federation.client_indices[client]) for client in clients]
-        steps = self.local_epochs * max(math.ceil(size / self.batch_size) for size in sizes)
+        steps = [self.local_epochs * math.ceil(size / self.batch_size) for size in sizes]
         x_train, y_train = context.x_train, context.y_train
         loss_sums = torch.zeros(len(clients), dtype=torch.float64, device=context.device)
         samples = [0] * len(clients)
@@ -263,34 +277,45 @@ class FedTAN(FedAvg):
                 exchange.abort()  # release the clients waiting at the barrier
                 raise
 
+        def count(slot: int, loss: torch.Tensor, batch: torch.Tensor) -> None:
+            loss_sums[slot] += loss.detach() * len(batch)
+            samples[slot] += len(batch)
+
         try:
+            # the shared step: every participant at once, BN statistics exchanged
+            batches = [torch.as_tensor(next(stream), device=context.device) for stream in streams]
             with ThreadPoolExecutor(max_workers=len(clients)) as pool:
-                for _ in range(steps):
-                    batches = [
-                        torch.as_tensor(next(stream), device=context.device) for stream in streams
-                    ]
-                    exchange.reset()
-                    for seat in seats:
-                        seat.calls = 0
-                    futures = [
-                        pool.submit(client_loss, slot, batch) for slot, batch in enumerate(batches)
-                    ]
-                    losses = self._gather(futures)
-                    for optimizer in optimizers:
-                        optimizer.zero_grad(set_to_none=False)
-                    torch.stack(losses).sum().backward()
-                    for optimizer in optimizers:
-                        optimizer.step()
-                    with torch.no_grad():
-                        for slot, (loss, batch) in enumerate(zip(losses, batches)):
-                            loss_sums[slot] += loss.detach() * len(batch)
-                            samples[slot] += len(batch)
+                futures = [
+                    pool.submit(client_loss, slot, batch) for slot, batch in enumerate(batches)
+                ]
+                losses = self._gather(futures)
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=False)
+            torch.stack(losses).sum().backward()
+            for optimizer in optimizers:
+                optimizer.step()
+            with torch.no_grad():
+                for slot, (loss, batch) in enumerate(zip(losses, batches)):
+                    count(slot, loss, batch)
         finally:
             for model in models:
                 detach_lockstep(model)
+        # the remaining steps: each client alone, with its own batch statistics
+        for slot, (model, optimizer, stream) in enumerate(zip(models, optimizers, streams)):
+            for _ in range(steps[slot] - 1):
+                batch = torch.as_tensor(next(stream), device=context.device)
+                loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
+                optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                optimizer.step()
+                with torch.no_grad():
+                    count(slot, loss, batch)
         return [
             self.client_update(
-                context, client, model, LocalResult(steps, float(loss_sums[slot]), samples[slot])
+                context,
+                client,
+                model,
+                LocalResult(steps[slot], float(loss_sums[slot]), samples[slot]),
             )
             for slot, (client, model) in enumerate(zip(clients, models))
         ]

@@ -12,7 +12,7 @@ from stratify.baselines.common import participants, weighted_average
 from stratify.baselines.fedavg import FedAvg
 from stratify.baselines.fedavgm import FedAvgM, server_momentum_step
 from stratify.baselines.fedprox import FedProx, add_proximal_gradient, proximal_term
-from stratify.baselines.fedtan import FedTAN
+from stratify.baselines.fedtan import FedTAN, StatisticsExchange
 from stratify.baselines.scaffold import Scaffold, control_variate_update, scaffold_server_update
 from stratify.baselines.sfl import SFL
 from stratify.config import TrainConfig
@@ -505,22 +505,25 @@ def test_sfl_order_is_random_each_round():
 # -- FedTAN ----------------------------------------------------------------------------------
 
 
-def test_fedtan_bn_statistics_are_the_mean_of_client_statistics():
-    # unequal clients (3 and 5 samples), one lockstep step: the running statistics are
-    # updated with the unweighted mean over clients of their batch mean and variance
-    router = tiny_router(FedTAN(local_batch_size=8), bn_mlp(), sizes=(3, 5))
+def fedtan(**options):
+    """FedTAN with plain SGD, so a step can be checked by hand."""
+    return FedTAN(**{"local_momentum": 0.0, "local_weight_decay": 0.0, **options})
+
+
+def test_fedtan_bn_statistics_follow_the_official_code():
+    # unequal clients (3 and 5 samples), one shared step: the global mean is the
+    # unweighted mean of the client means; the variance the unweighted mean of each
+    # client's variance around that global mean
+    router = tiny_router(fedtan(local_batch_size=8), bn_mlp(), sizes=(3, 5))
     start = copy.deepcopy(router.model)
-    means, variances = [], []
-    for client in (0, 1):
-        h = bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
-        means.append(h.mean(0))
-        variances.append(h.var(0, unbiased=False))
-    mean = (means[0] + means[1]) / 2
-    var = (variances[0] + variances[1]) / 2
-    union = torch.cat(
-        [bn_input(start, router.dataset.x_train[ix]) for ix in router.federation.client_indices]
-    )
-    assert not torch.allclose(mean, union.mean(0), atol=1e-3)  # differs from union BN
+    inputs = [
+        bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
+        for client in (0, 1)
+    ]
+    mean = (inputs[0].mean(0) + inputs[1].mean(0)) / 2
+    var = sum((h - mean).square().mean(0) for h in inputs) / 2
+    union = torch.cat(inputs)
+    assert not torch.allclose(mean, union.mean(0), atol=1e-3)  # unequal shares: not union BN
     stats = router.run_epoch(1)
     bn = router.model[1]
     assert torch.allclose(bn.running_mean.double(), 0.1 * mean, atol=1e-6)
@@ -529,11 +532,33 @@ def test_fedtan_bn_statistics_are_the_mean_of_client_statistics():
     assert stats.steps == 2 and stats.transfers == 4
 
 
+def test_fedtan_shared_step_is_batchnorm_on_the_union_for_equal_batches():
+    # 4 samples each, different labels: the averaged models after the shared step equal
+    # one step of each client's loss through nn.BatchNorm1d over the union batch
+    lr = 0.3
+    router = tiny_router(fedtan(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
+    reference = bn_mlp()
+    reference.load_state_dict(router.model.state_dict())
+    rng = np.random.default_rng([0, 1])
+    orders = [rng.permutation(ix) for ix in router.federation.client_indices]
+    x, y = router.dataset.x_train, router.dataset.y_train
+    logits = reference(torch.cat([x[order] for order in orders]))
+    targets = torch.cat([y[order] for order in orders])
+    loss = F.cross_entropy(logits[:4], targets[:4]) + F.cross_entropy(logits[4:], targets[4:])
+    loss.backward()
+    router.run_epoch(1)
+    for (name, ours), theirs in zip(router.model.named_parameters(), reference.parameters()):
+        expected = theirs.detach() - lr / 2 * theirs.grad
+        assert torch.allclose(ours, expected, atol=1e-6), name
+    for key in ("running_mean", "running_var"):
+        assert torch.allclose(getattr(router.model[1], key), getattr(reference[1], key), atol=1e-6)
+
+
 def test_fedtan_gradient_flows_through_the_shared_statistics():
     # equal clients: after one lockstep step the average of the clients' models equals one
     # step on the union loss Σ_k L_k with FedTAN's BN (client-mean) over the client split
     lr = 0.3
-    router = tiny_router(FedTAN(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
+    router = tiny_router(fedtan(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
     reference = bn_mlp(norm=SumBatchNorm(6, dims=1, combine="client-mean"))
     reference.load_state_dict(router.model.state_dict())
     rng = np.random.default_rng([0, 1])
@@ -551,11 +576,25 @@ def test_fedtan_gradient_flows_through_the_shared_statistics():
     assert torch.allclose(router.model[1].running_mean, reference[1].running_mean, atol=1e-6)
 
 
-def test_fedtan_runs_several_lockstep_steps_with_diverging_clients():
-    router = tiny_router(FedTAN(local_epochs=2, local_batch_size=2), bn_mlp(), sizes=(4, 6))
-    stats = router.run_epoch(1)
-    assert stats.steps == 2 * 3 * 2  # 2 epochs × ceil(6/2) lockstep steps × 2 clients
-    assert stats.loss_count == 2 * 3 * (2 + 2)
+def test_fedtan_shares_statistics_only_in_the_first_step_of_a_round():
+    router = tiny_router(fedtan(local_epochs=2, local_batch_size=2), bn_mlp(), sizes=(4, 6))
+    calls = []
+    original = StatisticsExchange.average
+
+    def counting(self, key, slot, value, count):
+        calls.append(key)
+        return original(self, key, slot, value, count)
+
+    StatisticsExchange.average = counting
+    try:
+        stats = router.run_epoch(1)
+    finally:
+        StatisticsExchange.average = original
+    # client 0: 2 epochs × ceil(4/2) = 4 steps, client 1: 2 × ceil(6/2) = 6; one is shared
+    assert stats.steps == 4 + 6
+    assert stats.loss_count == 2 * (4 + 6)
+    # one BN layer: mean and variance exchanged once by each of the 2 clients
+    assert sorted(calls) == [(0, "mean"), (0, "mean"), (0, "var"), (0, "var")]
     assert all(torch.isfinite(p).all() for p in router.model.parameters())
     # the BN forwards are restored on the global model (no lockstep hooks leak)
     assert "forward" not in router.model[1].__dict__

@@ -150,17 +150,18 @@ def hand_batch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_client_mean_statistics_are_means_of_client_statistics(device):
+def test_client_mean_statistics_are_fedtans(device):
     layer = SumBatchNorm(1, dims=1, combine="client-mean", momentum=1.0, affine=False).to(device)
     x = hand_batch(device)
     with client_split(layer, [2, 4]):
         y = layer(x)
-    # client-mean: mean (1 + 7) / 2 = 4, variance (1 + 5) / 2 = 3
-    expected = (x - 4.0) / np.sqrt(3.0 + layer.eps)
+    # global mean (1 + 7) / 2 = 4; variances around it: A (16 + 4) / 2 = 10,
+    # B (0 + 4 + 16 + 36) / 4 = 14; their mean 12
+    expected = (x - 4.0) / np.sqrt(12.0 + layer.eps)
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(layer.running_mean, torch.tensor([4.0], device=device))
-    # running variance: unbiased correction with the batch's element count, 3 · 6/5
-    torch.testing.assert_close(layer.running_var, torch.tensor([3.6], device=device))
+    # running variance: unbiased correction with the batch's element count, 12 · 6/5
+    torch.testing.assert_close(layer.running_var, torch.tensor([14.4], device=device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,23 +177,24 @@ def test_sum_mode_hand_checked(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_client_mean_equal_sizes_gives_union_mean_but_within_client_variance(device):
-    kwargs = {"dims": 2, "momentum": 1.0, "affine": False}
-    sum_mode = SumBatchNorm(4, combine="sum", **kwargs).to(device)
-    mean_mode = SumBatchNorm(4, combine="client-mean", **kwargs).to(device)
-    x, _ = batch((BATCH, 4, 3, 3), device, 0)
-    x[4:] += 5.0  # the second client's data sit elsewhere: between-client spread
-    split = [4, 4]
-    with client_split(sum_mode, split), client_split(mean_mode, split):
-        sum_mode(x)
-        mean_mode(x)
-    torch.testing.assert_close(mean_mode.running_mean, sum_mode.running_mean)
-    per_client_var = torch.stack(
-        [part.transpose(0, 1).reshape(4, -1).var(1, unbiased=False) for part in x.split(split)]
-    ).mean(0)
-    n = BATCH * 9
-    torch.testing.assert_close(mean_mode.running_var, per_client_var * n / (n - 1))
-    assert (mean_mode.running_var < sum_mode.running_var).all()
+def test_client_mean_with_equal_shares_is_batchnorm2d_on_the_union(device):
+    # two clients with 4 images each and different data (a label mix shifts one of them):
+    # FedTAN's statistics are BatchNorm's on the union — outputs, gradients, running stats
+    mean_mode, reference = make_pair(2, 4, device, combine="client-mean", momentum=0.3)
+    x, grad = batch((BATCH, 4, 3, 3), device, 0)
+    x[4:] += 5.0
+    x[4:, 1] *= 3.0
+    x_ours, x_ref = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    with client_split(mean_mode, [4, 4]):
+        y = mean_mode(x_ours)
+    y_ref = reference(x_ref)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    (y * grad).sum().backward()
+    (y_ref * grad).sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mean_mode.weight.grad, reference.weight.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mean_mode.running_mean, reference.running_mean)
+    torch.testing.assert_close(mean_mode.running_var, reference.running_var)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -214,9 +216,11 @@ def test_combine_statistics_hand_computed():
     torch.testing.assert_close(mean, torch.tensor([5.0, 3.0], dtype=torch.float64))
     torch.testing.assert_close(var, torch.tensor([70.0 / 6.0, 4.0], dtype=torch.float64))
     mean, var = combine_statistics(sums, sq_sums, torch.tensor(counts), "client-mean")
-    # channel 1: client means 1 and 4, client variances 0 and 3
+    # channel 0: means 1 and 7 -> 4; variances around 4: (16 + 4)/2 = 10 and
+    # (0 + 4 + 16 + 36)/4 = 14 -> 12. Channel 1: means 1 and 4 -> 2.5; around 2.5:
+    # 2.25 and (3 · 0.25 + 20.25)/4 = 5.25 -> 3.75
     torch.testing.assert_close(mean, torch.tensor([4.0, 2.5], dtype=torch.float64))
-    torch.testing.assert_close(var, torch.tensor([3.0, 1.5], dtype=torch.float64))
+    torch.testing.assert_close(var, torch.tensor([12.0, 3.75], dtype=torch.float64))
     with pytest.raises(ValueError, match="combine mode"):
         combine_statistics(sums, sq_sums, counts, "median")
 

@@ -9,11 +9,11 @@ clients. BatchNorm needs batch statistics, and every batch term it needs is a *s
   exact BatchNorm input gradient ``dx = (γ/σ)(dy − (Σdy + x̂·Σdy·x̂)/n)``.
 
 So ``combine="sum"`` equals ``torch.nn.BatchNorm`` on the union batch, for any client
-split. ``combine="client-mean"`` is FedTAN's layer (Wang et al. 2023): the global
-statistics are the *unweighted mean* of the per-client means and of the per-client
-(biased) variances. That is exact only when every client holds the same number of
-samples *and* the clients' data have equal means; with unequal client shares the mean is
-biased towards small clients, and the variance always misses the between-client spread.
+split. ``combine="client-mean"`` is FedTAN's layer (Wang et al. 2023, as its official code
+computes it): the global mean is the *unweighted mean* of the per-client means, and the
+variance the unweighted mean of each client's biased variance around that global mean.
+With equal client shares that is BatchNorm on the union batch; with unequal shares both
+lean towards the small clients.
 Keeping both behind one ``combine`` parameter is what makes the comparison fair.
 
 The client split is not an argument of ``forward`` (models call their layers with one
@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 COMBINE_MODES: dict[str, str] = {
     "sum": "exact: global statistics from the clients' summed partial sums (Stratify)",
-    "client-mean": "mean of per-client means and variances (FedTAN); biased when shares differ",
+    "client-mean": "unweighted over clients (FedTAN): exact for equal shares, biased otherwise",
 }
 
 
@@ -57,8 +57,9 @@ def combine_statistics(
         ``(K,)``: how many values each client summed per channel (samples × spatial size).
     mode : {"sum", "client-mean"}
         ``"sum"``: statistics of the union, ``mean = ΣS_k / Σn_k`` and
-        ``var = ΣQ_k / Σn_k − mean²``. ``"client-mean"``: the unweighted mean over
-        clients of ``S_k / n_k`` and of ``Q_k / n_k − (S_k / n_k)²`` (FedTAN).
+        ``var = ΣQ_k / Σn_k − mean²``. ``"client-mean"`` (FedTAN): ``mean`` the unweighted
+        mean over clients of ``S_k / n_k``, ``var`` the unweighted mean over clients of
+        each client's variance around ``mean``, ``Q_k / n_k − 2·mean·S_k / n_k + mean²``.
 
     Returns
     -------
@@ -77,10 +78,10 @@ def combine_statistics(
         mean = sums.sum(0) / total
         var = sq_sums.sum(0) / total - mean.square()
     else:
-        client_means = sums / counts
-        client_vars = sq_sums / counts - client_means.square()
-        mean = client_means.mean(0)
-        var = client_vars.mean(0)
+        mean = (sums / counts).mean(0)
+        # each client's variance around the *global* mean, averaged: mean_k(Q_k/n_k) − μ²
+        # (the client means average to μ, so the cross terms cancel)
+        var = (sq_sums / counts).mean(0) - mean.square()
     return mean, var.clamp_min(0.0)
 
 
