@@ -16,7 +16,7 @@ from stratify.algorithms import ALGORITHMS, build_strategy
 from stratify.backend import DEVICES
 from stratify.options import MODES, option, validate_fields
 from stratify.router import LR_SCHEDULES
-from stratify.validation import check_positive, check_positive_int, check_seed
+from stratify.validation import check_positive, check_positive_int, check_seed, check_widths
 
 # datasets whose single-sample runs need another base rate: the 8x8 digits leave the CNN on
 # its initial plateau for a whole epoch at 0.01 (5 epochs: 0.91 at 0.01, 0.97 at 0.05)
@@ -72,6 +72,12 @@ class TrainConfig:
     model: str | None = option(
         None,
         "cnn | mlp | resnet9 | resnet18 | resnet20 [default: cnn for images, mlp for tabular].",
+        cli_type=str,
+    )
+    mlp_hidden: tuple[int, ...] | None = option(
+        None,
+        "Hidden-layer widths of --model mlp, comma-separated [default: 200,200].",
+        check=check_widths,
         cli_type=str,
     )
     norm: str = option(

@@ -101,7 +101,13 @@ def build_experiment(
     if model is None:
         torch.manual_seed(config.seed)
         model_name = config.model or ("cnn" if len(dataset.input_shape) == 3 else "mlp")
-        model = build_model(model_name, dataset.input_shape, dataset.num_classes, norm=config.norm)
+        model = build_model(
+            model_name,
+            dataset.input_shape,
+            dataset.num_classes,
+            norm=config.norm,
+            hidden=config.mlp_hidden,
+        )
         model = model.to(device)
     router = Router(
         model,

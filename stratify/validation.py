@@ -94,3 +94,17 @@ def check_choice(value: object, flag: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ConfigError(f"unknown {flag} {value!r}; choose one of {', '.join(choices)}")
     return str(value)
+
+
+def check_widths(value: object, flag: str) -> tuple[int, ...]:
+    """Layer widths: ``"32,16,8"`` or a sequence of positive ints, as a tuple."""
+    try:
+        parts = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+        widths = tuple(check_positive_int(part, flag) for part in parts)
+    except (ConfigError, TypeError):
+        raise ConfigError(
+            f"{flag} takes comma-separated positive integers (e.g. 32,16,8), got {value!r}"
+        ) from None
+    if not widths:
+        raise ConfigError(f"{flag} takes at least one width, got {value!r}")
+    return widths

@@ -67,7 +67,7 @@ def write_image(path: Path, size: int = 8, seed: int = 0, mode: str = "RGB") -> 
 # ---------------------------------------------------------------------------- registry
 
 
-def test_registry_has_every_dataset_of_the_design():
+def test_registry_has_every_dataset():
     assert set(DATASETS) == {
         "digits",
         "synthetic",
@@ -77,6 +77,7 @@ def test_registry_has_every_dataset_of_the_design():
         "cifar10",
         "cifar100",
         "covtype",
+        "covtype-binary",
         "tiny-imagenet",
         "pacs",
         "digits-dg",
@@ -99,6 +100,7 @@ def test_unknown_dataset_names_the_choices():
         "cifar10",
         "cifar100",
         "covtype",
+        "covtype-binary",
         "tiny-imagenet",
         "pacs",
         "digits-dg",
@@ -119,6 +121,7 @@ def test_file_datasets_without_data_dir_say_what_to_pass(name):
         "cifar10",
         "cifar100",
         "covtype",
+        "covtype-binary",
         "tiny-imagenet",
         "pacs",
         "digits-dg",
@@ -131,6 +134,7 @@ def test_file_datasets_in_an_empty_folder_name_the_expected_files(name, tmp_path
         "cifar10": "cifar-10-batches-py",
         "cifar100": "cifar-100-python",
         "covtype": "covertype",
+        "covtype-binary": "covtype.libsvm.binary",
         "tiny-imagenet": "tiny-imagenet-200",
         "pacs": "pacs",
         "digits-dg": "digits-dg",
@@ -266,6 +270,73 @@ def test_covtype_standardises_relabels_and_splits(tmp_path, monkeypatch):
     assert torch.allclose(dataset.x_train[:, 1:].mean(0), torch.zeros(53), atol=1e-5)
     assert torch.allclose(dataset.x_train[:, 1:].std(0, unbiased=False), torch.ones(53), atol=1e-4)
     assert torch.all(dataset.x_train[:, 0] == 0)
+
+
+def write_libsvm(path: Path, rows: list[tuple[int, dict[int, float]]]) -> None:
+    """A LIBSVM text file: ``label index:value ...`` with 1-based feature indices."""
+    lines = [
+        f"{label} " + " ".join(f"{index}:{value:g}" for index, value in sorted(features.items()))
+        for label, features in rows
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    if path.suffix == ".bz2":
+        import bz2
+
+        data = bz2.compress(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("name", ["covtype.libsvm.binary", "covtype.libsvm.binary.scale.bz2"])
+def test_covtype_binary_reads_libsvm_files(tmp_path, name):
+    # 40 samples: label 1 or 2, feature 1 = the sample number, feature 54 = label; sparse
+    rows = [(1 + i % 2, {1: float(i), 54: float(1 + i % 2)}) for i in range(40)]
+    write_libsvm(tmp_path / "covtype" / name, rows)
+    dataset = load_dataset("covtype-binary", data_dir=str(tmp_path))
+    assert dataset.num_classes == 2
+    assert dataset.x_train.shape == (30, 54) and dataset.x_test.shape == (10, 54)  # 75/25
+    labels = torch.cat([dataset.y_train, dataset.y_test])
+    assert sorted(labels.tolist()) == [0] * 20 + [1] * 20  # labels 1/2 -> 0/1
+    # feature 54 equals the label before standardising: after it, it still orders them
+    for x, y in ((dataset.x_train, dataset.y_train), (dataset.x_test, dataset.y_test)):
+        assert torch.equal(x[:, 53] > 0, y == 1)
+    assert torch.allclose(dataset.x_train[:, 0].mean(), torch.tensor(0.0), atol=1e-5)
+    assert torch.all(dataset.x_train[:, 1:53] == 0)  # absent features are zero columns
+    again = load_dataset("covtype-binary", data_dir=str(tmp_path), seed=7)
+    assert torch.equal(again.y_test, dataset.y_test)  # the split does not depend on seed
+
+
+def test_covtype_binary_trains_the_papers_mlp(tmp_path):
+    from stratify.run import Run, TrainConfig
+
+    rows = [(1 + i % 2, {1: float(i % 7), 2: float(1 + i % 2)}) for i in range(80)]
+    write_libsvm(tmp_path / "covtype" / "covtype.libsvm.binary", rows)
+    config = TrainConfig(
+        dataset="covtype-binary",
+        data_dir=str(tmp_path),
+        partition="classes:1",
+        clients=2,
+        mlp_hidden="32,16,8",
+        epochs=2,
+        lr=0.1,
+        secure=False,
+        out=str(tmp_path / "run"),
+    )
+    run = Run(config)
+    widths = [m.out_features for m in run.router.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert widths == [32, 16, 8, 2]
+    summary = run.train()
+    assert summary["total_steps"] == 2 * 60  # 60 training samples, one step each per epoch
+    assert summary["best_accuracy"] >= 0.9  # feature 2 is the label
+
+
+def test_covtype_binary_refuses_a_file_with_other_labels(tmp_path):
+    write_libsvm(tmp_path / "covtype.libsvm.binary", [(k, {1: 1.0}) for k in (1, 2, 3)])
+    with pytest.raises(DatasetError, match="expected two classes"):
+        load_dataset("covtype-binary", data_dir=str(tmp_path))
+    (tmp_path / "covtype.libsvm.binary").write_text("1 notafeature\n")
+    with pytest.raises(DatasetError, match="cannot read"):
+        load_dataset("covtype-binary", data_dir=str(tmp_path))
 
 
 # ---------------------------------------------------------------------------- tiny-imagenet

@@ -202,3 +202,27 @@ def test_unknown_names_norms_and_shapes_are_config_errors():
     assert set(MODELS) == {"cnn", "mlp", "resnet9", "resnet18", "resnet20"}
     # the simple models accept the default norm and "none"
     build_model("cnn", (1, 28, 28), 10, norm="none")
+
+
+def test_mlp_hidden_widths_are_an_option_of_mlp_only():
+    # the Stratify paper's COVTYPE model: 54 -> 32 -> 16 -> 8 -> 2
+    model = build_model("mlp", (54,), 2, hidden=(32, 16, 8))
+    linears = [layer for layer in model.modules() if isinstance(layer, nn.Linear)]
+    assert [(layer.in_features, layer.out_features) for layer in linears] == [
+        (54, 32),
+        (32, 16),
+        (16, 8),
+        (8, 2),
+    ]
+    with pytest.raises(ConfigError, match="--mlp-hidden applies to --model mlp"):
+        build_model("cnn", (1, 8, 8), 10, hidden=(32,))
+
+
+def test_mlp_hidden_flag_is_parsed_and_checked():
+    from stratify.config import TrainConfig
+
+    assert TrainConfig(mlp_hidden="32,16,8").mlp_hidden == (32, 16, 8)
+    with pytest.raises(ConfigError, match="--mlp-hidden takes comma-separated positive"):
+        TrainConfig(mlp_hidden="32,x")
+    with pytest.raises(ConfigError, match="--mlp-hidden takes comma-separated positive"):
+        TrainConfig(mlp_hidden="32,0")

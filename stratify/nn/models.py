@@ -402,7 +402,11 @@ def _image_channels(name: str, input_shape: tuple[int, ...], min_side: int) -> i
 
 
 def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, norm: str = "bn"
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    norm: str = "bn",
+    hidden: tuple[int, ...] | None = None,
 ) -> nn.Module:
     """Build the model ``name`` for samples of ``input_shape`` and ``num_classes`` outputs.
 
@@ -419,6 +423,9 @@ def build_model(
         norm-free networks: they accept ``"bn"`` (the default, meaning "the model's own
         normalisation", i.e. none) and ``"none"``, and refuse the others rather than
         ignore them.
+    hidden : tuple of int, optional
+        Hidden-layer widths of ``mlp`` (default ``(200, 200)``; the Stratify paper's
+        COVTYPE model is ``(32, 16, 8)``). Refused for the other models.
 
     Returns
     -------
@@ -448,6 +455,8 @@ def build_model(
             f"use a ResNet ({', '.join(m for m in MODELS if m.startswith('resnet'))}) "
             f"or norm 'none'"
         )
+    if hidden is not None and name != "mlp":
+        raise ConfigError(f"--mlp-hidden applies to --model mlp, not {name!r}")
     if name == "cnn":
         if len(input_shape) not in (1, 2, 3) or min(input_shape[1:] or input_shape) < 4:
             raise ConfigError(
@@ -456,7 +465,11 @@ def build_model(
             )
         return SimpleCNN(input_shape, num_classes)
     if name == "mlp":
-        return MLP(input_shape, num_classes)
+        return (
+            MLP(input_shape, num_classes)
+            if hidden is None
+            else MLP(input_shape, num_classes, hidden)
+        )
     in_channels = _image_channels(name, input_shape, MIN_RESNET_SIDE)
     if name == "resnet9":
         return ResNet9(in_channels, num_classes, norm)

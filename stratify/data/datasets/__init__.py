@@ -11,7 +11,9 @@ Names, the files each reads under ``--data-dir``, and its domains (if any):
 - ``mnist`` / ``fashion-mnist``: the four IDX files in ``mnist/`` / ``fashion-mnist/``,
   or torchvision's ``MNIST/raw/`` / ``FashionMNIST/raw/``.
 - ``cifar10`` / ``cifar100``: ``cifar-10-batches-py/`` / ``cifar-100-python/`` (fine labels).
-- ``covtype``: ``covertype/`` (the cache of scikit-learn's ``fetch_covtype``).
+- ``covtype``: ``covertype/`` (the cache of scikit-learn's ``fetch_covtype``), 7 classes.
+- ``covtype-binary``: ``covtype/covtype.libsvm.binary[.scale][.bz2]`` (LIBSVM), 2 classes:
+  the COVTYPE of NIID-Bench and of the Stratify paper.
 - ``tiny-imagenet``: ``tiny-imagenet-200/{train,val}/...``.
 - ``pacs``: ``pacs/<domain>/<class>/*.jpg|png``; domains = 4 styles.
 - ``digits-dg``: ``digits-dg/<domain>/{train,val}/<class>/*.png``; domains = 4 sources.
@@ -78,7 +80,7 @@ from stratify.data.datasets.mnist import (
     normalise_mnist,
     read_idx,
 )
-from stratify.data.datasets.tabular import load_covtype
+from stratify.data.datasets.tabular import load_covtype, load_covtype_binary
 from stratify.errors import DatasetError
 
 __all__ = [
@@ -111,6 +113,7 @@ __all__ = [
     "load_cifar100",
     "load_colored_mnist",
     "load_covtype",
+    "load_covtype_binary",
     "load_dataset",
     "load_digits",
     "load_digits_dg",
@@ -136,6 +139,7 @@ DATASETS: dict[str, DatasetLoader] = {
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
     "covtype": load_covtype,
+    "covtype-binary": load_covtype_binary,
     "tiny-imagenet": load_tiny_imagenet,
     "pacs": load_pacs,
     "digits-dg": load_digits_dg,
