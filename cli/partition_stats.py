@@ -32,7 +32,8 @@ def _format(value: float | None) -> str:
     "spec",
     default="iid",
     show_default=True,
-    help="iid, classes:K, dirichlet:ALPHA, shards:S or domains:D.",
+    help="iid, classes:K, dirichlet:ALPHA, shards:S, domains:D, domain-dirichlet:ALPHA or "
+    "concentrated:DOMAIN.",
 )
 @click.option("--clients", type=int, default=10, show_default=True, help="Number of clients.")
 @click.option(

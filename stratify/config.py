@@ -44,7 +44,11 @@ class TrainConfig:
         cli_type=str,
         envvar="STRATIFY_DATA_DIR",
     )
-    partition: str = option("classes:1", "iid | classes:k | dirichlet:α | shards:s | domains:d")
+    partition: str = option(
+        "classes:1",
+        "iid | classes:k | dirichlet:α | shards:s | domains:d | domain-dirichlet:α | "
+        "concentrated:d",
+    )
     clients: int = option(10, "Number of clients.", check=check_positive_int)
     algorithm: str = option(
         "stratify",

@@ -78,7 +78,15 @@ def test_malformed_specs_are_one_line_errors(spec, message):
 
 
 def test_partition_names():
-    assert PARTITIONS == ("iid", "classes", "dirichlet", "shards", "domains")
+    assert PARTITIONS == (
+        "iid",
+        "classes",
+        "dirichlet",
+        "shards",
+        "domains",
+        "domain-dirichlet",
+        "concentrated",
+    )
 
 
 # ---------------------------------------------------------------------------- shared checks
@@ -331,3 +339,51 @@ def test_niid_bench_sizes_on_real_mnist_10k_labels(shared_data_dir):
     parts = partition(labels, 10, "dirichlet:0.5", seed=0)
     assert min(len(p) for p in parts) >= 10
     assert_exact_cover(parts, 8000)
+
+
+# -- feature skew: partitions over domains ---------------------------------------------------
+
+
+def domain_data(seed=0, n=400, num_domains=4):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 10, size=n), rng.integers(0, num_domains, size=n)
+
+
+def test_domain_dirichlet_is_the_dirichlet_split_over_domain_ids():
+    labels, domains = domain_data()
+    ours = partition(labels, 5, "domain-dirichlet:0.5", seed=3, domains=domains)
+    reference = partition(domains, 5, "dirichlet:0.5", seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(ours, reference))
+    assert sorted(np.concatenate(ours).tolist()) == list(range(len(labels)))
+    # the split follows the domains, not the labels: some client's domain mix is skewed
+    mixes = np.stack([np.bincount(domains[part], minlength=4) / len(part) for part in ours])
+    assert mixes.max() > 0.5
+
+
+def test_concentrated_puts_one_domain_on_client_0():
+    labels, domains = domain_data()
+    parts = partition(labels, 4, "concentrated:2", seed=1, domains=domains)
+    assert np.array_equal(parts[0], np.flatnonzero(domains == 2))
+    rest = parts[1:]
+    assert all(not np.any(domains[part] == 2) for part in rest)
+    sizes = [len(part) for part in rest]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == np.sum(domains != 2)
+    with pytest.raises(PartitionError, match="no sample has domain 7"):
+        partition(labels, 4, "concentrated:7", domains=domains)
+    with pytest.raises(PartitionError, match="at least 2 clients"):
+        partition(labels, 1, "concentrated:2", domains=domains)
+    with pytest.raises(PartitionError, match="needs per-sample domains"):
+        partition(labels, 4, "domain-dirichlet:0.5")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("concentrated:x", "needs a domain id"),
+        ("concentrated:-1", "needs a domain id"),
+        ("domain-dirichlet:0", "positive concentration"),
+    ],
+)
+def test_bad_domain_specs(spec, message):
+    with pytest.raises(PartitionError, match=message):
+        parse_partition_spec(spec)

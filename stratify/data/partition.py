@@ -19,6 +19,13 @@ A partition maps each client to the indices of the training samples it holds. Sp
     (almost) equal size and give each client ``s`` shards at random.
 ``domains:d``
     #D=d: like ``classes:d`` but over the per-sample domain ids of multi-domain data.
+``domain-dirichlet:alpha``
+    The ``dirichlet`` split over domain ids instead of labels (feature skew; the
+    Stratify paper's PACS / Digits-DG "Dirichlet(0.5)" rows).
+``concentrated:d``
+    Domain ``d`` entirely on client 0; every other sample shuffled and split equally
+    among clients ``1..n-1`` (the paper's ablation with one domain concentrated on a
+    single client).
 
 The partition functions are pure: the same labels, spec and seed give the same indices.
 """
@@ -31,8 +38,20 @@ import numpy as np
 
 from stratify.errors import PartitionError
 
-PARTITIONS: tuple[str, ...] = ("iid", "classes", "dirichlet", "shards", "domains")
-USAGE = "use iid, classes:K, dirichlet:ALPHA, shards:S or domains:D"
+PARTITIONS: tuple[str, ...] = (
+    "iid",
+    "classes",
+    "dirichlet",
+    "shards",
+    "domains",
+    "domain-dirichlet",
+    "concentrated",
+)
+USAGE = (
+    "use iid, classes:K, dirichlet:ALPHA, shards:S, domains:D, domain-dirichlet:ALPHA "
+    "or concentrated:DOMAIN"
+)
+DOMAIN_KINDS = ("domains", "domain-dirichlet", "concentrated")
 MAX_DIRICHLET_TRIES = 1000
 DEFAULT_MIN_SIZE = 10
 
@@ -41,6 +60,8 @@ _EXAMPLES = {
     "dirichlet": "dirichlet:0.5",
     "shards": "shards:2",
     "domains": "domains:1",
+    "domain-dirichlet": "domain-dirichlet:0.5",
+    "concentrated": "concentrated:0",
 }
 
 
@@ -57,7 +78,8 @@ def parse_partition_spec(spec: str) -> tuple[str, int | float | None]:
     -------
     tuple
         ``(kind, value)``: ``("iid", None)``, an ``int >= 1`` for classes/shards/domains,
-        a finite ``float > 0`` for dirichlet.
+        a finite ``float > 0`` for dirichlet and domain-dirichlet, a domain id ``>= 0``
+        for concentrated.
 
     Raises
     ------
@@ -77,7 +99,7 @@ def parse_partition_spec(spec: str) -> tuple[str, int | float | None]:
     example = _EXAMPLES[kind]
     if not value_text:
         raise PartitionError(f"partition {spec!r} needs a value; use e.g. {example}")
-    if kind == "dirichlet":
+    if kind in ("dirichlet", "domain-dirichlet"):
         try:
             alpha = float(value_text)
         except ValueError:
@@ -91,7 +113,14 @@ def parse_partition_spec(spec: str) -> tuple[str, int | float | None]:
     try:
         count = int(value_text)
     except ValueError:
-        count = 0
+        count = -1
+    if kind == "concentrated":
+        if count < 0:
+            raise PartitionError(
+                f"partition {spec!r}: concentrated needs a domain id (0, 1, ...), got "
+                f"{value_text!r}; use e.g. {example}"
+            )
+        return kind, count
     if count < 1:
         raise PartitionError(
             f"partition {spec!r}: {kind} needs a whole number of at least 1, got {value_text!r}; "
@@ -121,9 +150,11 @@ def partition(
     seed : int
         Seed of the partition's random generator.
     domains : numpy.ndarray, optional
-        ``(N,)`` integer domain ids; required by ``domains:d``.
+        ``(N,)`` integer domain ids; required by ``domains:d``, ``domain-dirichlet:alpha``
+        and ``concentrated:d``.
     min_size : int, optional
-        ``dirichlet`` only: the smallest client must hold at least this many samples.
+        ``dirichlet`` and ``domain-dirichlet``: the smallest client must hold at least
+        this many samples.
         Default ``min(10, N // (2 * num_clients))``, NIID-Bench's 10 lowered for small data.
 
     Returns
@@ -164,7 +195,7 @@ def partition(
         raise AssertionError(f"partition kind {kind!r} parsed without a parameter")
     elif kind == "classes":
         parts = _by_group(labels, num_clients, int(value), rng, noun="labels", kind=kind)
-    elif kind == "domains":
+    elif kind in DOMAIN_KINDS:
         if domains is None:
             raise PartitionError(
                 f"{spec.strip()} needs per-sample domains and this dataset has none; use a "
@@ -176,14 +207,22 @@ def partition(
                 f"domains has shape {domains.shape} but labels has {labels.shape}; give one "
                 "domain id per training sample"
             )
-        parts = _by_group(domains, num_clients, int(value), rng, noun="domains", kind=kind)
+        if kind == "domains":
+            parts = _by_group(domains, num_clients, int(value), rng, noun="domains", kind=kind)
+        elif kind == "domain-dirichlet":
+            parts = _dirichlet(
+                domains,
+                num_clients,
+                float(value),
+                rng,
+                _min_size(min_size, num_samples, num_clients),
+            )
+        else:
+            parts = _concentrated(domains, num_clients, int(value), rng)
     elif kind == "dirichlet":
-        required = (
-            min(DEFAULT_MIN_SIZE, num_samples // (2 * num_clients))
-            if min_size is None
-            else int(min_size)
+        parts = _dirichlet(
+            labels, num_clients, float(value), rng, _min_size(min_size, num_samples, num_clients)
         )
-        parts = _dirichlet(labels, num_clients, float(value), rng, required)
     else:
         parts = _shards(labels, num_clients, int(value), rng)
     return [np.sort(np.asarray(part, dtype=np.int64)) for part in parts]
@@ -252,7 +291,7 @@ def _by_group(
 def _dirichlet(
     labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, min_size: int
 ) -> list[np.ndarray]:
-    """NIID-Bench's label-wise Dirichlet split with a minimum client size."""
+    """NIID-Bench's Dirichlet split over ``labels`` (or domain ids) with a minimum client size."""
     num_samples = len(labels)
     if min_size * num_clients > num_samples:
         raise PartitionError(
@@ -285,6 +324,32 @@ def _dirichlet(
         f"could not draw a Dirichlet partition with at least {min_size} samples per client after "
         f"{MAX_DIRICHLET_TRIES} tries; use fewer clients or a larger alpha"
     )
+
+
+def _min_size(min_size: int | None, num_samples: int, num_clients: int) -> int:
+    """The Dirichlet splits' smallest client: NIID-Bench's 10, lowered for small data."""
+    if min_size is None:
+        return min(DEFAULT_MIN_SIZE, num_samples // (2 * num_clients))
+    return int(min_size)
+
+
+def _concentrated(
+    domains: np.ndarray, num_clients: int, domain: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Domain ``domain`` on client 0; the other samples split equally among the rest."""
+    present = np.unique(domains)
+    if domain not in present:
+        raise PartitionError(
+            f"concentrated:{domain}: no sample has domain {domain}; the domains are "
+            f"{', '.join(map(str, present.tolist()))}"
+        )
+    if num_clients < 2:
+        raise PartitionError(
+            f"concentrated:{domain} puts one domain on client 0 and the rest on the others; "
+            "use at least 2 clients"
+        )
+    rest = rng.permutation(np.flatnonzero(domains != domain))
+    return [np.flatnonzero(domains == domain), *np.array_split(rest, num_clients - 1)]
 
 
 def _shards(
