@@ -50,18 +50,27 @@ def load_covtype(data_dir: str | None, device, seed: int) -> Dataset:
             f"covtype: {directory / 'covertype'} holds unexpected data (features {features.shape}, "
             "labels outside 1..7); delete it and fetch it again"
         )
-    train, test = fixed_split(len(features), len(features) // 5, seed=581012)
+    return standardised_split("covtype", features, labels, 7, test_share=5, device=device)
+
+
+def standardised_split(
+    name: str, features: np.ndarray, labels: np.ndarray, num_classes: int, test_share: int, device
+) -> Dataset:
+    """A fixed split (``1 / test_share`` of the samples for testing, independent of the run's
+    seed) with features standardised by the training split's mean and standard
+    deviation, so no test statistics leak into training."""
+    train, test = fixed_split(len(features), len(features) // test_share, seed=581012)
     mean = features[train].mean(axis=0)
     std = features[train].std(axis=0)
     std[std == 0] = 1.0  # constant columns stay zero instead of dividing by zero
     standardised = (features - mean) / std
     return make_dataset(
-        "covtype",
+        name,
         standardised[train],
         labels[train],
         standardised[test],
         labels[test],
-        7,
+        num_classes,
         device,
     )
 
@@ -111,17 +120,4 @@ def load_covtype_binary(data_dir: str | None, device, seed: int) -> Dataset:
         )
     labels = (raw_labels == values[1]).astype(np.int64)
     features = np.asarray(sparse_features.toarray(), dtype=np.float32)
-    train, test = fixed_split(len(features), len(features) // 4, seed=581012)
-    mean = features[train].mean(axis=0)
-    std = features[train].std(axis=0)
-    std[std == 0] = 1.0
-    standardised = (features - mean) / std
-    return make_dataset(
-        "covtype-binary",
-        standardised[train],
-        labels[train],
-        standardised[test],
-        labels[test],
-        2,
-        device,
-    )
+    return standardised_split("covtype-binary", features, labels, 2, test_share=4, device=device)
