@@ -9,6 +9,7 @@ so a bad value reads the same from the CLI and from Python.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -87,8 +88,12 @@ def with_flags(function: Callable) -> Callable:
 
 
 def default_out(config: TrainConfig) -> str:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return str(Path("runs") / f"{stamp}-{config.algorithm}-{config.dataset}-{config.mode}")
+    """``runs/<time to the microsecond>-<random>-<algorithm>-<dataset>-<mode>``: unique even
+    for runs started in the same second (a seed sweep)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    suffix = secrets.token_hex(2)
+    name = f"{stamp}-{suffix}-{config.algorithm}-{config.dataset}-{config.mode}"
+    return str(Path("runs") / name)
 
 
 @click.command("train")

@@ -70,6 +70,8 @@ class Run:
     ) -> None:
         if resume and overwrite:
             raise ConfigError("--resume and --overwrite contradict each other; give one")
+        if config.out is not None and not config.out.strip():
+            raise ConfigError("--out needs a folder name, got an empty one")
         self.config = config
         self.out = Path(config.out) if config.out else None
         self.on_epoch = on_epoch or (lambda record: None)
@@ -109,7 +111,9 @@ class Run:
                     f"--resume: no checkpoint.pt in {self.out}; start without --resume"
                 )
             try:
-                checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+                # weights_only: tensors, numbers, strings and containers only, so a crafted
+                # file cannot run code when it is read
+                checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
                 saved = checkpoint["config"]
             except Exception as error:  # any unreadable checkpoint is the same user error
                 raise ConfigError(
@@ -187,16 +191,37 @@ class Run:
 
     def _load_checkpoint(self, checkpoint: dict) -> None:
         assert self.out is not None  # _prepare_out loads a checkpoint only from --out
+        problem = checkpoint_problem(checkpoint, self.router.model.state_dict())
+        if problem is None:
+            try:
+                records = [EpochRecord(**record) for record in checkpoint["records"]]
+                self.strategy.load_state_dict(checkpoint["strategy"])
+            except (TypeError, KeyError, ValueError, RuntimeError, AttributeError) as error:
+                problem = f"{type(error).__name__} in its records or method state"
+        if problem is not None:
+            raise ConfigError(
+                f"--resume: {self.out / 'checkpoint.pt'} does not fit this run ({problem}); "
+                "start a new run with --overwrite"
+            )
         self.router.model.load_state_dict(checkpoint["model"])
-        self.strategy.load_state_dict(checkpoint["strategy"])
         torch.set_rng_state(checkpoint["torch_rng"])
-        self.records = [EpochRecord(**record) for record in checkpoint["records"]]
+        self.records = records
         self.start_epoch = checkpoint["epoch"]
         # metrics written after the checkpoint's epoch belong to an interrupted epoch
         lines = [json.dumps(dataclasses.asdict(record)) + "\n" for record in self.records]
         (self.out / "metrics.jsonl").write_text("".join(lines))
 
     # -- training -----------------------------------------------------------------------
+
+    def _step_flags(self) -> str:
+        """The flags that set this run's step sizes: what a diverging loss points to."""
+        steps = ("momentum", "local_momentum", "server_lr", "server_momentum")
+        flags = ["--lr"] + [
+            "--" + entry.name.replace("_", "-")
+            for entry in self.strategy.options_class.option_fields()
+            if entry.name in steps
+        ]
+        return " / ".join(flags)
 
     def train(self) -> dict[str, Any]:
         """Run the remaining epochs; returns the summary."""
@@ -210,7 +235,9 @@ class Run:
                         if self.out is not None and epoch > 1
                         else "no checkpoint was written"
                     )
-                    raise TrainingError(f"{error}; stopped, {kept}; try a lower --lr") from None
+                    raise TrainingError(
+                        f"{error}; stopped, {kept}; try lower values of {self._step_flags()}"
+                    ) from None
             accuracy, test_loss = self.router.evaluate()
             record = EpochRecord(
                 epoch=epoch,
@@ -249,6 +276,44 @@ class Run:
             "total_steps": sum(record.steps for record in self.records),
             "total_wall_seconds": round(sum(record.wall_seconds for record in self.records), 4),
         }
+
+
+def checkpoint_problem(checkpoint: Any, model_state: dict[str, torch.Tensor]) -> str | None:
+    """What makes ``checkpoint`` unusable for a model with ``model_state``, or ``None``.
+
+    Checked before anything is applied: the keys, the epoch, every model tensor's name,
+    shape and dtype, and the RNG state.
+    """
+    if not isinstance(checkpoint, dict):
+        return "not a dictionary"
+    missing = sorted({"epoch", "model", "strategy", "torch_rng", "records"} - set(checkpoint))
+    if missing:
+        return f"missing {', '.join(missing)}"
+    if not isinstance(checkpoint["epoch"], int) or checkpoint["epoch"] < 1:
+        return f"epoch {checkpoint['epoch']!r}"
+    saved = checkpoint["model"]
+    if not isinstance(saved, dict) or set(saved) != set(model_state):
+        return "its model has other layers"
+    for key, tensor in model_state.items():
+        value = saved[key]
+        if not isinstance(value, torch.Tensor) or value.shape != tensor.shape:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            return f"{key} is {shape}, the model needs {tuple(tensor.shape)}"
+        if value.dtype != tensor.dtype:
+            return f"{key} is {value.dtype}, the model needs {tensor.dtype}"
+    rng = checkpoint["torch_rng"]
+    if (
+        not isinstance(rng, torch.Tensor)
+        or rng.dtype != torch.uint8
+        or rng.shape != (torch.get_rng_state().shape)
+    ):
+        return "its random-generator state is malformed"
+    if (
+        not isinstance(checkpoint["records"], list)
+        or len(checkpoint["records"]) != checkpoint["epoch"]
+    ):
+        return "its epoch records do not match its epoch"
+    return None
 
 
 def train(config: TrainConfig, **kwargs: Any) -> dict[str, Any]:

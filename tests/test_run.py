@@ -119,9 +119,11 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
                     parameter.fill_(float("nan"))
 
     run = Run(config(tmp_path, epochs=3), on_epoch=poison)
-    with pytest.raises(TrainingError, match=r"non-finite.*epoch 1\) is kept"):
+    with pytest.raises(TrainingError, match=r"non-finite.*epoch 1\) is kept") as error:
         run.train()
-    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    # Stratify's step sizes: the learning rate and its global optimizer's momentum
+    assert str(error.value).endswith("try lower values of --lr / --momentum")
+    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert checkpoint["epoch"] == 1
     assert all(
         torch.isfinite(v).all() for v in checkpoint["model"].values() if v.is_floating_point()
@@ -211,3 +213,49 @@ def test_train_takes_dataset_options_and_the_data_dir_variable(tmp_path, capsys,
         main(["train", "--dataset", "mnist-10k", "--out", str(tmp_path / "y")])
     assert exit_info.value.code == 2
     assert str(tmp_path / "no-data-here") in capsys.readouterr().err
+
+
+class _RunsCode:
+    """Unpickling this calls ``marker.touch()``: what a crafted checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def test_resume_never_runs_code_from_a_crafted_checkpoint(tmp_path):
+    Run(config(tmp_path, epochs=1)).train()
+    marker = tmp_path / "code-ran"
+    torch.save(
+        {"config": {}, "epoch": 1, "payload": _RunsCode(marker)}, tmp_path / "run" / "checkpoint.pt"
+    )
+    with pytest.raises(ConfigError, match="checkpoint.pt is unreadable"):
+        Run(config(tmp_path, epochs=2), resume=True)
+    assert not marker.exists()
+
+
+def test_resume_refuses_a_checkpoint_that_does_not_fit_the_model(tmp_path):
+    Run(config(tmp_path, epochs=1)).train()
+    path = tmp_path / "run" / "checkpoint.pt"
+    checkpoint = torch.load(path, weights_only=True)
+    key = next(iter(checkpoint["model"]))
+    checkpoint["model"][key] = torch.zeros(3, 3)
+    torch.save(checkpoint, path)
+    with pytest.raises(ConfigError) as error:
+        Run(config(tmp_path, epochs=2), resume=True)
+    message = str(error.value)
+    assert "does not fit this run" in message and key in message and "\n" not in message
+
+
+def test_default_run_folders_differ_within_one_second_and_empty_out_is_refused(tmp_path):
+    from stratify.cli.train import default_out
+
+    config_ = TrainConfig()
+    names = {default_out(config_) for _ in range(50)}
+    assert len(names) == 50 and all(name.startswith("runs/") for name in names)
+    with pytest.raises(ConfigError, match="--out needs a folder name"):
+        Run(TrainConfig(out=""))
