@@ -107,7 +107,7 @@ class FedAvg(Strategy):
     """
 
     name = "fedavg"
-    description = "broadcast, E local epochs of SGD per client, sample-weighted model average"
+    description = "broadcast, E local epochs of SGD per client, weighted model average"
     options_class = FedAvgOptions
     options: FedAvgOptions
 

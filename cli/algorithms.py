@@ -16,18 +16,30 @@ def describe(name: str) -> tuple[str, str, str]:
         cls = strategy_class(name)
     except ImportError as error:  # a registered module that cannot be imported
         return f"(unavailable: {error})", "", ""
+    # defaults as each mode resolves them (e.g. FedAvg's local epochs: 10 batch, 1 single)
+    resolved = {mode: cls.options_class().for_mode(mode) for mode in cls.modes}
     options = []
     for entry in cls.options_class.option_fields():
-        text = flag(entry.name) if entry.default is None else f"{flag(entry.name)} {entry.default}"
-        modes = entry.metadata["modes"]
-        options.append(text if len(modes) == 2 else f"{text} ({modes[0]})")
+        values = {
+            mode: getattr(resolved[mode], entry.name)
+            for mode in entry.metadata["modes"]
+            if mode in resolved
+        }
+        if len({repr(value) for value in values.values()}) > 1:
+            shown = ", ".join(f"{value} ({mode})" for mode, value in values.items())
+            options.append(f"{flag(entry.name)} {shown}")
+            continue
+        value = next(iter(values.values()))
+        text = flag(entry.name) if value is None else f"{flag(entry.name)} {value}"
+        options.append(text if len(values) == len(cls.modes) else f"{text} ({', '.join(values)})")
     strategy = cls()
     schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
     if len(set(schedules.values())) == 1:
         schedule = f"--lr-schedule {next(iter(schedules.values()))}"
     else:
         schedule = "--lr-schedule " + ", ".join(f"{s} ({m})" for m, s in schedules.items())
-    return cls.description, ", ".join(cls.modes), ", ".join([*options, schedule])
+    # one option per line: a flag and its default never wrap apart
+    return cls.description, ", ".join(cls.modes), "\n".join([*options, schedule])
 
 
 @click.command("algorithms")
