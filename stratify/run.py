@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 from collections.abc import Callable
@@ -171,7 +172,7 @@ class Run:
         assert self.out is not None  # run files are written only with --out
         path = self.out / name
         temporary = path.with_suffix(path.suffix + ".tmp")
-        temporary.write_text(json.dumps(payload, indent=2) + "\n")
+        temporary.write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n")
         os.replace(temporary, path)
 
     def _save_checkpoint(self, epoch: int) -> None:
@@ -208,7 +209,7 @@ class Run:
         self.records = records
         self.start_epoch = checkpoint["epoch"]
         # metrics written after the checkpoint's epoch belong to an interrupted epoch
-        lines = [json.dumps(dataclasses.asdict(record)) + "\n" for record in self.records]
+        lines = [record_line(record) for record in self.records]
         (self.out / "metrics.jsonl").write_text("".join(lines))
 
     # -- training -----------------------------------------------------------------------
@@ -254,7 +255,7 @@ class Run:
             self.records.append(record)
             if self.out is not None:
                 with open(self.out / "metrics.jsonl", "a") as handle:
-                    handle.write(json.dumps(dataclasses.asdict(record)) + "\n")
+                    handle.write(record_line(record))
                 self._save_checkpoint(epoch)
             self.on_epoch(record)
         summary = self.summary()
@@ -276,6 +277,22 @@ class Run:
             "total_steps": sum(record.steps for record in self.records),
             "total_wall_seconds": round(sum(record.wall_seconds for record in self.records), 4),
         }
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None``: strict JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def record_line(record: EpochRecord) -> str:
+    """One ``metrics.jsonl`` line: strict JSON, a non-finite value written as ``null``."""
+    return json.dumps(json_safe(dataclasses.asdict(record)), allow_nan=False) + "\n"
 
 
 def checkpoint_problem(checkpoint: Any, model_state: dict[str, torch.Tensor]) -> str | None:

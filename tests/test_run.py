@@ -259,3 +259,15 @@ def test_default_run_folders_differ_within_one_second_and_empty_out_is_refused(t
     assert len(names) == 50 and all(name.startswith("runs/") for name in names)
     with pytest.raises(ConfigError, match="--out needs a folder name"):
         Run(TrainConfig(out=""))
+
+
+def test_metrics_lines_are_strict_json_even_for_a_non_finite_value():
+    from stratify.run import EpochRecord, record_line
+
+    record = EpochRecord(1, 0.5, float("nan"), float("inf"), 10, 2, 100, 0, 0.1)
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    row = json.loads(record_line(record), parse_constant=refuse)
+    assert row["test_loss"] is None and row["train_loss"] is None and row["steps"] == 10
