@@ -20,7 +20,6 @@ shared statistics.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +33,7 @@ from torch import nn
 
 from stratify.baselines.common import ClientSamplingOptions
 from stratify.baselines.fedavg import FedAvg
-from stratify.client import LocalResult
+from stratify.client import LocalResult, batch_bounds
 from stratify.errors import ConfigError, TrainingError
 from stratify.nn.norm import (
     BatchNormLayer,
@@ -193,11 +192,13 @@ def detach_lockstep(model: nn.Module) -> None:
 def batch_stream(
     indices: np.ndarray, batch_size: int, rng: np.random.Generator
 ) -> Iterator[np.ndarray]:
-    """A client's mini-batches, pass after pass, each pass a fresh shuffle."""
+    """A client's mini-batches, pass after pass, each pass a fresh shuffle; a last batch
+    of one sample joins the one before it (BatchNorm cannot normalise one sample)."""
+    bounds = batch_bounds(len(indices), batch_size, merge_singleton=True)
     while True:
         order = rng.permutation(indices)
-        for start in range(0, len(order), batch_size):
-            yield order[start : start + batch_size]
+        for start, stop in bounds:
+            yield order[start:stop]
 
 
 class FedTAN(FedAvg):
@@ -225,6 +226,8 @@ class FedTAN(FedAvg):
     """
 
     name = "fedtan"
+    # BatchNorm needs more than one sample: single-sample learning has no place for it
+    modes = ("batch",)
     description = "FedAvg whose BN shares the clients' batch statistics in each round's first step"
     options_class = FedTANOptions  # type: ignore[assignment]
     options: FedTANOptions  # type: ignore[assignment]
@@ -265,7 +268,10 @@ class FedTAN(FedAvg):
                 batch_stream(context.federation.client_indices[client], self.batch_size, rng)
             )
         sizes = [len(context.federation.client_indices[client]) for client in clients]
-        steps = [self.local_epochs * math.ceil(size / self.batch_size) for size in sizes]
+        steps = [
+            self.local_epochs * len(batch_bounds(size, self.batch_size, merge_singleton=True))
+            for size in sizes
+        ]
         x_train, y_train = context.x_train, context.y_train
         loss_sums = torch.zeros(len(clients), dtype=torch.float64, device=context.device)
         samples = [0] * len(clients)

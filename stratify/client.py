@@ -16,8 +16,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stratify.nn.norm import has_batch_norm
+
 #: ``hook(model)`` runs after ``backward`` and before the step: it may change ``.grad``.
 GradientHook = Callable[[nn.Module], None]
+
+
+def batch_bounds(num_samples: int, batch_size: int, merge_singleton: bool) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each mini-batch of one pass over ``num_samples`` samples.
+
+    With ``merge_singleton`` a last batch of a single sample joins the one before it
+    (``batch_size + 1`` samples): batch-statistics norms cannot normalise one sample, and
+    merging keeps the sample where dropping it would never train on it.
+    """
+    bounds = [
+        (start, min(start + batch_size, num_samples)) for start in range(0, num_samples, batch_size)
+    ]
+    if merge_singleton and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], num_samples)]
+    return bounds
 
 
 class LocalResult:
@@ -99,10 +116,11 @@ class LocalTrainer:
         model.train()
         steps = 0
         losses = torch.zeros((), device=x_train.device)
+        bounds = batch_bounds(len(indices), batch_size, merge_singleton=has_batch_norm(model))
         for _ in range(epochs):
             order = torch.as_tensor(rng.permutation(indices), device=x_train.device)
-            for start in range(0, len(order), batch_size):
-                batch = order[start : start + batch_size]
+            for start, stop in bounds:
+                batch = order[start:stop]
                 loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
                 losses += loss.detach() * len(batch)
                 optimizer.zero_grad(set_to_none=False)

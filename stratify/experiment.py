@@ -24,6 +24,7 @@ from stratify.data.partition import partition
 from stratify.errors import ConfigError
 from stratify.federation import Federation
 from stratify.nn.models import build_model
+from stratify.nn.norm import has_batch_norm
 from stratify.registry import make_registry
 from stratify.registry.base import LabelRegistry, RegistryResult
 from stratify.router import Router, Strategy
@@ -109,6 +110,11 @@ def build_experiment(
             hidden=config.mlp_hidden,
         )
         model = model.to(device)
+    if config.mode == "single-sample" and has_batch_norm(model):
+        raise ConfigError(
+            f"{type(model).__name__} normalises with batch statistics, which one sample cannot "
+            "give; in --mode single-sample use --norm gn (or none), or use --mode batch"
+        )
     router = Router(
         model,
         dataset,

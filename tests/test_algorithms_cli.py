@@ -44,7 +44,12 @@ DIGITS = ["train", "--dataset", "digits", "--epochs", "1", "--no-secure"]
         (["--mu", "0.1"], "--mu does not apply to --algorithm stratify"),
         (["--algorithm", "fedavg", "--mu", "0.1"], "--mu does not apply to --algorithm fedavg"),
         (["--algorithm", "sfl", "--bn-buffers", "local"], "--bn-buffers does not apply"),
-        (["--algorithm", "fedtan", "--bn-buffers", "local"], "--bn-buffers does not apply"),
+        (
+            ["--algorithm", "fedtan", "--mode", "batch", "--bn-buffers", "local"],
+            "--bn-buffers does not apply",
+        ),
+        (["--algorithm", "fedtan"], "--algorithm fedtan runs in --mode batch, not single-sample"),
+        (["--model", "resnet9"], "in --mode single-sample use --norm gn (or none)"),
         (["--algorithm", "fedavg", "--local-epochs", "0"], "--local-epochs must be a positive"),
         (
             ["--algorithm", "fedprox", "--local-batch-size", "-1", "--mode", "batch"],
@@ -52,7 +57,7 @@ DIGITS = ["train", "--dataset", "digits", "--epochs", "1", "--no-secure"]
         ),
         (["--algorithm", "scaffold", "--client-fraction", "1.5"], "--client-fraction must be in"),
         (["--algorithm", "fedavg", "--local-batch-size", "8"], "does not fit --mode single-sample"),
-        (["--algorithm", "fedtan"], "fedtan needs a model with BatchNorm layers"),
+        (["--algorithm", "fedtan", "--mode", "batch"], "fedtan needs a model with BatchNorm"),
     ],
 )
 def test_bad_baseline_input_is_one_line(tmp_path, capsys, arguments, message):

@@ -607,7 +607,7 @@ def test_fedtan_refuses_models_without_batch_norm():
 
 def test_fedtan_error_in_one_client_is_raised_not_deadlocked():
     # batches of one on BatchNorm1d: every client variance is zero, a clear error
-    router = tiny_router(FedTAN(), bn_mlp(), sizes=(3, 5), mode="single-sample")
+    router = tiny_router(FedTAN(local_batch_size=1), bn_mlp(), sizes=(3, 5))
     with pytest.raises(ConfigError, match="one value per channel"):
         router.run_epoch(1)
 
@@ -633,6 +633,11 @@ def conv_bn(seed=0):
 )
 def test_every_method_runs_in_both_settings(strategy, mode):
     model = conv_bn() if strategy is FedTAN else mlp()
+    if strategy is FedTAN and mode == "single-sample":
+        # BatchNorm cannot normalise a single sample: FedTAN runs in batch mode only
+        with pytest.raises(ConfigError, match="fedtan runs in --mode batch"):
+            tiny_router(strategy(), model, sizes=(3, 5), mode=mode)
+        return
     router = tiny_router(strategy(), model, sizes=(3, 5), mode=mode)
     stats = router.run_epoch(1)
     assert stats.steps > 0 and stats.transfers > 0 and stats.bytes_sent > 0
@@ -660,6 +665,26 @@ def test_every_method_runs_in_both_settings(strategy, mode):
 def test_bad_options_are_config_errors(build, message):
     with pytest.raises(ConfigError, match=message):
         build()
+
+
+def test_batch_statistics_models_are_refused_in_single_sample_mode():
+    with pytest.raises(ConfigError, match="use --norm gn \\(or none\\), or use --mode batch"):
+        tiny_router(FedAvg(), bn_mlp(), mode="single-sample")
+
+
+def test_a_last_mini_batch_of_one_joins_the_previous_one_for_batch_norm_models():
+    from stratify.client import batch_bounds
+
+    assert batch_bounds(9, 4, merge_singleton=True) == [(0, 4), (4, 9)]
+    assert batch_bounds(9, 4, merge_singleton=False) == [(0, 4), (4, 8), (8, 9)]
+    assert batch_bounds(1, 4, merge_singleton=True) == [(0, 1)]
+    assert batch_bounds(10, 4, merge_singleton=True) == [(0, 4), (4, 8), (8, 10)]
+    # a client of 5 samples, batches of 4: BatchNorm would fail on the lone fifth sample
+    strategy = FedAvg(local_batch_size=4, local_epochs=1, local_momentum=0.0)
+    router = tiny_router(strategy, bn_mlp(), sizes=(5, 5))
+    assert router.run_epoch(1).steps == 2  # one merged batch of 5 per client
+    plain = tiny_router(FedAvg(local_batch_size=4, local_epochs=1), mlp(), sizes=(5, 5))
+    assert plain.run_epoch(1).steps == 4  # without batch statistics nothing is merged
 
 
 class FailsOnBatchOf(nn.Module):
