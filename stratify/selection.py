@@ -6,6 +6,7 @@ the plan's index arrays without any per-step bookkeeping over clients.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,3 +214,15 @@ def plan_global_batches(
         skipped,
         pools.reused,
     )
+
+
+def merge_trailing_singleton(plan: Plan) -> Plan:
+    """A batch plan whose last global batch of one entry joins the batch before it.
+
+    Batch-statistics norms cannot normalise a single sample; the merged batch keeps the
+    entry rather than dropping it. Other plans are returned unchanged.
+    """
+    starts = plan.batch_starts
+    if starts is None or len(starts) < 3 or starts[-1] - starts[-2] != 1:
+        return plan
+    return dataclasses.replace(plan, batch_starts=np.delete(starts, -2))

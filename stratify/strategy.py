@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stratify.errors import ConfigError
 from stratify.federation import SamplePools
 from stratify.nn.norm import client_split, has_batch_norm
 from stratify.options import StrategyOptions, option
@@ -26,6 +27,7 @@ from stratify.selection import (
     SELECTIONS,
     ClientSelector,
     Plan,
+    merge_trailing_singleton,
     plan_global_batches,
     plan_single_sample,
 )
@@ -169,6 +171,12 @@ class Stratify(Strategy):
         self.optimizer = torch.optim.SGD(
             context.model.parameters(), lr=context.lr, momentum=self.options.momentum, foreach=True
         )
+        self.batch_norm = has_batch_norm(context.model)
+        if self.batch_norm and context.mode == "batch" and self.options.batch_labels < 2:
+            raise ConfigError(
+                "--batch-labels 1 gives global batches of one sample, which batch-statistics "
+                "norms cannot normalise; use --batch-labels 2 or more, or --norm gn"
+            )
 
     # -- planning -------------------------------------------------------------------------
 
@@ -184,7 +192,8 @@ class Stratify(Strategy):
         )
         if context.mode == "single-sample":
             return plan_single_sample(schedule, pools, self.selector, self.options.chunk, rng)
-        return plan_global_batches(schedule, pools, self.selector, self.options.batch_labels, rng)
+        plan = plan_global_batches(schedule, pools, self.selector, self.options.batch_labels, rng)
+        return merge_trailing_singleton(plan) if self.batch_norm else plan
 
     def configure_rounds(
         self, context: Context, epoch: int, rng: np.random.Generator

@@ -3,11 +3,13 @@
 import copy
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_digits
+from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.nn.models import build_model
 from stratify.router import Round, RoundStats
@@ -134,3 +136,15 @@ def test_batch_epoch_counts_one_step_per_global_batch():
     assert plan.skipped == 0  # 100 repeats: fewer than any label's count
     assert stats.steps == plan.steps == int(np.ceil(schedule_length / 64))
     assert stats.loss_count == len(plan.samples) == schedule_length
+
+
+def test_batch_norm_models_never_see_a_global_batch_of_one():
+    # 10 labels × 10 repeats = 100 entries in batches of 11: the last batch would hold one
+    # sample, which ResNet-9's BatchNorm cannot normalise at its 1x1 layers
+    router = digits_router(
+        mode="batch", model_name="resnet9", norm="bn", spec="iid", batch_labels=11, repeat_count=10
+    )
+    stats = router.run_epoch(1)
+    assert (stats.steps, stats.loss_count) == (9, 100)
+    with pytest.raises(ConfigError, match="--batch-labels 1 gives global batches of one"):
+        digits_router(mode="batch", model_name="resnet9", norm="bn", batch_labels=1)

@@ -347,3 +347,16 @@ def test_refill_keeps_every_label_at_its_repeats(planner):
             label_0 = plan.samples[labels == 0].tolist()
             for start in range(0, len(label_0), 5):  # no sample twice within a pass
                 assert len(set(label_0[start : start + 5])) == len(label_0[start : start + 5])
+
+
+def test_a_trailing_global_batch_of_one_joins_the_previous_batch():
+    from stratify.selection import merge_trailing_singleton
+
+    plan = Plan(np.arange(7), np.array([0, 1, 1, 2, 0, 2, 1]), np.array([0, 3, 6, 7]), 0)
+    merged = merge_trailing_singleton(plan)
+    assert merged.batch_starts.tolist() == [0, 3, 7] and merged.steps == 2
+    assert np.array_equal(merged.samples, plan.samples)
+    even = Plan(np.arange(6), np.zeros(6, dtype=np.int64), np.array([0, 3, 6]), 0)
+    assert merge_trailing_singleton(even) is even
+    single = Plan(np.arange(1), np.zeros(1, dtype=np.int64), np.array([0, 1]), 0)
+    assert merge_trailing_singleton(single) is single
