@@ -171,7 +171,9 @@ def test_fedavg_family_defaults_are_niid_benchs_in_batch_mode(method):
     # FedAvgOptions' docstring: E = 10, batch 64, momentum 0.9, constant lr in batch mode;
     # batch of one, E = 1, no momentum in single-sample mode
     batch = tiny_router(method(), linear(), mode="batch").strategy
-    assert (batch.local_epochs, batch.batch_size, batch.local_momentum) == (10, 64, 0.9)
+    # SCAFFOLD keeps its paper's plain SGD: option II's variate assumes it (ScaffoldOptions)
+    momentum = 0.0 if method is Scaffold else 0.9
+    assert (batch.local_epochs, batch.batch_size, batch.local_momentum) == (10, 64, momentum)
     assert batch.lr_schedule_for("batch") == "constant"
     single = tiny_router(method(), linear(), mode="single-sample").strategy
     assert (single.local_epochs, single.batch_size, single.local_momentum) == (1, 1, 0.0)
