@@ -534,34 +534,20 @@ def test_fedtan_bn_statistics_follow_the_official_code():
     assert stats.steps == 2 and stats.transfers == 4
 
 
-def test_fedtan_shared_step_is_batchnorm_on_the_union_for_equal_batches():
-    # 4 samples each, different labels: the averaged models after the shared step equal
-    # one step of each client's loss through nn.BatchNorm1d over the union batch
+@pytest.mark.parametrize("reference_norm", ["nn.BatchNorm1d", "sumbn-client-mean"])
+def test_fedtan_shared_step_is_batchnorm_on_the_union_for_equal_batches(reference_norm):
+    # 4 samples each, different labels: the average of the clients' models after the
+    # shared step equals one step on Σ_k L_k through BatchNorm on the union batch, and
+    # through FedTAN's own layer (client-mean over the split); the gradient reaches every
+    # client through the shared statistics
     lr = 0.3
     router = tiny_router(fedtan(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
-    reference = bn_mlp()
-    reference.load_state_dict(router.model.state_dict())
-    rng = np.random.default_rng([0, 1])
-    orders = [rng.permutation(ix) for ix in router.federation.client_indices]
-    x, y = router.dataset.x_train, router.dataset.y_train
-    logits = reference(torch.cat([x[order] for order in orders]))
-    targets = torch.cat([y[order] for order in orders])
-    loss = F.cross_entropy(logits[:4], targets[:4]) + F.cross_entropy(logits[4:], targets[4:])
-    loss.backward()
-    router.run_epoch(1)
-    for (name, ours), theirs in zip(router.model.named_parameters(), reference.parameters()):
-        expected = theirs.detach() - lr / 2 * theirs.grad
-        assert torch.allclose(ours, expected, atol=1e-6), name
-    for key in ("running_mean", "running_var"):
-        assert torch.allclose(getattr(router.model[1], key), getattr(reference[1], key), atol=1e-6)
-
-
-def test_fedtan_gradient_flows_through_the_shared_statistics():
-    # equal clients: after one lockstep step the average of the clients' models equals one
-    # step on the union loss Σ_k L_k with FedTAN's BN (client-mean) over the client split
-    lr = 0.3
-    router = tiny_router(fedtan(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
-    reference = bn_mlp(norm=SumBatchNorm(6, dims=1, combine="client-mean"))
+    norm = (
+        None
+        if reference_norm == "nn.BatchNorm1d"
+        else SumBatchNorm(6, dims=1, combine="client-mean")
+    )
+    reference = bn_mlp(norm=norm)
     reference.load_state_dict(router.model.state_dict())
     rng = np.random.default_rng([0, 1])
     orders = [rng.permutation(ix) for ix in router.federation.client_indices]
@@ -575,7 +561,8 @@ def test_fedtan_gradient_flows_through_the_shared_statistics():
     for (name, ours), theirs in zip(router.model.named_parameters(), reference.parameters()):
         expected = theirs.detach() - lr / 2 * theirs.grad
         assert torch.allclose(ours, expected, atol=1e-6), name
-    assert torch.allclose(router.model[1].running_mean, reference[1].running_mean, atol=1e-6)
+    for key in ("running_mean", "running_var"):
+        assert torch.allclose(getattr(router.model[1], key), getattr(reference[1], key), atol=1e-6)
 
 
 def test_fedtan_shares_statistics_only_in_the_first_step_of_a_round():
