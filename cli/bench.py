@@ -3,25 +3,33 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import click
 import numpy as np
-import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from stratify.backend import configure_cpu_for_single_sample, resolve_device
+from stratify.backend import resolve_device
+from stratify.cli.bench_steps import (
+    MATCH_TOLERANCE,
+    BackendSettings,
+    BenchmarkError,
+    WorkerJob,
+    bench_router,
+    bench_samples,
+    checked_comparison,
+    parallel_seeds,
+)
 from stratify.cli.common import DATA_DIR
+from stratify.compiled import COMPILE_MODES
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
-from stratify.nn.models import build_model
 from stratify.router import Router
 from stratify.strategy import Stratify
+from stratify.validation import check_positive, check_positive_int
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
@@ -97,95 +105,143 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
             json.dump(results, handle, indent=2)
 
 
-def eager_reference_loop(model, x_train, y_train, samples, lr: float) -> None:
-    """What a plain PyTorch user writes: index, forward, zero_grad, backward, step."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for index in samples:
-        x = x_train[index].unsqueeze(0)
-        y = y_train[index].unsqueeze(0)
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-
-
-def timed(function, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    function()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 @bench.command("steps")
-@click.option("--dataset", default="mnist-10k", show_default=True)
+@click.option("--dataset", default="digits", show_default=True)
 @DATA_DIR
 @click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
 @click.option("--clients", default=10, show_default=True, type=int)
 @click.option("--model", "model_name", default="cnn", show_default=True)
-@click.option("--steps", default=4000, show_default=True, type=int)
+@click.option("--steps", default=4096, show_default=True, type=int, help="Steps of every loop.")
+@click.option(
+    "--check-every",
+    default=512,
+    show_default=True,
+    type=int,
+    help="Steps between two weight checks against the reference loop.",
+)
+@click.option("--lr", default=0.01, show_default=True, type=float)
+@click.option(
+    "--compile",
+    "compile_mode",
+    type=click.Choice(COMPILE_MODES),
+    default="on",
+    show_default=True,
+    help="The engine's --compile (auto stays eager: the bench is shorter than its threshold).",
+)
+@click.option(
+    "--seeds", default=1, show_default=True, type=int, help="Independent engine runs at once."
+)
+@click.option(
+    "--workers", default=1, show_default=True, type=int, help="Single-thread worker processes."
+)
 @click.option(
     "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
-def steps(dataset, data_dir, spec, clients, model_name, steps, device, json_path) -> None:
-    """Single-sample steps/s: the engine's hot loop against a plain eager PyTorch loop."""
-    if steps <= 0:
-        raise ConfigError(f"--steps must be positive, got {steps}")
+def steps(
+    dataset,
+    data_dir,
+    spec,
+    clients,
+    model_name,
+    steps,
+    check_every,
+    lr,
+    compile_mode,
+    seeds,
+    workers,
+    device,
+    json_path,
+) -> None:
+    """Single-sample steps/s of the engine against plain eager PyTorch loops, checked to
+    make the same updates; with --seeds/--workers, model-steps/s of many runs at once."""
+    for value, flag in ((steps, "--steps"), (check_every, "--check-every"), (seeds, "--seeds")):
+        check_positive_int(value, flag)
+    check_positive_int(workers, "--workers")
+    check_positive(lr, "--lr")
+    default = BackendSettings.current()  # torch's own, before the router changes them
     device = resolve_device(device)
     data = load_dataset(dataset, data_dir=data_dir, device=device)
-    # the reference runs first with torch's default backend settings, which building a
-    # single-sample router on the CPU changes; keep them for it
-    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
-    router = build_router(data, clients, spec, 0, 5, model_name, 0.01)
-    torch.set_num_threads(threads)
-    torch.backends.mkldnn.enabled = mkldnn
-    stratify = router.strategy
-    assert isinstance(stratify, Stratify)
-    plan = stratify.plan_epoch(router.context, np.random.default_rng([0, 1]))
-    samples = np.resize(plan.samples, steps)
-    warmup = samples[: min(200, steps)]
-    results = []
-
-    # the reference first, with torch's default backend settings
-    reference_model = build_model(model_name, data.input_shape, data.num_classes).to(device)
-    x_train, y_train = data.x_train, data.y_train
-    eager_reference_loop(reference_model, x_train, y_train, warmup.tolist(), 0.01)
-    seconds = timed(
-        lambda: eager_reference_loop(reference_model, x_train, y_train, samples.tolist(), 0.01),
-        device,
+    router = bench_router(
+        data,
+        spec=spec,
+        clients=clients,
+        model_name=model_name,
+        seed=0,
+        lr=lr,
+        compile_mode=compile_mode,
     )
-    results.append(
-        {"loop": "plain eager PyTorch, default backend settings", "steps_per_s": steps / seconds}
+    samples = bench_samples(router, steps)
+    loops, compile_seconds = checked_comparison(
+        router, samples, check_every=check_every, lr=lr, default=default
     )
-
-    if device.type == "cpu":
-        configure_cpu_for_single_sample()
-        seconds = timed(
-            lambda: eager_reference_loop(reference_model, x_train, y_train, samples.tolist(), 0.01),
-            device,
+    reference, tuned, engine = loops
+    weights_match = all(loop.worst_share <= MATCH_TOLERANCE for loop in (tuned, engine))
+    result: dict[str, Any] = {
+        "eager_steps_per_s": reference.steps_per_s(steps),
+        "tuned_eager_steps_per_s": tuned.steps_per_s(steps),
+        "engine_steps_per_s": engine.steps_per_s(steps),
+    }
+    result["ratio"] = result["engine_steps_per_s"] / result["eager_steps_per_s"]
+    result["tuned_ratio"] = result["engine_steps_per_s"] / result["tuned_eager_steps_per_s"]
+    parallel = None
+    if seeds > 1 or workers > 1:
+        job = WorkerJob(
+            dataset=dataset,
+            data_dir=data_dir,
+            spec=spec,
+            clients=clients,
+            model_name=model_name,
+            lr=lr,
+            compile_mode=compile_mode,
+            steps=steps,
+            seeds=tuple(range(seeds)),
         )
-        results.append(
-            {"loop": "plain eager PyTorch, 1 thread, oneDNN off", "steps_per_s": steps / seconds}
-        )
-    stratify.execute_single_sample(router.context, warmup)
-    seconds = timed(lambda: stratify.execute_single_sample(router.context, samples), device)
-    results.append(
-        {"loop": "stratify engine (execute_single_sample)", "steps_per_s": steps / seconds}
-    )
+        parallel = parallel_seeds(job, workers)
+        result["model_steps_per_s"] = parallel["model_steps_per_s"]
+    else:
+        result["model_steps_per_s"] = result["engine_steps_per_s"]
+    result.update(seeds=seeds, workers=min(workers, seeds), weights_match=weights_match)
+    result["compile_seconds"] = compile_seconds
 
     table = Table(
         title=f"single-sample steps/s · {dataset} · {model_name} · {device} · {steps} steps"
     )
-    table.add_column("loop")
-    table.add_column("steps/s", justify="right")
-    table.add_column("speed-up", justify="right")
-    for row in results:
-        row["speedup"] = row["steps_per_s"] / results[0]["steps_per_s"]
-        table.add_row(row["loop"], f"{row['steps_per_s']:.0f}", f"{row['speedup']:.2f}×")
-    Console().print(table)
+    for column in ("loop", "settings", "steps/s", "vs default", "max |Δw|", "Δw / moved"):
+        table.add_column(column, justify="left" if column in ("loop", "settings") else "right")
+    for loop in loops:
+        checked = loop is not reference
+        table.add_row(
+            loop.name,
+            f"{loop.settings.threads} thr., oneDNN {'on' if loop.settings.mkldnn else 'off'}",
+            f"{loop.steps_per_s(steps):,.0f}",
+            f"{loop.steps_per_s(steps) / reference.steps_per_s(steps):.2f}×",
+            f"{loop.max_difference:.1e}" if checked else "reference",
+            f"{loop.worst_share:.1e}" if checked else "",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"weights compared with the reference loop's every {check_every} steps")
+    verdict = "match" if weights_match else "DO NOT MATCH"
+    console.print(
+        f"weights {verdict} (tolerance: {MATCH_TOLERANCE:g} of the reference's movement "
+        f"per check); ratio {result['ratio']:.2f}×, tuned_ratio {result['tuned_ratio']:.2f}×"
+        + (f"; compile {compile_seconds:.1f} s (not in steps/s)" if compile_seconds else "")
+    )
+    if parallel is not None:
+        console.print(
+            f"{seeds} seed(s) on {result['workers']} single-thread worker(s): "
+            f"{result['model_steps_per_s']:,.0f} model-steps/s = "
+            f"{result['model_steps_per_s'] / result['engine_steps_per_s']:.2f}× one run "
+            f"(timed from when every worker was ready; start-up incl. data and compile "
+            f"{parallel['slowest_start_seconds']:.1f} s)"
+        )
     if json_path:
         with open(json_path, "w") as handle:
-            json.dump(results, handle, indent=2)
+            json.dump(result, handle, indent=2)
+    if not weights_match:
+        raise BenchmarkError(
+            "the engine and the eager loops ended a segment with different weights "
+            f"(worst {max(tuned.worst_share, engine.worst_share):.1e} of the movement, "
+            f"tolerance {MATCH_TOLERANCE:g}): they did not make the same updates"
+        )
