@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 import click
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stratify.backend import resolve_device
+from stratify.cli.bench_plan import PlanCell, run_cell
 from stratify.cli.bench_steps import (
     MATCH_TOLERANCE,
     BackendSettings,
@@ -21,15 +23,29 @@ from stratify.cli.bench_steps import (
     checked_comparison,
     parallel_seeds,
 )
-from stratify.cli.common import DATA_DIR
+from stratify.cli.bench_training import (
+    batch_router,
+    compare_batch_mode,
+    round_router,
+    time_rounds,
+)
+from stratify.cli.common import DATA_DIR, DATASET_OPTION, parse_options
 from stratify.compiled import COMPILE_MODES
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, load_dataset
+from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.router import Router
-from stratify.strategy import Stratify
+from stratify.selection import SELECTIONS
+from stratify.strategy import BATCH_PATHS, Stratify
 from stratify.validation import check_positive, check_positive_int
+
+
+def wide_console() -> Console:
+    """A console for the benchmark tables: 120 columns where the output is not a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
@@ -219,7 +235,7 @@ def steps(
             f"{loop.max_difference:.1e}" if checked else "reference",
             f"{loop.worst_share:.1e}" if checked else "",
         )
-    console = Console()
+    console = wide_console()
     console.print(table)
     console.print(f"weights compared with the reference loop's every {check_every} steps")
     verdict = "match" if weights_match else "DO NOT MATCH"
@@ -245,3 +261,228 @@ def steps(
             f"(worst {max(tuned.worst_share, engine.worst_share):.1e} of the movement, "
             f"tolerance {MATCH_TOLERANCE:g}): they did not make the same updates"
         )
+
+
+@bench.command("plan")
+@click.option("--dataset", default="mnist-10k", show_default=True)
+@DATA_DIR
+@DATASET_OPTION
+@click.option("--partitions", default="dirichlet:0.5,classes:2", show_default=True)
+@click.option("--clients", "clients_text", default="10,100,1000,10000", show_default=True)
+@click.option(
+    "--min-size",
+    type=int,
+    default=None,
+    help="Dirichlet splits: smallest client size [default: min(10, N/2n), NIID-Bench's].",
+)
+@click.option("--chunk", default=5, show_default=True, type=int)
+@click.option("--selection", type=click.Choice(SELECTIONS), default="uniform", show_default=True)
+@click.option(
+    "--train/--no-train",
+    default=True,
+    show_default=True,
+    help="Also train the epoch, to give planning's share of its wall time.",
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+def plan(
+    dataset,
+    data_dir,
+    dataset_options,
+    partitions,
+    clients_text,
+    min_size,
+    chunk,
+    selection,
+    train,
+    json_path,
+) -> None:
+    """Planning cost per epoch against the number of clients, with peak memory."""
+    client_counts = parse_int_list(clients_text, "--clients")
+    specs = [spec.strip() for spec in partitions.split(",") if spec.strip()]
+    for spec in specs:
+        parse_partition_spec(spec)
+    check_positive_int(chunk, "--chunk")
+    if min_size is not None:
+        check_positive_int(min_size, "--min-size")
+    options = tuple(sorted(parse_options(dataset_options).items()))
+    load_dataset(dataset, data_dir=data_dir, device="cpu", **dict(options))  # fail early
+    rows = []
+    with Console().status("planning") as status:
+        for spec in specs:
+            for clients in client_counts:
+                status.update(f"{spec}, {clients} clients")
+                cell = PlanCell(
+                    dataset, data_dir, options, spec, clients, min_size, chunk, selection, train
+                )
+                rows.append(run_cell(cell))
+    table = Table(title=f"planning one epoch · {dataset} · chunk {chunk} · {selection} selection")
+    columns = ["partition", "clients", "pairs", "set-up ms", "plan ms", "µs/entry", "epoch s"]
+    columns += ["share", "peak RSS MB"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "partition" else "right")
+    for row in rows:
+        if "error" in row:
+            message = row["error"] if len(row["error"]) < 60 else row["error"][:57] + "..."
+            table.add_row(row["partition"], f"{row['clients']:,}", f"[red]{message}[/red]")
+            continue
+        table.add_row(
+            row["partition"],
+            f"{row['clients']:,}",
+            f"{row['pairs']:,}",
+            f"{row['setup_ms']:,.0f}",
+            f"{row['plan_ms']:,.0f}",
+            f"{1000 * row['plan_ms'] / max(row['entries'], 1):.1f}",
+            f"{row['epoch_s']:.1f}" if "epoch_s" in row else "–",
+            f"{100 * row['share']:.1f}%" if "share" in row else "–",
+            f"{row['peak_rss_mb']:,.0f}",
+        )
+    console = wide_console()
+    console.print(table)
+    measured = [row for row in rows if "error" not in row]
+    if measured:
+        console.print(
+            f"{measured[0]['samples']:,} training samples; pairs: (client, label) pairs holding "
+            "samples; set-up: registry (plain) + strategy set-up, once per run; plan: SLS + "
+            "pools + selection, once per epoch; share = (set-up + plan) / the trained epoch's "
+            f"wall time; {min(row['data_rss_mb'] for row in measured):,.0f} MB resident once "
+            "the data is loaded, before any client exists."
+        )
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(rows, handle, indent=2)
+
+
+@bench.command("batch")
+@click.option("--dataset", default="digits", show_default=True)
+@DATA_DIR
+@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
+@click.option("--clients", default=10, show_default=True, type=int)
+@click.option("--model", "model_name", default="cnn", show_default=True)
+@click.option("--norm", default="bn", show_default=True)
+@click.option("--batch-labels", default=64, show_default=True, type=int)
+@click.option("--batch-path", type=click.Choice(BATCH_PATHS), default="fused", show_default=True)
+@click.option("--lr", default=0.01, show_default=True, type=float)
+@click.option("--repeat", default=3, show_default=True, type=int, help="Runs of each; medians.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+def batch(
+    dataset,
+    data_dir,
+    spec,
+    clients,
+    model_name,
+    norm,
+    batch_labels,
+    batch_path,
+    lr,
+    repeat,
+    json_path,
+) -> None:
+    """Batch mode's overhead: one epoch of global batches against a plain centralised loop
+    over the same batches, from the same weights (checked to end alike)."""
+    check_positive_int(repeat, "--repeat")
+    check_positive(lr, "--lr")
+    data = load_dataset(dataset, data_dir=data_dir, device="cpu")
+    router = batch_router(
+        data,
+        spec=spec,
+        clients=clients,
+        model_name=model_name,
+        norm=norm,
+        batch_labels=batch_labels,
+        batch_path=batch_path,
+        lr=lr,
+    )
+    result = compare_batch_mode(router, repeat, lr)
+    result["overhead"] = result["engine_s"] / result["plain_s"] - 1
+    result["overhead_with_planning"] = (result["engine_s"] + result["plan_s"]) / result[
+        "plain_s"
+    ] - 1
+    result["weights_match"] = result["difference_share"] <= MATCH_TOLERANCE
+    table = Table(
+        title=f"batch mode · {dataset} · {model_name} · B = {batch_labels} · {batch_path} path · "
+        f"{result['batches']} global batches · median of {repeat}"
+    )
+    for column in ("loop", "seconds / epoch", "samples/s", "vs plain"):
+        table.add_column(column, justify="left" if column == "loop" else "right")
+    rows = [
+        ("plain centralised loop, same batches", result["plain_s"]),
+        ("Stratify batch mode (execution)", result["engine_s"]),
+        ("Stratify batch mode + planning", result["engine_s"] + result["plan_s"]),
+    ]
+    for name, seconds in rows:
+        table.add_row(
+            name,
+            f"{seconds:.3f}",
+            f"{result['samples'] / seconds:,.0f}",
+            f"{seconds / result['plain_s']:.3f}×",
+        )
+    console = wide_console()
+    console.print(table)
+    console.print(
+        f"weights {'match' if result['weights_match'] else 'DO NOT MATCH'}: max |Δw| "
+        f"{result['max_difference']:.1e}, {result['difference_share']:.1e} of the movement "
+        f"(max |w_end - w_start| {result['moved']:.1e}); the first pass of each was a warm-up"
+    )
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(result, handle, indent=2)
+    if not result["weights_match"]:
+        raise BenchmarkError(
+            "batch mode and the plain loop ended with different weights "
+            f"({result['difference_share']:.1e} of the movement): they did not make the same "
+            "updates"
+        )
+
+
+@bench.command("rounds")
+@click.option("--dataset", default="digits", show_default=True)
+@DATA_DIR
+@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
+@click.option("--clients", default=10, show_default=True, type=int)
+@click.option("--algorithms", default="fedavg,fedprox", show_default=True)
+@click.option("--rounds", default=3, show_default=True, type=int)
+@click.option(
+    "--local-epochs", type=int, default=None, help="[default: each method's own, batch mode]"
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+def rounds(dataset, data_dir, spec, clients, algorithms, rounds, local_epochs, json_path) -> None:
+    """Seconds per round of averaging methods in batch mode, the methods taking turns."""
+    check_positive_int(rounds, "--rounds")
+    names = [name.strip() for name in algorithms.split(",") if name.strip()]
+    options = {} if local_epochs is None else {"local_epochs": local_epochs}
+    data = load_dataset(dataset, data_dir=data_dir, device="cpu")
+    routers = {
+        name: round_router(data, name, spec=spec, clients=clients, options=options)
+        for name in names
+    }
+    seconds = time_rounds(routers, rounds)
+    first = statistics.median(seconds[names[0]])
+    results = []
+    table = Table(
+        title=f"seconds per round · {dataset} · {spec} · {clients} clients · batch mode · "
+        f"median of rounds 2-{rounds + 1}"
+    )
+    for column in ("method", "local epochs", "s / round", f"vs {names[0]}", "rounds (s)"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for name in names:
+        median = statistics.median(seconds[name])
+        epochs = routers[name].strategy.options.to_dict().get("local_epochs")
+        results.append(
+            {
+                "algorithm": name,
+                "local_epochs": epochs,
+                "round_s": median,
+                "rounds_s": seconds[name],
+            }
+        )
+        table.add_row(
+            name,
+            str(epochs),
+            f"{median:.2f}",
+            f"{median / first:.2f}×",
+            ", ".join(f"{value:.2f}" for value in seconds[name]),
+        )
+    wide_console().print(table)
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(results, handle, indent=2)
