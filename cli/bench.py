@@ -1,4 +1,5 @@
-"""`stratify bench`: engine throughput and chunk-size transfer counts, printed as figures."""
+"""`stratify bench`: benchmarks that print figures: engine steps/s (checked), planning cost per
+clients, batch-mode overhead, seconds per round, chunk-size transfers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import click
 import numpy as np
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -40,6 +42,19 @@ from stratify.router import Router
 from stratify.selection import SELECTIONS
 from stratify.strategy import BATCH_PATHS, Stratify
 from stratify.validation import check_positive, check_positive_int
+
+#: ``--threads``: the benchmark process's torch threads (batch mode keeps torch's default)
+THREADS = click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="torch threads of the process [default: torch's, as batch-mode runs use].",
+)
+
+
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        torch.set_num_threads(check_positive_int(threads, "--threads"))
 
 
 def wide_console() -> Console:
@@ -363,6 +378,7 @@ def plan(
 @click.option("--batch-path", type=click.Choice(BATCH_PATHS), default="fused", show_default=True)
 @click.option("--lr", default=0.01, show_default=True, type=float)
 @click.option("--repeat", default=3, show_default=True, type=int, help="Runs of each; medians.")
+@THREADS
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
 def batch(
     dataset,
@@ -375,12 +391,14 @@ def batch(
     batch_path,
     lr,
     repeat,
+    threads,
     json_path,
 ) -> None:
     """Batch mode's overhead: one epoch of global batches against a plain centralised loop
     over the same batches, from the same weights (checked to end alike)."""
     check_positive_int(repeat, "--repeat")
     check_positive(lr, "--lr")
+    set_threads(threads)
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
     router = batch_router(
         data,
@@ -444,10 +462,14 @@ def batch(
 @click.option(
     "--local-epochs", type=int, default=None, help="[default: each method's own, batch mode]"
 )
+@THREADS
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
-def rounds(dataset, data_dir, spec, clients, algorithms, rounds, local_epochs, json_path) -> None:
+def rounds(
+    dataset, data_dir, spec, clients, algorithms, rounds, local_epochs, threads, json_path
+) -> None:
     """Seconds per round of averaging methods in batch mode, the methods taking turns."""
     check_positive_int(rounds, "--rounds")
+    set_threads(threads)
     names = [name.strip() for name in algorithms.split(",") if name.strip()]
     options = {} if local_epochs is None else {"local_epochs": local_epochs}
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
