@@ -319,8 +319,9 @@ def plan(
     check_positive_int(chunk, "--chunk")
     if min_size is not None:
         check_positive_int(min_size, "--min-size")
-    options = tuple(sorted(parse_options(dataset_options).items()))
-    load_dataset(dataset, data_dir=data_dir, device="cpu", **dict(options))  # fail early
+    loader_options: dict[str, Any] = parse_options(dataset_options)
+    load_dataset(dataset, data_dir=data_dir, device="cpu", seed=0, **loader_options)  # fail early
+    options = tuple(sorted(loader_options.items()))
     rows = []
     with Console().status("planning") as status:
         for spec in specs:
