@@ -81,6 +81,7 @@ def measure_cell(cell: PlanCell) -> dict[str, Any]:
     row["entries"] = len(plan.samples) + plan.skipped
     row["pairs"] = int((federation.placeholder_counts(router.registry) > 0).sum())
     row["transfers"] = plan.transfers
+    row["plan_rss_mb"] = resident_mb()
     if cell.train:
         start = time.perf_counter()
         router.run_epoch(1)  # plans the same epoch again, then trains it
