@@ -1,32 +1,86 @@
-"""`stratify bench`: engine throughput and chunk-size transfer counts, printed as figures."""
+"""`stratify bench`: benchmarks that print figures: engine steps/s (checked), planning cost per
+clients, batch-mode overhead, seconds per round, chunk-size transfers."""
 
 from __future__ import annotations
 
 import json
-import time
+import statistics
 from typing import Any
 
 import click
 import numpy as np
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from stratify.backend import configure_cpu_for_single_sample, resolve_device
-from stratify.cli.common import DATA_DIR, check_output_file, checked, write_output
+from stratify.backend import resolve_device
+from stratify.cli.bench_plan import PlanCell, run_cell
+from stratify.cli.bench_steps import (
+    MATCH_TOLERANCE,
+    BackendSettings,
+    BenchmarkError,
+    WorkerJob,
+    bench_router,
+    bench_samples,
+    checked_comparison,
+    parallel_seeds,
+)
+from stratify.cli.bench_training import (
+    batch_router,
+    compare_batch_mode,
+    round_router,
+    time_rounds,
+)
+from stratify.cli.common import (
+    DATA_DIR,
+    DATASET_OPTION,
+    check_output_file,
+    checked,
+    parse_options,
+    write_output,
+)
+from stratify.compiled import COMPILE_MODES
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, load_dataset
+from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
-from stratify.nn.models import build_model
 from stratify.router import Router
-from stratify.strategy import SINGLE_SAMPLE_BYTES_PER_STEP, Stratify
-from stratify.validation import check_fits_in_memory, check_positive_int
+from stratify.selection import SELECTIONS
+from stratify.strategy import BATCH_PATHS, SINGLE_SAMPLE_BYTES_PER_STEP, Stratify
+from stratify.validation import check_fits_in_memory, check_positive, check_positive_int
 
 #: bytes ``bench steps`` holds per step at least: the step list as int64 (8 B) and as a
 #: Python list of ints (8 B pointer + 28 B int), and the loss the engine keeps per step
 STEPS_BYTES_PER_STEP = 8 + 36 + SINGLE_SAMPLE_BYTES_PER_STEP
+
+#: ``--json``: checked before any work, written atomically after it
+JSON_OUTPUT = click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    callback=checked(check_output_file),
+    help="Also write the figures to this JSON file.",
+)
+
+#: ``--threads``: the benchmark process's torch threads (batch mode keeps torch's default)
+THREADS = click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="torch threads of the process [default: torch's, as batch-mode runs use].",
+)
+
+
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        torch.set_num_threads(check_positive_int(threads, "--threads"))
+
+
+def wide_console() -> Console:
+    """A console for the benchmark tables: 120 columns where the output is not a terminal."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
@@ -75,13 +129,7 @@ def bench() -> None:
     callback=checked(check_positive_int),
     help="Epochs (schedules) averaged.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    callback=checked(check_output_file),
-    help="Also write the figures to this JSON file.",
-)
+@JSON_OUTPUT
 def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> None:
     """Model transfers per epoch for chunk sizes CS (planning only, no training)."""
     chunk_sizes = parse_int_list(chunks, "--chunks")
@@ -112,101 +160,381 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
         write_output(json_path, json.dumps(results, indent=2) + "\n")
 
 
-def eager_reference_loop(model, x_train, y_train, samples, lr: float) -> None:
-    """What a plain PyTorch user writes: index, forward, zero_grad, backward, step."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for index in samples:
-        x = x_train[index].unsqueeze(0)
-        y = y_train[index].unsqueeze(0)
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-
-
-def timed(function, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    function()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 @bench.command("steps")
-@click.option("--dataset", default="mnist-10k", show_default=True)
+@click.option("--dataset", default="digits", show_default=True)
 @DATA_DIR
 @click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
 @click.option("--clients", default=10, show_default=True, type=int)
 @click.option("--model", "model_name", default="cnn", show_default=True)
+@click.option("--steps", default=4096, show_default=True, type=int, help="Steps of every loop.")
 @click.option(
-    "--steps", default=4000, show_default=True, type=int, callback=checked(check_positive_int)
+    "--check-every",
+    default=512,
+    show_default=True,
+    type=int,
+    help="Steps between two weight checks against the reference loop.",
+)
+@click.option("--lr", default=0.01, show_default=True, type=float)
+@click.option(
+    "--compile",
+    "compile_mode",
+    type=click.Choice(COMPILE_MODES),
+    default="on",
+    show_default=True,
+    help="The engine's --compile (auto stays eager: the bench is shorter than its threshold).",
+)
+@click.option(
+    "--seeds", default=1, show_default=True, type=int, help="Independent engine runs at once."
+)
+@click.option(
+    "--workers", default=1, show_default=True, type=int, help="Single-thread worker processes."
 )
 @click.option(
     "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    callback=checked(check_output_file),
-    help="Also write the figures to this JSON file.",
-)
-def steps(dataset, data_dir, spec, clients, model_name, steps, device, json_path) -> None:
-    """Single-sample steps/s: the engine's hot loop against a plain eager PyTorch loop."""
+@JSON_OUTPUT
+def steps(
+    dataset,
+    data_dir,
+    spec,
+    clients,
+    model_name,
+    steps,
+    check_every,
+    lr,
+    compile_mode,
+    seeds,
+    workers,
+    device,
+    json_path,
+) -> None:
+    """Single-sample steps/s of the engine against plain eager PyTorch loops, checked to
+    make the same updates; with --seeds/--workers, model-steps/s of many runs at once."""
+    for value, flag in ((steps, "--steps"), (check_every, "--check-every"), (seeds, "--seeds")):
+        check_positive_int(value, flag)
+    check_positive_int(workers, "--workers")
+    check_positive(lr, "--lr")
     check_fits_in_memory(steps * STEPS_BYTES_PER_STEP, f"--steps {steps:,}", "time fewer steps")
+    default = BackendSettings.current()  # torch's own, before the router changes them
     device = resolve_device(device)
     data = load_dataset(dataset, data_dir=data_dir, device=device)
-    # the reference runs first with torch's default backend settings, which building a
-    # single-sample router on the CPU changes; keep them for it
-    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
-    router = build_router(data, clients, spec, 0, 5, model_name, 0.01)
-    torch.set_num_threads(threads)
-    torch.backends.mkldnn.enabled = mkldnn
-    stratify = router.strategy
-    assert isinstance(stratify, Stratify)
-    plan = stratify.plan_epoch(router.context, np.random.default_rng([0, 1]))
-    samples = np.resize(plan.samples, steps)
-    warmup = samples[: min(200, steps)]
-    results = []
-
-    # the reference first, with torch's default backend settings
-    reference_model = build_model(model_name, data.input_shape, data.num_classes).to(device)
-    x_train, y_train = data.x_train, data.y_train
-    eager_reference_loop(reference_model, x_train, y_train, warmup.tolist(), 0.01)
-    seconds = timed(
-        lambda: eager_reference_loop(reference_model, x_train, y_train, samples.tolist(), 0.01),
-        device,
+    router = bench_router(
+        data,
+        spec=spec,
+        clients=clients,
+        model_name=model_name,
+        seed=0,
+        lr=lr,
+        compile_mode=compile_mode,
     )
-    results.append(
-        {"loop": "plain eager PyTorch, default backend settings", "steps_per_s": steps / seconds}
+    samples = bench_samples(router, steps)
+    loops, compile_seconds, weights_match = checked_comparison(
+        router, samples, check_every=check_every, lr=lr, default=default
     )
-
-    if device.type == "cpu":
-        configure_cpu_for_single_sample()
-        seconds = timed(
-            lambda: eager_reference_loop(reference_model, x_train, y_train, samples.tolist(), 0.01),
-            device,
+    reference, tuned, engine = loops
+    result: dict[str, Any] = {
+        "eager_steps_per_s": reference.steps_per_s(steps),
+        "tuned_eager_steps_per_s": tuned.steps_per_s(steps),
+        "engine_steps_per_s": engine.steps_per_s(steps),
+    }
+    result["ratio"] = result["engine_steps_per_s"] / result["eager_steps_per_s"]
+    result["tuned_ratio"] = result["engine_steps_per_s"] / result["tuned_eager_steps_per_s"]
+    parallel = None
+    if seeds > 1 or workers > 1:
+        job = WorkerJob(
+            dataset=dataset,
+            data_dir=data_dir,
+            spec=spec,
+            clients=clients,
+            model_name=model_name,
+            lr=lr,
+            compile_mode=compile_mode,
+            steps=steps,
+            seeds=tuple(range(seeds)),
         )
-        results.append(
-            {"loop": "plain eager PyTorch, 1 thread, oneDNN off", "steps_per_s": steps / seconds}
-        )
-    stratify.execute_single_sample(router.context, warmup)
-    seconds = timed(lambda: stratify.execute_single_sample(router.context, samples), device)
-    results.append(
-        {"loop": "stratify engine (execute_single_sample)", "steps_per_s": steps / seconds}
-    )
+        parallel = parallel_seeds(job, workers)
+        result["model_steps_per_s"] = parallel["model_steps_per_s"]
+    else:
+        result["model_steps_per_s"] = result["engine_steps_per_s"]
+    result.update(seeds=seeds, workers=min(workers, seeds), weights_match=weights_match)
+    result["compile_seconds"] = compile_seconds
 
     table = Table(
         title=f"single-sample steps/s · {dataset} · {model_name} · {device} · {steps} steps"
     )
-    table.add_column("loop")
-    table.add_column("steps/s", justify="right")
-    table.add_column("speed-up", justify="right")
-    for row in results:
-        row["speedup"] = row["steps_per_s"] / results[0]["steps_per_s"]
-        table.add_row(row["loop"], f"{row['steps_per_s']:.0f}", f"{row['speedup']:.2f}×")
-    Console().print(table)
+    for column in ("loop", "settings", "steps/s", "vs default", "max |Δw|", "Δw / moved"):
+        table.add_column(column, justify="left" if column in ("loop", "settings") else "right")
+    for loop in loops:
+        checked = loop is not reference
+        table.add_row(
+            loop.name,
+            f"{loop.settings.threads} thr., oneDNN {'on' if loop.settings.mkldnn else 'off'}",
+            f"{loop.steps_per_s(steps):,.0f}",
+            f"{loop.steps_per_s(steps) / reference.steps_per_s(steps):.2f}×",
+            f"{loop.max_difference:.1e}" if checked else "reference",
+            f"{loop.worst_share:.1e}" if checked else "",
+        )
+    console = wide_console()
+    console.print(table)
+    console.print(f"weights compared with the reference loop's every {check_every} steps")
+    for loop in (tuned, engine):
+        if loop.rechecked:
+            console.print(
+                f"{loop.name}: {loop.rechecked} segment(s) agreed only when re-checked in "
+                f"pieces of down to {Stratify.steps_per_call} steps (rounding flipped a "
+                "near-tie somewhere in the segment; see docs/architecture.md, Performance)"
+            )
+    verdict = "match" if weights_match else "DO NOT MATCH"
+    console.print(
+        f"weights {verdict} (tolerance: {MATCH_TOLERANCE:g} of the reference's movement "
+        f"per check); ratio {result['ratio']:.2f}×, tuned_ratio {result['tuned_ratio']:.2f}×"
+        + (f"; compile {compile_seconds:.1f} s (not in steps/s)" if compile_seconds else "")
+    )
+    if parallel is not None:
+        console.print(
+            f"{seeds} seed(s) on {result['workers']} single-thread worker(s): "
+            f"{result['model_steps_per_s']:,.0f} model-steps/s = "
+            f"{result['model_steps_per_s'] / result['engine_steps_per_s']:.2f}× one run "
+            f"(timed from when every worker was ready; start-up incl. data and compile "
+            f"{parallel['slowest_start_seconds']:.1f} s)"
+        )
+    if json_path:
+        write_output(json_path, json.dumps(result, indent=2) + "\n")
+    if not weights_match:
+        raise BenchmarkError(
+            "the engine and the eager loops ended a segment with different weights "
+            f"(worst {max(tuned.worst_share, engine.worst_share):.1e} of the movement, "
+            f"tolerance {MATCH_TOLERANCE:g}): they did not make the same updates"
+        )
+
+
+@bench.command("plan")
+@click.option("--dataset", default="mnist-10k", show_default=True)
+@DATA_DIR
+@DATASET_OPTION
+@click.option("--partitions", default="dirichlet:0.5,classes:2", show_default=True)
+@click.option("--clients", "clients_text", default="10,100,1000,10000", show_default=True)
+@click.option(
+    "--min-size",
+    type=int,
+    default=None,
+    help="Dirichlet splits: smallest client size [default: min(10, N/2n), NIID-Bench's].",
+)
+@click.option("--chunk", default=5, show_default=True, type=int)
+@click.option("--selection", type=click.Choice(SELECTIONS), default="uniform", show_default=True)
+@click.option(
+    "--train/--no-train",
+    default=True,
+    show_default=True,
+    help="Also train the epoch, to give planning's share of its wall time.",
+)
+@JSON_OUTPUT
+def plan(
+    dataset,
+    data_dir,
+    dataset_options,
+    partitions,
+    clients_text,
+    min_size,
+    chunk,
+    selection,
+    train,
+    json_path,
+) -> None:
+    """Planning cost per epoch against the number of clients, with peak memory."""
+    client_counts = parse_int_list(clients_text, "--clients")
+    specs = [spec.strip() for spec in partitions.split(",") if spec.strip()]
+    for spec in specs:
+        parse_partition_spec(spec)
+    check_positive_int(chunk, "--chunk")
+    if min_size is not None:
+        check_positive_int(min_size, "--min-size")
+    loader_options: dict[str, Any] = parse_options(dataset_options)
+    load_dataset(dataset, data_dir=data_dir, device="cpu", seed=0, **loader_options)  # fail early
+    options = tuple(sorted(loader_options.items()))
+    rows = []
+    with Console().status("planning") as status:
+        for spec in specs:
+            for clients in client_counts:
+                status.update(f"{spec}, {clients} clients")
+                cell = PlanCell(
+                    dataset, data_dir, options, spec, clients, min_size, chunk, selection, train
+                )
+                rows.append(run_cell(cell))
+    table = Table(title=f"planning one epoch · {dataset} · chunk {chunk} · {selection} selection")
+    columns = ["partition", "clients", "pairs", "set-up ms", "plan ms", "µs/entry", "epoch s"]
+    columns += ["share", "RSS planned MB", "peak RSS MB"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "partition" else "right")
+    for row in rows:
+        if "error" in row:
+            message = row["error"] if len(row["error"]) < 60 else row["error"][:57] + "..."
+            table.add_row(row["partition"], f"{row['clients']:,}", f"[red]{message}[/red]")
+            continue
+        table.add_row(
+            row["partition"],
+            f"{row['clients']:,}",
+            f"{row['pairs']:,}",
+            f"{row['setup_ms']:,.0f}",
+            f"{row['plan_ms']:,.0f}",
+            f"{1000 * row['plan_ms'] / max(row['entries'], 1):.1f}",
+            f"{row['epoch_s']:.1f}" if "epoch_s" in row else "–",
+            f"{100 * row['share']:.1f}%" if "share" in row else "–",
+            f"{row['plan_rss_mb']:,.0f}",
+            f"{row['peak_rss_mb']:,.0f}",
+        )
+    console = wide_console()
+    console.print(table)
+    measured = [row for row in rows if "error" not in row]
+    if measured:
+        console.print(
+            f"{measured[0]['samples']:,} training samples; pairs: (client, label) pairs holding "
+            "samples; set-up: registry (plain) + strategy set-up, once per run; plan: SLS + "
+            "pools + selection, once per epoch; share = (set-up + plan) / the trained epoch's "
+            "wall time; RSS planned: peak resident memory once the epoch is planned, before "
+            f"training; {min(row['data_rss_mb'] for row in measured):,.0f} MB resident once "
+            "the data is loaded, before any client exists."
+        )
+    if json_path:
+        write_output(json_path, json.dumps(rows, indent=2) + "\n")
+
+
+@bench.command("batch")
+@click.option("--dataset", default="digits", show_default=True)
+@DATA_DIR
+@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
+@click.option("--clients", default=10, show_default=True, type=int)
+@click.option("--model", "model_name", default="cnn", show_default=True)
+@click.option("--norm", default="bn", show_default=True)
+@click.option("--batch-labels", default=64, show_default=True, type=int)
+@click.option("--batch-path", type=click.Choice(BATCH_PATHS), default="fused", show_default=True)
+@click.option("--lr", default=0.01, show_default=True, type=float)
+@click.option("--repeat", default=3, show_default=True, type=int, help="Runs of each; medians.")
+@THREADS
+@JSON_OUTPUT
+def batch(
+    dataset,
+    data_dir,
+    spec,
+    clients,
+    model_name,
+    norm,
+    batch_labels,
+    batch_path,
+    lr,
+    repeat,
+    threads,
+    json_path,
+) -> None:
+    """Batch mode's overhead: one epoch of global batches against a plain centralised loop
+    over the same batches, from the same weights (checked to end alike)."""
+    check_positive_int(repeat, "--repeat")
+    check_positive(lr, "--lr")
+    set_threads(threads)
+    data = load_dataset(dataset, data_dir=data_dir, device="cpu")
+    router = batch_router(
+        data,
+        spec=spec,
+        clients=clients,
+        model_name=model_name,
+        norm=norm,
+        batch_labels=batch_labels,
+        batch_path=batch_path,
+        lr=lr,
+    )
+    result = compare_batch_mode(router, repeat, lr)
+    result["overhead"] = result["engine_s"] / result["plain_s"] - 1
+    result["overhead_with_planning"] = (result["engine_s"] + result["plan_s"]) / result[
+        "plain_s"
+    ] - 1
+    result["weights_match"] = result["difference_share"] <= MATCH_TOLERANCE
+    table = Table(
+        title=f"batch mode · {dataset} · {model_name} · B = {batch_labels} · {batch_path} path · "
+        f"{result['batches']} global batches · median of {repeat}"
+    )
+    for column in ("loop", "seconds / epoch", "samples/s", "vs plain"):
+        table.add_column(column, justify="left" if column == "loop" else "right")
+    rows = [
+        ("plain centralised loop, same batches", result["plain_s"]),
+        ("Stratify batch mode (execution)", result["engine_s"]),
+        ("Stratify batch mode + planning", result["engine_s"] + result["plan_s"]),
+    ]
+    for name, seconds in rows:
+        table.add_row(
+            name,
+            f"{seconds:.3f}",
+            f"{result['samples'] / seconds:,.0f}",
+            f"{seconds / result['plain_s']:.3f}×",
+        )
+    console = wide_console()
+    console.print(table)
+    console.print(
+        f"weights {'match' if result['weights_match'] else 'DO NOT MATCH'}: max |Δw| "
+        f"{result['max_difference']:.1e}, {result['difference_share']:.1e} of the movement "
+        f"(max |w_end - w_start| {result['moved']:.1e}); the first pass of each was a warm-up"
+    )
+    if json_path:
+        write_output(json_path, json.dumps(result, indent=2) + "\n")
+    if not result["weights_match"]:
+        raise BenchmarkError(
+            "batch mode and the plain loop ended with different weights "
+            f"({result['difference_share']:.1e} of the movement): they did not make the same "
+            "updates"
+        )
+
+
+@bench.command("rounds")
+@click.option("--dataset", default="digits", show_default=True)
+@DATA_DIR
+@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
+@click.option("--clients", default=10, show_default=True, type=int)
+@click.option("--algorithms", default="fedavg,fedprox", show_default=True)
+@click.option("--rounds", default=3, show_default=True, type=int)
+@click.option(
+    "--local-epochs", type=int, default=None, help="[default: each method's own, batch mode]"
+)
+@THREADS
+@JSON_OUTPUT
+def rounds(
+    dataset, data_dir, spec, clients, algorithms, rounds, local_epochs, threads, json_path
+) -> None:
+    """Seconds per round of averaging methods in batch mode, the methods taking turns."""
+    check_positive_int(rounds, "--rounds")
+    set_threads(threads)
+    names = [name.strip() for name in algorithms.split(",") if name.strip()]
+    options = {} if local_epochs is None else {"local_epochs": local_epochs}
+    data = load_dataset(dataset, data_dir=data_dir, device="cpu")
+    routers = {
+        name: round_router(data, name, spec=spec, clients=clients, options=options)
+        for name in names
+    }
+    seconds = time_rounds(routers, rounds)
+    first = statistics.median(seconds[names[0]])
+    results = []
+    table = Table(
+        title=f"seconds per round · {dataset} · {spec} · {clients} clients · batch mode · "
+        f"median of rounds 2-{rounds + 1}"
+    )
+    for column in ("method", "local epochs", "s / round", f"vs {names[0]}", "rounds (s)"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for name in names:
+        median = statistics.median(seconds[name])
+        epochs = routers[name].strategy.options.to_dict().get("local_epochs")
+        results.append(
+            {
+                "algorithm": name,
+                "local_epochs": epochs,
+                "round_s": median,
+                "rounds_s": seconds[name],
+            }
+        )
+        table.add_row(
+            name,
+            str(epochs),
+            f"{median:.2f}",
+            f"{median / first:.2f}×",
+            ", ".join(f"{value:.2f}" for value in seconds[name]),
+        )
+    wide_console().print(table)
     if json_path:
         write_output(json_path, json.dumps(results, indent=2) + "\n")

@@ -1,13 +1,41 @@
-"""Clients of a simulated federation: their sample indices, label counts and per-label pools."""
+"""Clients of a simulated federation: their sample indices, label counts and per-label pools.
+
+Everything here costs time in the number of samples and of (client, label) pairs that hold
+samples, never in clients × labels: with thousands of clients most pairs are empty
+(docs/architecture.md, "Performance").
+"""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
 
 from stratify.errors import PartitionError
 from stratify.registry.base import RegistryResult
+
+
+@dataclass(frozen=True)
+class LabelRuns:
+    """The training samples held by the clients, grouped by (client, label).
+
+    Parameters
+    ----------
+    samples : numpy.ndarray
+        Every held sample index, client by client and, within a client, label by label
+        (ascending); within a group the client's own order is kept.
+    run : numpy.ndarray
+        For each entry of ``samples``, the number of its (client, label) group.
+    clients, labels, counts : numpy.ndarray
+        Per group: the client, the real label and the number of samples.
+    """
+
+    samples: np.ndarray
+    run: np.ndarray
+    clients: np.ndarray
+    labels: np.ndarray
+    counts: np.ndarray
 
 
 @dataclass
@@ -41,37 +69,67 @@ class Federation:
     def client_sizes(self) -> np.ndarray:
         return np.array([len(ix) for ix in self.client_indices], dtype=np.int64)
 
+    def held_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every held sample index, client after client, and the client holding each."""
+        samples = np.concatenate(self.client_indices)
+        owners = np.repeat(np.arange(self.num_clients, dtype=np.int64), self.client_sizes)
+        return samples, owners
+
+    def label_runs(self) -> LabelRuns:
+        """The held samples grouped by (client, label), in one sort."""
+        samples, owners = self.held_samples()
+        labels = np.asarray(self.labels)[samples]
+        # owners are already ascending; the sort orders each client's samples by label and
+        # keeps the client's own order within a label
+        order = np.lexsort((labels, owners))
+        samples, owners, labels = samples[order], owners[order], labels[order]
+        starts = np.ones(len(samples), dtype=bool)
+        starts[1:] = (owners[1:] != owners[:-1]) | (labels[1:] != labels[:-1])
+        first = np.flatnonzero(starts)
+        counts = np.diff(np.append(first, len(samples)))
+        return LabelRuns(samples, np.cumsum(starts) - 1, owners[first], labels[first], counts)
+
     def label_counts(self) -> list[dict[int, int]]:
         """Each client's ``{label: count}``, labels in ascending order: the registry's input."""
-        counts = []
-        for indices in self.client_indices:
-            values, freq = np.unique(self.labels[indices], return_counts=True)
-            counts.append({int(v): int(c) for v, c in zip(values, freq)})
+        runs = self.label_runs()
+        counts: list[dict[int, int]] = [{} for _ in range(self.num_clients)]
+        for client, label, count in zip(
+            runs.clients.tolist(), runs.labels.tolist(), runs.counts.tolist()
+        ):
+            counts[client][int(label)] = count
         return counts
+
+    def run_placeholders(self, registry: RegistryResult, runs: LabelRuns) -> np.ndarray:
+        """The placeholder of every (client, label) group of ``runs``, from each client's map."""
+        maps = registry.client_maps
+        return np.array(
+            [
+                maps[client][int(label)]
+                for client, label in zip(runs.clients.tolist(), runs.labels.tolist())
+            ],
+            dtype=np.int64,
+        )
 
     def placeholder_counts(self, registry: RegistryResult) -> np.ndarray:
         """``(clients, placeholders)`` matrix of sample counts, from each client's own map."""
+        runs = self.label_runs()
         matrix = np.zeros((self.num_clients, registry.num_placeholders), dtype=np.int64)
-        for client, counts in enumerate(self.label_counts()):
-            for label, count in counts.items():
-                matrix[client, registry.client_maps[client][label]] = count
+        matrix[runs.clients, self.run_placeholders(registry, runs)] = runs.counts
         return matrix
 
     def sample_placeholders(self, registry: RegistryResult) -> np.ndarray:
         """Placeholder of every training sample (-1 for samples no client holds)."""
+        runs = self.label_runs()
         placeholders = np.full(len(self.labels), -1, dtype=np.int64)
-        for client, indices in enumerate(self.client_indices):
-            mapping = registry.client_maps[client]
-            lookup = np.vectorize(lambda label, m=mapping: m[int(label)], otypes=[np.int64])
-            placeholders[indices] = lookup(self.labels[indices])
+        placeholders[runs.samples] = self.run_placeholders(registry, runs)[runs.run]
         return placeholders
 
     def sample_clients(self) -> np.ndarray:
         """Client holding every training sample (-1 for samples no client holds)."""
-        owners = np.full(len(self.labels), -1, dtype=np.int64)
-        for client, indices in enumerate(self.client_indices):
-            owners[indices] = client
-        return owners
+        samples, owners = self.held_samples()
+        clients = np.full(len(self.labels), -1, dtype=np.int64)
+        clients[samples] = owners
+        return clients
 
 
 class SamplePools:
@@ -81,6 +139,11 @@ class SamplePools:
     placeholder is empty, :meth:`refill` may start a new pass over that placeholder's
     samples (a fresh shuffle of each client's pool), so a scheduled label never has to be
     dropped; samples drawn after a refill count as ``reused``.
+
+    The pools live in one array, grouped by (client, placeholder); per placeholder the
+    pools keep the ascending list of clients that still have a sample of it
+    (:attr:`available`), which is all the selection needs to read, so a draw never looks
+    at the clients holding nothing of the label.
 
     Parameters
     ----------
@@ -105,30 +168,70 @@ class SamplePools:
         rng: np.random.Generator,
         refill: bool = False,
     ) -> None:
-        shape = (federation.num_clients, num_placeholders)
+        num_clients = federation.num_clients
+        self.num_clients = num_clients
+        self.num_placeholders = num_placeholders
         self.rng = rng
         self.allow_refill = refill
-        self.pools: list[list[np.ndarray]] = []
-        self.remaining = np.zeros(shape, dtype=np.int64)
-        self.passes = np.zeros(num_placeholders, dtype=np.int64)
+        #: per placeholder, the passes started after the first (refills)
+        self.passes = [0] * num_placeholders
         self.reused = 0
-        for client, indices in enumerate(federation.client_indices):
-            by_placeholder = []
-            placeholders_of_client = sample_placeholders[indices]
-            for placeholder in range(num_placeholders):
-                pool = indices[placeholders_of_client == placeholder]
-                by_placeholder.append(rng.permutation(pool))
-                self.remaining[client, placeholder] = len(pool)
-            self.pools.append(by_placeholder)
+        samples, owners = federation.held_samples()
+        key = owners * num_placeholders + np.asarray(sample_placeholders)[samples]
+        # a stable sort keeps each client's own order within a pool
+        self.samples = samples[np.argsort(key, kind="stable")]
+        keys, sizes = np.unique(key, return_counts=True)
+        ends = np.cumsum(sizes)
+        # pools are shuffled client by client, placeholder by placeholder, in place (the
+        # draws of rng.permutation); a pool of fewer than two samples draws nothing from
+        # rng, so skipping those keeps every draw
+        for pool in np.flatnonzero(sizes >= 2).tolist():
+            rng.shuffle(self.samples[ends[pool] - sizes[pool] : ends[pool]])
+        # only the non-empty pools are kept: (client * U + placeholder) -> pool number
+        self.pool_of = {key: pool for pool, key in enumerate(keys.tolist())}
+        self.sizes: list[int] = sizes.tolist()
+        self.ends: list[int] = ends.tolist()
+        self.left: list[int] = sizes.tolist()
+        by_placeholder = np.argsort(keys % num_placeholders, kind="stable")
+        bounds = np.searchsorted(
+            (keys % num_placeholders)[by_placeholder], np.arange(num_placeholders + 1)
+        )
+        #: per placeholder, its non-empty pools in ascending client order
+        self.pools_of = [by_placeholder[bounds[p] : bounds[p + 1]] for p in range(num_placeholders)]
+        #: per placeholder, the ascending clients holding any sample of it
+        self.holders = [keys[pools] // num_placeholders for pools in self.pools_of]
+        #: per placeholder, the ascending clients with a sample of it left in this pass
+        self.available: list[list[int]] = [holders.tolist() for holders in self.holders]
+        #: per placeholder, how often :attr:`available` changed (selection caches read it)
+        self.changes = [0] * num_placeholders
+
+    def remaining_of(self, client: int, placeholder: int) -> int:
+        """Samples of ``placeholder`` left in ``client``'s pool in this pass."""
+        pool = self.pool_of.get(client * self.num_placeholders + placeholder)
+        return 0 if pool is None else self.left[pool]
+
+    @property
+    def remaining(self) -> np.ndarray:
+        """``(clients, placeholders)`` samples left in every pool (built on demand)."""
+        matrix = np.zeros((self.num_clients, self.num_placeholders), dtype=np.int64)
+        for key, pool in self.pool_of.items():
+            matrix[divmod(key, self.num_placeholders)] = self.left[pool]
+        return matrix
 
     def take(self, client: int, placeholder: int) -> int:
         """Draw the next sample of ``placeholder`` from ``client``'s pool."""
-        left = self.remaining[client, placeholder]
-        pool = self.pools[client][placeholder]
-        self.remaining[client, placeholder] = left - 1
+        pool = self.pool_of.get(client * self.num_placeholders + placeholder)
+        left = 0 if pool is None else self.left[pool]
+        if pool is None or left == 0:
+            raise IndexError(f"client {client} has no sample of placeholder {placeholder} left")
+        self.left[pool] = left - 1
         if self.passes[placeholder] > 0:
             self.reused += 1
-        return int(pool[len(pool) - left])
+        if left == 1:
+            available = self.available[placeholder]
+            del available[bisect_left(available, client)]
+            self.changes[placeholder] += 1
+        return int(self.samples[self.ends[pool] - left])
 
     def refill(self, placeholder: int) -> bool:
         """Start a new pass over ``placeholder``'s samples once all of them are used.
@@ -136,13 +239,15 @@ class SamplePools:
         Returns whether the pools now hold samples of it: ``False`` when refilling is
         off, when some pool still has samples, or when no client holds the placeholder.
         """
-        if not self.allow_refill or self.remaining[:, placeholder].any():
+        pools = self.pools_of[placeholder]
+        if not self.allow_refill or self.available[placeholder] or len(pools) == 0:
             return False
-        sizes = np.array([len(pools[placeholder]) for pools in self.pools])
-        if not sizes.any():
-            return False
-        for pools in self.pools:
-            pools[placeholder] = self.rng.permutation(pools[placeholder])
-        self.remaining[:, placeholder] = sizes
+        for pool in pools.tolist():
+            size, end = self.sizes[pool], self.ends[pool]
+            if size >= 2:  # smaller pools draw nothing (see __init__)
+                self.rng.shuffle(self.samples[end - size : end])
+            self.left[pool] = size
+        self.available[placeholder] = self.holders[placeholder].tolist()
+        self.changes[placeholder] += 1
         self.passes[placeholder] += 1
         return True

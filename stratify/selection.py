@@ -66,6 +66,14 @@ class Plan:
 class ClientSelector:
     """Chooses a client for a placeholder among those with a non-empty pool.
 
+    A draw reads only the pools' list of clients that still have a sample of the
+    placeholder (:attr:`SamplePools.available`), so its cost does not grow with the
+    clients holding nothing of it. The result is the same as drawing over all clients
+    with the empty ones masked out: uniform picks ``candidates[rng.integers(n)]`` from
+    the ascending candidates; weighted searches ``rng.random()`` times the total in the
+    cumulative weights, whose partial sums are the same floats with or without the
+    masked zeros in between.
+
     Parameters
     ----------
     placeholder_counts : numpy.ndarray
@@ -84,21 +92,39 @@ class ClientSelector:
             raise ConfigError(f"unknown selection {mode!r}; choose one of {', '.join(SELECTIONS)}")
         self.mode = mode
         safe_totals = np.maximum(np.asarray(global_counts, dtype=np.float64), 1.0)
-        self.weights = placeholder_counts / safe_totals[None, :]
+        # one row per placeholder, so a draw gathers its candidates' weights from one row
+        self.weights = np.ascontiguousarray((placeholder_counts / safe_totals[None, :]).T)
+        # placeholder -> (pools, their change count, candidates, cumulative weights): the
+        # cumulative weights change only when a client runs out of a label or it is refilled
+        self.cumulative: dict[int, tuple[SamplePools, int, np.ndarray, np.ndarray]] = {}
 
     def select(self, pools: SamplePools, placeholder: int, rng: np.random.Generator) -> int:
         """A client with a sample of ``placeholder`` left, or -1 if there is none."""
-        available = pools.remaining[:, placeholder] > 0
-        if self.mode == "uniform":
-            candidates = np.flatnonzero(available)
-            if len(candidates) == 0:
-                return -1
-            return int(candidates[rng.integers(len(candidates))])
-        weights = np.where(available, self.weights[:, placeholder], 0.0)
-        cumulative = np.cumsum(weights)
-        if cumulative[-1] <= 0:
+        candidates = pools.available[placeholder]
+        if not candidates:
             return -1
-        return int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        if self.mode == "uniform":
+            return candidates[rng.integers(len(candidates))]
+        clients, cumulative = self.weighted_candidates(pools, placeholder)
+        total = cumulative[-1]
+        if total <= 0:
+            return -1
+        pick = int(np.searchsorted(cumulative, rng.random() * total, side="right"))
+        # random() * total may round up to total itself; the last candidate then owns it
+        return int(clients[min(pick, len(clients) - 1)])
+
+    def weighted_candidates(
+        self, pools: SamplePools, placeholder: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The available clients of ``placeholder`` and their cumulative weights (cached)."""
+        cached = self.cumulative.get(placeholder)
+        changes = pools.changes[placeholder]
+        if cached is not None and cached[0] is pools and cached[1] == changes:
+            return cached[2], cached[3]
+        clients = np.asarray(pools.available[placeholder], dtype=np.int64)
+        cumulative = np.cumsum(self.weights[placeholder][clients])
+        self.cumulative[placeholder] = (pools, changes, clients, cumulative)
+        return clients, cumulative
 
 
 def select_or_refill(
@@ -146,7 +172,7 @@ def plan_single_sample(
     current = -1
     for position, placeholder in enumerate(schedule.tolist()):
         starts_chunk = position % chunk == 0
-        if starts_chunk or current < 0 or pools.remaining[current, placeholder] == 0:
+        if starts_chunk or current < 0 or pools.remaining_of(current, placeholder) == 0:
             current = select_or_refill(selector, pools, placeholder, rng)
             if current < 0:
                 continue

@@ -8,6 +8,7 @@ one step is taken per batch. Nothing is averaged, so :meth:`Stratify.aggregate` 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratify.errors import ConfigError
+from stratify.compiled import (
+    AUTO_COMPILE_AFTER_STEPS,
+    COMPILE_MODES,
+    STEPS_PER_CALL,
+    compiled_steps,
+)
+from stratify.errors import ConfigError, TrainingError
 from stratify.federation import SamplePools
 from stratify.nn.norm import client_split, has_batch_norm
 from stratify.options import StrategyOptions, option
@@ -94,6 +101,14 @@ class StratifyOptions(StrategyOptions):
         "A scheduled label whose samples are all used this epoch: start a new pass over "
         "them (refill), or drop the entry (skip).",
         choices=EXHAUSTED,
+    )
+    compile: str = option(
+        "auto",
+        "Single-sample steps as a compiled functional step (torch.compile): from the first "
+        f"epoch that starts after {AUTO_COMPILE_AFTER_STEPS:,} steps (auto, when the run is "
+        "long enough to repay the compile), always (on), or never (off).",
+        choices=COMPILE_MODES,
+        modes=("single-sample",),
     )
 
 
@@ -208,6 +223,8 @@ class Stratify(Strategy):
     options_class = StratifyOptions
     default_lr_schedule = "inverse-epoch"
     options: StratifyOptions
+    #: single-sample steps per compiled call (K)
+    steps_per_call = STEPS_PER_CALL
 
     def lr_schedule_for(self, mode: str) -> str:
         """``inverse-epoch`` for batch-of-one steps; ``constant`` for global batches, where
@@ -233,6 +250,10 @@ class Stratify(Strategy):
         self.optimizer = torch.optim.SGD(
             context.model.parameters(), lr=context.lr, momentum=self.options.momentum, foreach=True
         )
+        #: single-sample steps made so far in the run: ``--compile auto`` reads it, and the
+        #: checkpoint keeps it, so a resumed run switches at the same epoch
+        self.steps_made = 0
+        self.compile_failed = False
         self.batch_norm = has_batch_norm(context.model)
         if self.batch_norm and context.mode == "batch" and self.options.batch_labels < 2:
             raise ConfigError(
@@ -301,8 +322,31 @@ class Stratify(Strategy):
         return [ClientUpdate(client=-1, num_samples=len(plan.samples), stats=stats)]
 
     def execute_single_sample(self, context: Context, samples: np.ndarray) -> RoundStats:
-        """One SGD step per sample along the plan (:func:`single_sample_sgd`), reporting
-        progress every :data:`PROGRESS_EVERY` samples."""
+        """One SGD step per sample, batch of one: the latency-bound hot loop.
+
+        Runs :meth:`execute_compiled` where ``--compile`` asks for it (see
+        :meth:`uses_compiled_step`), otherwise :meth:`execute_eager`, the reference.
+        """
+        if self.uses_compiled_step(context):
+            stats = self.execute_compiled(context, samples)
+        else:
+            stats = self.execute_eager(context, samples)
+        self.steps_made += len(samples)
+        return stats
+
+    def uses_compiled_step(self, context: Context) -> bool:
+        """Whether the next single-sample epoch runs compiled: always with ``--compile on``,
+        with ``auto`` once the run has made :data:`AUTO_COMPILE_AFTER_STEPS` steps."""
+        mode = self.options.compile
+        if mode == "off" or self.compile_failed:
+            return False
+        if not all(parameter.requires_grad for parameter in context.model.parameters()):
+            return False  # the compiled step updates every parameter
+        return mode == "on" or self.steps_made >= AUTO_COMPILE_AFTER_STEPS
+
+    def execute_eager(self, context: Context, samples: np.ndarray) -> RoundStats:
+        """The eager single-sample loop (:func:`single_sample_sgd`), the reference for the
+        compiled step, reporting progress every :data:`PROGRESS_EVERY` samples."""
         losses: list[torch.Tensor] = []
         indices = samples.tolist()
         for block_start in range(0, len(indices), PROGRESS_EVERY):
@@ -315,6 +359,74 @@ class Stratify(Strategy):
         if losses:
             stats.loss_sum = float(torch.stack(losses).sum())
         return stats
+
+    def execute_compiled(self, context: Context, samples: np.ndarray) -> RoundStats:
+        """The single-sample loop as compiled calls of :attr:`steps_per_call` steps each
+        (:mod:`stratify.compiled`); the last ``len % K`` samples run eagerly.
+
+        The parameters and the optimizer's momentum buffers are updated in place, so the
+        eager loop, the checkpoint and a later eager epoch see the same state. The sample
+        indices go to the device once and each call reads its ``K`` from that tensor. If
+        a call fails to compile (a missing C compiler, say), ``--compile on`` stops with
+        a one-line error and ``auto`` continues eagerly from that sample on.
+        """
+        model, steps_per_call = context.model, self.steps_per_call
+        momentum = self.options.momentum
+        steps = compiled_steps(model, steps_per_call, momentum > 0)
+        parameters = [parameter.detach() for parameter in model.parameters()]
+        buffers = [buffer.detach() for buffer in model.buffers()]
+        velocities = self.momentum_buffers(model) if momentum > 0 else []
+        tensors = (parameters, buffers, velocities, context.x_train, context.y_train)
+        dtype, device = parameters[0].dtype, context.device
+        lr = torch.tensor(context.lr, dtype=dtype, device=device)
+        beta = torch.tensor(momentum, dtype=dtype, device=device)
+        index = torch.as_tensor(samples, dtype=torch.int64, device=device)
+        compiled_count = len(samples) - len(samples) % steps_per_call
+        block_size = max(PROGRESS_EVERY - PROGRESS_EVERY % steps_per_call, steps_per_call)
+        losses: list[torch.Tensor] = []
+        done = 0
+        try:
+            for block_start in range(0, compiled_count, block_size):
+                block_stop = min(block_start + block_size, compiled_count)
+                for start in range(block_start, block_stop, steps_per_call):
+                    chunk = index[start : start + steps_per_call]
+                    losses.append(steps(*tensors, chunk, lr, beta))
+                    done = start + steps_per_call
+                context.progress(block_stop - block_start)
+        except Exception as error:  # a failed call has not touched the tensors
+            self.give_up_compiling(error)
+        stats = RoundStats(steps=done, loss_count=done)
+        if losses:
+            stats.loss_sum = float(torch.cat(losses).sum())
+        if done < len(samples):
+            stats.add(self.execute_eager(context, samples[done:]))
+        return stats
+
+    def give_up_compiling(self, error: Exception) -> None:
+        """``--compile on``: a one-line error; ``auto``: a warning, and eager from now on."""
+        reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+        if self.options.compile == "on":
+            raise TrainingError(
+                f"--compile on: the compiled step failed ({reason}); use --compile off"
+            ) from None
+        warnings.warn(
+            f"--compile auto: the compiled step failed ({reason}); continuing eagerly",
+            stacklevel=3,
+        )
+        self.compile_failed = True
+
+    def momentum_buffers(self, model: nn.Module) -> list[torch.Tensor]:
+        """The optimizer's momentum buffers, created as zeros where it has none yet: one
+        step from zero (``m·0 + g``) equals the optimizer's first step, which copies ``g``."""
+        buffers = []
+        for parameter in model.parameters():
+            state = self.optimizer.state[parameter]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(
+                    parameter, memory_format=torch.preserve_format
+                )
+            buffers.append(state["momentum_buffer"].detach())
+        return buffers
 
     def execute_global_batches(self, context: Context, plan: Plan) -> RoundStats:
         """One optimizer step per global batch: the sum of client gradients divided by B."""
@@ -342,8 +454,9 @@ class Stratify(Strategy):
     # -- checkpoint -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+        return {"optimizer": self.optimizer.state_dict(), "steps_made": self.steps_made}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_made = int(state.get("steps_made", 0))

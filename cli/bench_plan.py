@@ -1,0 +1,122 @@
+"""`stratify bench plan`: what planning an epoch costs as the number of clients grows.
+
+Each cell (partition × clients) runs in a fresh spawned process, so its peak resident
+memory is its own: load the data, split it, register the labels and set up the strategy
+(once per run), plan one epoch (SLS, pools, selection: once per epoch) and train that epoch,
+whose wall time the planning is compared with.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stratify.config import TrainConfig
+from stratify.data.datasets import load_dataset
+from stratify.data.partition import partition
+from stratify.errors import StratifyError
+from stratify.experiment import build_experiment
+from stratify.federation import Federation
+from stratify.strategy import Stratify
+
+#: seconds one cell may take (a Dirichlet split that cannot meet its minimum size retries
+#: up to 1,000 times before it gives up)
+CELL_TIMEOUT = 3600
+
+
+@dataclass(frozen=True)
+class PlanCell:
+    """One cell of the table, in plain values (spawn pickles it)."""
+
+    dataset: str
+    data_dir: str | None
+    dataset_options: tuple[tuple[str, str], ...]
+    spec: str
+    clients: int
+    min_size: int | None
+    chunk: int
+    selection: str
+    train: bool
+
+
+def resident_mb() -> float:
+    """Peak resident memory of this process so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_cell(cell: PlanCell) -> dict[str, Any]:
+    """Split, set up, plan and (optionally) train one epoch; times and memory of each."""
+    row: dict[str, Any] = {"partition": cell.spec, "clients": cell.clients}
+    data = load_dataset(
+        cell.dataset, data_dir=cell.data_dir, device="cpu", seed=0, **dict(cell.dataset_options)
+    )
+    row["samples"] = len(data.train_labels)
+    row["data_rss_mb"] = resident_mb()
+    start = time.perf_counter()
+    indices = partition(data.train_labels, cell.clients, cell.spec, seed=0, min_size=cell.min_size)
+    federation = Federation(indices, data.train_labels)
+    row["partition_s"] = time.perf_counter() - start
+    config = TrainConfig(
+        dataset=cell.dataset,
+        partition=cell.spec,
+        clients=cell.clients,
+        secure=False,
+        seed=0,
+        options={"chunk": cell.chunk, "selection": cell.selection},
+    )
+    # one-off costs that are not planning: torch's lazy imports on the first model and
+    # optimizer, paid here on a one-client federation
+    build_experiment(config, dataset=data, federation=Federation([indices[0]], data.train_labels))
+    start = time.perf_counter()
+    router = build_experiment(config, dataset=data, federation=federation).router
+    row["setup_ms"] = 1000 * (time.perf_counter() - start)
+    strategy = router.strategy
+    assert isinstance(strategy, Stratify)
+    start = time.perf_counter()
+    plan = strategy.plan_epoch(router.context, router.epoch_rng(1))
+    row["plan_ms"] = 1000 * (time.perf_counter() - start)
+    row["entries"] = len(plan.samples) + plan.skipped
+    row["pairs"] = int((federation.placeholder_counts(router.registry) > 0).sum())
+    row["transfers"] = plan.transfers
+    row["plan_rss_mb"] = resident_mb()
+    if cell.train:
+        start = time.perf_counter()
+        router.run_epoch(1)  # plans the same epoch again, then trains it
+        row["epoch_s"] = time.perf_counter() - start
+        row["share"] = (row["setup_ms"] + row["plan_ms"]) / 1000 / row["epoch_s"]
+    row["peak_rss_mb"] = resident_mb()
+    return row
+
+
+def cell_process(cell: PlanCell, results) -> None:
+    try:
+        results.put(measure_cell(cell))
+    except StratifyError as error:  # reported as the cell's row: e.g. too many clients
+        results.put({"partition": cell.spec, "clients": cell.clients, "error": str(error)})
+    except BaseException as error:
+        results.put(
+            {
+                "partition": cell.spec,
+                "clients": cell.clients,
+                "error": f"{type(error).__name__}: {error}",
+            }
+        )
+
+
+def run_cell(cell: PlanCell) -> dict[str, Any]:
+    """:func:`measure_cell` in a fresh spawned process."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=cell_process, args=(cell, results))
+    process.start()
+    try:
+        return results.get(timeout=CELL_TIMEOUT)
+    except Exception:
+        return {"partition": cell.spec, "clients": cell.clients, "error": "no result (timeout)"}
+    finally:
+        process.join(timeout=60)
+        if process.is_alive():
+            process.terminate()

@@ -1,0 +1,360 @@
+"""`stratify bench steps`: the engine's single-sample loop against plain eager PyTorch loops,
+checked to do the same work, and many runs at once on worker processes.
+
+Every loop starts from the same initial weights and steps through the same samples (the
+epoch-1 plan of seed 0). The check compares weights every ``check_every`` steps: each loop
+runs a segment from the reference loop's weights at its start and must end where the
+reference ended. Comparing only at the very end would not work: batch-of-one SGD amplifies
+float rounding, and loops with different kernels drift apart after a few thousand steps
+even when they make exactly the same updates (docs/architecture.md, "Performance").
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stratify.backend import Timer, configure_cpu_for_single_sample
+from stratify.config import TrainConfig
+from stratify.data.datasets import Dataset, load_dataset
+from stratify.errors import StratifyError
+from stratify.experiment import build_experiment
+from stratify.router import Router
+from stratify.state import State, clone_state, load_into
+from stratify.strategy import Stratify
+
+#: a loop matches the reference when, at every check, its weights differ from the
+#: reference's by at most this share of how far the reference moved in the segment;
+#: float rounding stays near 1e-5 of it, one step left out or reordered is ~1e-2 or more
+MATCH_TOLERANCE = 1e-3
+
+#: seconds the workers may take to load the data and compile before the timed phase
+WORKER_START_TIMEOUT = 900
+
+
+class BenchmarkError(StratifyError):
+    """A benchmark whose loops did not do the same work, or whose workers failed."""
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """The process-wide CPU settings a loop runs under: threads and oneDNN."""
+
+    threads: int
+    mkldnn: bool
+
+    @classmethod
+    def current(cls) -> BackendSettings:
+        return cls(torch.get_num_threads(), bool(torch.backends.mkldnn.enabled))
+
+    def apply(self) -> None:
+        torch.set_num_threads(self.threads)
+        torch.backends.mkldnn.enabled = self.mkldnn  # type: ignore[assignment]
+
+
+def eager_loop(model: nn.Module, x_train, y_train, samples: np.ndarray, lr: float) -> None:
+    """What a plain PyTorch user writes: index, zero_grad, forward, backward, step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for index in samples.tolist():
+        x = x_train[index].unsqueeze(0)
+        y = y_train[index].unsqueeze(0)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+
+def bench_router(
+    data: Dataset,
+    *,
+    spec: str,
+    clients: int,
+    model_name: str,
+    seed: int,
+    lr: float,
+    compile_mode: str,
+    chunk: int = 5,
+) -> Router:
+    """A single-sample Stratify router on ``data`` (plain registry: no CKKS set-up cost)."""
+    config = TrainConfig(
+        dataset=data.name,
+        partition=spec,
+        clients=clients,
+        model=model_name,
+        lr=lr,
+        lr_schedule="constant",
+        seed=seed,
+        secure=False,
+        options={"chunk": chunk, "compile": compile_mode},
+    )
+    return build_experiment(config, dataset=data).router
+
+
+def bench_samples(router: Router, steps: int) -> np.ndarray:
+    """``steps`` sample indices: the epoch-1 plan of the router's seed, repeated as needed."""
+    strategy = router.strategy
+    assert isinstance(strategy, Stratify)
+    plan = strategy.plan_epoch(router.context, router.epoch_rng(1))
+    return np.resize(plan.samples, steps)
+
+
+def parameters_of(model: nn.Module) -> State:
+    return clone_state(dict(model.named_parameters()))
+
+
+def largest_difference(first: State, second: State) -> float:
+    return max(float((first[key] - second[key]).abs().max()) for key in first)
+
+
+@dataclass
+class TimedLoop:
+    """One loop of the benchmark: how to run some steps, its settings, what it measured."""
+
+    name: str
+    model: nn.Module
+    settings: BackendSettings
+    run: Callable[[np.ndarray], Any]
+    seconds: float = 0.0
+    max_difference: float = 0.0
+    worst_share: float = 0.0
+    #: timed segments that agreed only once re-checked in smaller pieces
+    rechecked: int = 0
+
+    def timed(self, samples: np.ndarray, device: torch.device) -> None:
+        self.settings.apply()
+        with Timer(device) as timer:
+            self.run(samples)
+        self.seconds += timer.seconds
+
+    def untimed_from(self, state: State, samples: np.ndarray) -> State:
+        """Run ``samples`` from ``state`` (not timed); the parameters at the end."""
+        load_into(self.model, state)
+        self.settings.apply()
+        self.run(samples)
+        return parameters_of(self.model)
+
+    def steps_per_s(self, steps: int) -> float:
+        return steps / self.seconds
+
+
+def share_of_movement(ours: State, theirs: State, start: State) -> tuple[float, float]:
+    """``max |w_ours − w_theirs|`` and its share of ``max |w_theirs − w_start|``."""
+    difference = largest_difference(ours, theirs)
+    return difference, difference / max(largest_difference(theirs, start), 1e-30)
+
+
+class SegmentCheck:
+    """Whether a loop made the reference's updates over a segment, from the same start.
+
+    A segment that disagrees is checked again in halves, each from the reference's own
+    weights at the start of the half, down to ``minimum`` steps. Rounding differences of
+    1e-7 occasionally flip a near-tie (a max-pool window, a ReLU at zero) somewhere in a
+    long segment and the runs part; the halves then agree, because less rounding has
+    accumulated. A loop that does other work (a step left out, another sample) disagrees
+    in every piece that contains the difference, down to the smallest.
+
+    Parameters
+    ----------
+    reference_from : callable
+        ``reference_from(state, samples)``: the reference loop's parameters after
+        ``samples`` from ``state`` (run untimed on a copy of its model).
+    minimum : int
+        Smallest piece, in steps (the compiled step's ``K``: pieces stay whole calls).
+    """
+
+    def __init__(self, reference_from: Callable[[State, np.ndarray], State], minimum: int) -> None:
+        self.reference_from = reference_from
+        self.minimum = minimum
+
+    def agrees(self, loop: TimedLoop, start: State, samples: np.ndarray, end: State) -> bool:
+        """Compare ``loop``'s weights now, after ``samples`` from ``start``, with ``end``
+        (the reference's); records the differences it accepts, or the one that fails."""
+        difference, share = share_of_movement(parameters_of(loop.model), end, start)
+        if share <= MATCH_TOLERANCE or len(samples) <= self.minimum:
+            loop.max_difference = max(loop.max_difference, difference)
+            loop.worst_share = max(loop.worst_share, share)
+            return share <= MATCH_TOLERANCE
+        half = max(len(samples) // 2 // self.minimum * self.minimum, self.minimum)
+        middle = self.reference_from(start, samples[:half])
+        loop.untimed_from(start, samples[:half])
+        if not self.agrees(loop, start, samples[:half], middle):
+            return False
+        loop.untimed_from(middle, samples[half:])
+        return self.agrees(loop, middle, samples[half:], end)
+
+
+def checked_comparison(
+    router: Router,
+    samples: np.ndarray,
+    *,
+    check_every: int,
+    lr: float,
+    default: BackendSettings,
+) -> tuple[list[TimedLoop], float | None, bool]:
+    """Time the default eager loop (the reference), the tuned eager loop and the engine
+    segment by segment on ``samples``; returns the loops, the compile seconds and whether
+    every segment of every loop agreed with the reference (:class:`SegmentCheck`).
+
+    The router's process settings (set when it was built) are the tuned ones; ``default``
+    are torch's own, recorded before.
+    """
+    strategy = router.strategy
+    assert isinstance(strategy, Stratify)
+    context, device = router.context, router.device
+    x_train, y_train = context.x_train, context.y_train
+    tuned = BackendSettings.current()
+    initial = parameters_of(router.model)
+    reference_model, tuned_model = copy.deepcopy(router.model), copy.deepcopy(router.model)
+    reference = TimedLoop(
+        "eager PyTorch loop",
+        reference_model,
+        default,
+        lambda part: eager_loop(reference_model, x_train, y_train, part, lr),
+    )
+    tuned_loop = TimedLoop(
+        "eager PyTorch loop, tuned",
+        tuned_model,
+        tuned,
+        lambda part: eager_loop(tuned_model, x_train, y_train, part, lr),
+    )
+    compiled = strategy.uses_compiled_step(context)
+    engine = TimedLoop(
+        "engine, compiled step" if compiled else "engine, eager step",
+        router.model,
+        tuned,
+        lambda part: strategy.execute_single_sample(context, part),
+    )
+    scratch = copy.deepcopy(router.model)
+
+    def reference_from(state: State, part: np.ndarray) -> State:
+        load_into(scratch, state)
+        default.apply()
+        eager_loop(scratch, x_train, y_train, part, lr)
+        return parameters_of(scratch)
+
+    # warm-up on copies (and the engine's compile), then every loop starts from `initial`
+    warm = samples[: max(64, 4 * strategy.steps_per_call)]
+    for loop in (reference, tuned_loop):
+        loop.settings.apply()
+        eager_loop(copy.deepcopy(loop.model), x_train, y_train, warm, lr)
+    tuned.apply()
+    with Timer(device) as compile_timer:
+        strategy.execute_single_sample(context, warm)
+    load_into(router.model, initial)
+    check = SegmentCheck(reference_from, minimum=strategy.steps_per_call)
+    agreed = True
+    start_state = initial
+    for start in range(0, len(samples), check_every):
+        part = samples[start : start + check_every]
+        reference.timed(part, device)
+        end_state = parameters_of(reference.model)
+        for loop in (tuned_loop, engine):
+            load_into(loop.model, start_state)
+            loop.timed(part, device)
+            first_try = share_of_movement(parameters_of(loop.model), end_state, start_state)
+            if first_try[1] > MATCH_TOLERANCE:
+                loop.rechecked += 1
+            agreed = check.agrees(loop, start_state, part, end_state) and agreed
+        start_state = end_state
+    return [reference, tuned_loop, engine], compile_timer.seconds if compiled else None, agreed
+
+
+# -- many runs at once -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a worker process needs to build its runs (plain values: spawn pickles them)."""
+
+    dataset: str
+    data_dir: str | None
+    spec: str
+    clients: int
+    model_name: str
+    lr: float
+    compile_mode: str
+    steps: int
+    seeds: tuple[int, ...]
+
+
+def seed_worker(job: WorkerJob, worker: int, barrier, results) -> None:
+    """A single-thread worker: load the data once, build and warm up one run per seed,
+    wait for the others, then run ``steps`` engine steps of every seed, timed."""
+    try:
+        configure_cpu_for_single_sample()
+        started = time.perf_counter()
+        data = load_dataset(job.dataset, data_dir=job.data_dir, device="cpu")
+        runs = []
+        for seed in job.seeds:
+            router = bench_router(
+                data,
+                spec=job.spec,
+                clients=job.clients,
+                model_name=job.model_name,
+                seed=seed,
+                lr=job.lr,
+                compile_mode=job.compile_mode,
+            )
+            samples = bench_samples(router, job.steps)
+            strategy = router.strategy
+            assert isinstance(strategy, Stratify)
+            # warm-up (the first run compiles, from inductor's cache; the others reuse it)
+            strategy.execute_single_sample(router.context, samples[: 4 * strategy.steps_per_call])
+            runs.append((strategy, router.context, samples))
+        ready = time.perf_counter() - started
+        barrier.wait(timeout=WORKER_START_TIMEOUT)
+        start = time.perf_counter()
+        for strategy, context, samples in runs:
+            strategy.execute_single_sample(context, samples)
+        results.put((worker, time.perf_counter() - start, ready, None))
+    except BaseException as error:  # the parent reports it in one line
+        barrier.abort()
+        results.put((worker, 0.0, 0.0, f"{type(error).__name__}: {error}"))
+
+
+def parallel_seeds(job: WorkerJob, workers: int) -> dict[str, float]:
+    """Run ``job.seeds`` on ``workers`` spawned single-thread processes (seed ``s`` on worker
+    ``s mod workers``); time from the moment all are ready until the last one finishes."""
+    context = multiprocessing.get_context("spawn")
+    workers = min(workers, len(job.seeds))
+    barrier = context.Barrier(workers + 1)
+    results = context.Queue()
+    processes = []
+    for worker in range(workers):
+        own = WorkerJob(**{**job.__dict__, "seeds": job.seeds[worker::workers]})
+        process = context.Process(target=seed_worker, args=(own, worker, barrier, results))
+        process.start()
+        processes.append(process)
+    try:
+        try:
+            barrier.wait(timeout=WORKER_START_TIMEOUT)
+        except Exception:
+            pass  # a failed worker broke the barrier; its message is in the queue
+        start = time.perf_counter()
+        reports = [results.get(timeout=WORKER_START_TIMEOUT * 4) for _ in range(workers)]
+        wall = time.perf_counter() - start
+    except queue.Empty:
+        raise BenchmarkError("a benchmark worker stopped without reporting") from None
+    finally:
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.terminate()
+    failures = [message for _, _, _, message in reports if message]
+    if failures:
+        raise BenchmarkError(f"a benchmark worker failed: {failures[0]}")
+    return {
+        "model_steps_per_s": len(job.seeds) * job.steps / wall,
+        "wall_seconds": wall,
+        "slowest_start_seconds": max(ready for _, _, ready, _ in reports),
+    }
