@@ -391,3 +391,14 @@ def test_ray_runs_a_two_cell_grid_as_local_workers_do(tiny, tmp_path):
     assert accuracy_columns(tmp_path / "ray" / "results.csv") == accuracy_columns(
         tmp_path / "local" / "results.csv"
     )
+
+
+def test_defaults_grid_runs_stratify_single_sample_and_the_others_in_batch(tmp_path):
+    cells, notes = plan_cells(GRIDS["defaults"], Settings(seeds=(0,)), tmp_path)
+    assert notes == []
+    modes = {cell.column.key: cell.config.mode for cell in cells}
+    assert modes.pop("stratify") == "single-sample"
+    assert set(modes.values()) == {"batch"}
+    assert {cell.row.key for cell in cells} == {"classes-1", "classes-3", "dirichlet-0-5", "iid"}
+    fedbss = next(cell for cell in cells if cell.column.key == "fedbss")
+    assert fedbss.config.options == {"client_fraction": 1.0}
