@@ -54,3 +54,16 @@ def shared_data_dir() -> str:
             pytest.fail(message)
         pytest.skip(message)
     return str(SHARED_DATA)
+
+
+def assert_refused_in_one_line(capsys, command: list[str], message: str, out: Path) -> None:
+    """``stratify COMMAND`` exits with code 2, one line on stderr holding ``message``,
+    and creates no run folder ``out``."""
+    from stratify.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(command)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()

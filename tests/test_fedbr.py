@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import assert_refused_in_one_line
 from torch import nn
 
 from stratify.baselines.fedbr import (
@@ -343,12 +344,7 @@ def test_bad_fedbr_options_are_one_line_exit_2(tmp_path, capsys, arguments, mess
     command = ["train", "--algorithm", "fedbr", "--no-secure", "--out", str(tmp_path / "x")]
     if "--mode" not in arguments:
         command += ["--mode", "batch"]
-    with pytest.raises(SystemExit) as exit_info:
-        main([*command, *arguments])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0], err
-    assert not (tmp_path / "x").exists()
+    assert_refused_in_one_line(capsys, [*command, *arguments], message, tmp_path / "x")
 
 
 def test_the_mixture_mixes_each_pseudo_sample_with_local_samples_of_the_batch():

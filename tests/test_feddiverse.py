@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import assert_refused_in_one_line
 from torch import nn
 
 from stratify.baselines.feddiverse import (
@@ -451,12 +452,7 @@ def test_bad_feddiverse_options_are_one_line_exit_2(tmp_path, capsys, arguments,
     command = ["train", "--algorithm", "feddiverse", "--no-secure", "--out", str(tmp_path / "x")]
     if "--mode" not in arguments:
         command += ["--mode", "batch"]
-    with pytest.raises(SystemExit) as exit_info:
-        main([*command, *arguments])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0], err
-    assert not (tmp_path / "x").exists()
+    assert_refused_in_one_line(capsys, [*command, *arguments], message, tmp_path / "x")
 
 
 def test_dht_known_is_refused_on_data_without_attributes():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_refused_in_one_line
 from torch import nn
 
 from stratify.baselines.common import participants
@@ -305,9 +306,5 @@ def test_lfd_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     ],
 )
 def test_bad_lfd_input_is_one_line(tmp_path, capsys, arguments, message):
-    with pytest.raises(SystemExit) as exit_info:
-        main([*DIGITS, "--epochs", "1", "--out", str(tmp_path / "run"), *arguments])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and message in err, err
-    assert not (tmp_path / "run").exists()
+    command = [*DIGITS, "--epochs", "1", "--out", str(tmp_path / "run"), *arguments]
+    assert_refused_in_one_line(capsys, command, message, tmp_path / "run")
