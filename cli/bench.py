@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -72,6 +73,24 @@ THREADS = click.option(
 )
 
 
+def split_options(dataset: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options every benchmark that splits a dataset takes: ``--dataset`` (default
+    ``dataset``), ``--data-dir``, ``--partition`` and ``--clients``."""
+    options = (
+        click.option("--dataset", default=dataset, show_default=True),
+        DATA_DIR,
+        click.option("--partition", "spec", default="dirichlet:0.5", show_default=True),
+        click.option("--clients", default=10, show_default=True, type=int),
+    )
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
 def set_threads(threads: int | None) -> None:
     if threads is not None:
         torch.set_num_threads(check_positive_int(threads, "--threads"))
@@ -116,10 +135,7 @@ def bench() -> None:
 
 
 @bench.command("transfers")
-@click.option("--dataset", default="mnist-10k", show_default=True)
-@DATA_DIR
-@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
-@click.option("--clients", default=10, show_default=True, type=int)
+@split_options(dataset="mnist-10k")
 @click.option("--chunks", default="1,5,50,150", show_default=True)
 @click.option(
     "--seeds",
@@ -161,10 +177,7 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
 
 
 @bench.command("steps")
-@click.option("--dataset", default="digits", show_default=True)
-@DATA_DIR
-@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
-@click.option("--clients", default=10, show_default=True, type=int)
+@split_options(dataset="digits")
 @click.option("--model", "model_name", default="cnn", show_default=True)
 @click.option("--steps", default=4096, show_default=True, type=int, help="Steps of every loop.")
 @click.option(
@@ -400,10 +413,7 @@ def plan(
 
 
 @bench.command("batch")
-@click.option("--dataset", default="digits", show_default=True)
-@DATA_DIR
-@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
-@click.option("--clients", default=10, show_default=True, type=int)
+@split_options(dataset="digits")
 @click.option("--model", "model_name", default="cnn", show_default=True)
 @click.option("--norm", default="bn", show_default=True)
 @click.option("--batch-labels", default=64, show_default=True, type=int)
@@ -484,10 +494,7 @@ def batch(
 
 
 @bench.command("rounds")
-@click.option("--dataset", default="digits", show_default=True)
-@DATA_DIR
-@click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
-@click.option("--clients", default=10, show_default=True, type=int)
+@split_options(dataset="digits")
 @click.option("--algorithms", default="fedavg,fedprox", show_default=True)
 @click.option("--rounds", default=3, show_default=True, type=int)
 @click.option(
