@@ -112,7 +112,17 @@ def test_table1_is_the_papers_table_on_mnist(tmp_path):
     } == {("mnist-10k", "single-sample", 30)}
     assert {c.config.mode for c in cells if c.config.algorithm in SEED_METHODS} <= {"batch"}
     labels = {column.key: column.label for column in GRIDS["table1"].columns}
-    assert labels["fedbss"] == "FedBSS (batch)" and labels["fedavgm"] == "FedAvgM"
+    assert labels["fedbss"] == "FedBSS (batch, C=1)" and labels["fedavgm"] == "FedAvgM"
+    assert labels["lfd"] == "LfD (batch)"
+
+
+@pytest.mark.parametrize("grid", ["table1", "defaults", "seed-methods"])
+def test_fedbss_trains_every_client_like_the_other_columns(tmp_path, grid):
+    # its paper's 10% of 100 clients would be one client a round out of a grid's 10
+    cells, _ = plan_cells(GRIDS[grid], Settings(seeds=(0,)), tmp_path)
+    fedbss = [cell for cell in cells if cell.column.key == "fedbss"]
+    assert fedbss and all(cell.config.options == {"client_fraction": 1.0} for cell in fedbss)
+    assert {cell.config.mode for cell in fedbss} == {"batch"}
 
 
 def test_settings_override_the_grid(tmp_path):
