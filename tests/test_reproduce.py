@@ -395,7 +395,9 @@ def test_ray_runs_a_two_cell_grid_as_local_workers_do(tiny, tmp_path):
         )
     finally:
         ray.shutdown()
-    assert [r.status for r in report.results] == ["finished", "finished"]
+    assert [r.status for r in report.results] == ["finished", "finished"], [
+        r.message for r in report.results
+    ]
     assert sorted(s for _, s in statuses(phases["tiny"])) == ["finished", "finished"]
     reproduce("tiny", tmp_path / "local", settings, backend=LocalBackend(1))
     assert accuracy_columns(tmp_path / "ray" / "results.csv") == accuracy_columns(
