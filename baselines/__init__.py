@@ -1,1 +1,1 @@
-"""Comparison methods, each a strategy of the Stratify router."""
+"""Comparison methods, each a strategy run by the same engine as Stratify."""

@@ -1,12 +1,11 @@
 """Pieces shared by the averaging baselines: their options, client sampling, averaging math.
 
 The math lives in pure functions over ``{name: tensor}`` dictionaries so the tests can
-check it against hand-computed values without a router.
+check it against hand-computed values without a engine.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -49,10 +48,10 @@ class LocalTrainingOptions(StrategyOptions):
     )
     local_batch_size: int | None = option(
         None,
-        "Local mini-batch size "
-        f"[default: 1 in single-sample mode, {DEFAULT_BATCH_SIZE} in batch mode].",
+        "Local mini-batch size.",
         check=check_positive_int,
         cli_type=int,
+        per_mode={"single-sample": 1, "batch": DEFAULT_BATCH_SIZE},
     )
     local_momentum: float | None = option(
         0.0, "SGD momentum of the clients' local optimizer, in [0, 1).", check=check_momentum
@@ -62,18 +61,13 @@ class LocalTrainingOptions(StrategyOptions):
     )
 
     def for_mode(self: LocalOptionsT, mode: str) -> LocalOptionsT:
-        """Single-sample learning trains on batches of one, so only ``None`` or 1 fit it;
-        batch-data learning defaults to :data:`DEFAULT_BATCH_SIZE`."""
-        if mode == "single-sample":
-            if self.local_batch_size not in (None, 1):
-                raise ConfigError(
-                    f"--local-batch-size {self.local_batch_size} does not fit --mode "
-                    f"single-sample (local updates use one sample); use --mode batch"
-                )
-            return dataclasses.replace(self, local_batch_size=1)
-        if self.local_batch_size is None:
-            return dataclasses.replace(self, local_batch_size=DEFAULT_BATCH_SIZE)
-        return self
+        """Single-sample learning trains on batches of one, so only ``None`` or 1 fit it."""
+        if mode == "single-sample" and self.local_batch_size not in (None, 1):
+            raise ConfigError(
+                f"--local-batch-size {self.local_batch_size} does not fit --mode "
+                f"single-sample (local updates use one sample); use --mode batch"
+            )
+        return super().for_mode(mode)
 
 
 @dataclass

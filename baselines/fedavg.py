@@ -14,7 +14,6 @@ The base class of the averaging baselines. Its hooks, each overridden by one var
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,10 +29,9 @@ from stratify.baselines.common import (
     weighted_average,
 )
 from stratify.client import GradientHook, LocalResult, LossFunction, cross_entropy_loss
-from stratify.options import option
-from stratify.router import ClientUpdate, Context, Round, RoundStats, Strategy
+from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
+from stratify.options import inherit, option
 from stratify.state import State, buffer_names, clone_state, load_into, parameter_names
-from stratify.validation import check_momentum, check_positive_int
 
 #: NIID-Bench's local training in batch mode: 10 local epochs, SGD momentum 0.9.
 BATCH_LOCAL_EPOCHS = 10
@@ -54,19 +52,9 @@ class FedAvgOptions(ClientSamplingOptions):
 
     algorithm = "fedavg"
 
-    local_epochs: int | None = option(
-        None,
-        "Passes E over its own data a client makes per round "
-        f"[default: {BATCH_LOCAL_EPOCHS} in batch mode, 1 in single-sample mode].",
-        check=check_positive_int,
-        cli_type=int,
-    )
-    local_momentum: float | None = option(
-        None,
-        "SGD momentum of the clients' local optimizer, in [0, 1) "
-        f"[default: {BATCH_LOCAL_MOMENTUM} in batch mode, 0 in single-sample mode].",
-        check=check_momentum,
-        cli_type=float,
+    local_epochs: int | None = inherit(per_mode={"batch": BATCH_LOCAL_EPOCHS, "single-sample": 1})
+    local_momentum: float | None = inherit(
+        per_mode={"batch": BATCH_LOCAL_MOMENTUM, "single-sample": 0.0}
     )
 
     bn_buffers: str = option(
@@ -74,16 +62,6 @@ class FedAvgOptions(ClientSamplingOptions):
         "BatchNorm running statistics: averaged like the parameters, or kept by each client.",
         choices=tuple(BN_BUFFER_MODES),
     )
-
-    def for_mode(self: FedAvgOptionsT, mode: str) -> FedAvgOptionsT:
-        options = super().for_mode(mode)
-        batch = mode == "batch"
-        if options.local_epochs is None:
-            options = dataclasses.replace(options, local_epochs=BATCH_LOCAL_EPOCHS if batch else 1)
-        if options.local_momentum is None:
-            momentum = BATCH_LOCAL_MOMENTUM if batch else 0.0
-            options = dataclasses.replace(options, local_momentum=momentum)
-        return options
 
 
 class FedAvg(Strategy):
@@ -131,7 +109,7 @@ class FedAvg(Strategy):
         self, context: Context, epoch: int, rng: np.random.Generator
     ) -> Iterable[Round]:
         clients = participants(context.federation.num_clients, self.options.client_fraction, rng)
-        return [Round(index=0, clients=clients)]
+        return [Round(clients=clients)]
 
     def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
         assert round_.clients is not None

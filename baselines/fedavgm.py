@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.method import Context
 from stratify.options import option
-from stratify.router import Context
 from stratify.state import State, clone_state
 from stratify.validation import check_momentum, check_positive
 

@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratify.baselines.common import WEIGHTINGS, weighted_average
+from stratify.baselines.common import weighted_average
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.errors import ConfigError
-from stratify.options import option
-from stratify.router import ClientUpdate, Context, Round
+from stratify.method import ClientUpdate, Context, Round
+from stratify.options import inherit, option
 from stratify.state import State, clone_state
 from stratify.validation import check_int, check_nonnegative, check_positive, check_positive_int
 
@@ -65,15 +65,11 @@ class FedBROptions(FedAvgOptions):
 
     algorithm = "fedbr"
 
-    weighting: str = option(
-        "equal",
-        "Aggregation weights: the clients' sample counts n_k, or equal for every client.",
-        choices=WEIGHTINGS,
-    )
+    weighting: str = inherit("equal")
     local_steps: int | None = option(
         None,
         "Local iterations K per round: mini-batches drawn with replacement from the "
-        f"client's samples [default: {OFFICIAL_LOCAL_STEPS}, unless --local-epochs is given].",
+        "client's samples (unless --local-epochs is given).",
         check=check_positive_int,
         cli_type=int,
     )

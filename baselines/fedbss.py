@@ -28,17 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratify.baselines.common import WEIGHTINGS
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.errors import ConfigError
-from stratify.options import option
-from stratify.router import ClientUpdate, Context
+from stratify.method import ClientUpdate, Context
+from stratify.options import inherit, option
 from stratify.validation import (
-    check_fraction,
     check_int,
-    check_momentum,
-    check_nonnegative,
-    check_positive_int,
 )
 
 #: The paper's local training ("Implementation Details"): E = 10, batch 64, SGD with
@@ -67,36 +62,12 @@ class FedBSSOptions(FedAvgOptions):
 
     algorithm = "fedbss"
 
-    local_epochs: int | None = option(
-        PAPER_LOCAL_EPOCHS,
-        "Passes E over its own data a client makes per round.",
-        check=check_positive_int,
-        cli_type=int,
-    )
-    local_batch_size: int | None = option(
-        PAPER_BATCH_SIZE, "Local mini-batch size.", check=check_positive_int, cli_type=int
-    )
-    local_momentum: float | None = option(
-        PAPER_MOMENTUM,
-        "SGD momentum of the clients' local optimizer, in [0, 1).",
-        check=check_momentum,
-        cli_type=float,
-    )
-    local_weight_decay: float = option(
-        PAPER_WEIGHT_DECAY,
-        "L2 weight decay of the clients' local optimizer.",
-        check=check_nonnegative,
-    )
-    client_fraction: float = option(
-        PAPER_CLIENT_FRACTION,
-        "Fraction C of the clients taking part in a round, in (0, 1].",
-        check=check_fraction,
-    )
-    weighting: str = option(
-        "equal",
-        "Aggregation weights: the clients' sample counts n_k, or equal for every client.",
-        choices=WEIGHTINGS,
-    )
+    local_epochs: int | None = inherit(PAPER_LOCAL_EPOCHS)
+    local_batch_size: int | None = inherit(PAPER_BATCH_SIZE)
+    local_momentum: float | None = inherit(PAPER_MOMENTUM)
+    local_weight_decay: float = inherit(PAPER_WEIGHT_DECAY)
+    client_fraction: float = inherit(PAPER_CLIENT_FRACTION)
+    weighting: str = inherit("equal")
     warmup_rounds: int | None = option(
         None,
         "Rounds of plain local training before the paced sample selection starts "

@@ -36,7 +36,6 @@ defaults (E = 10, momentum 0.9) and ``--bias-epochs`` / ``--attribute-epochs``.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,14 +44,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratify.baselines.common import WEIGHTINGS, participant_count
+from stratify.baselines.common import participant_count
 from stratify.baselines.fedavgm import FedAvgM, FedAvgMOptions
 from stratify.client import LocalTrainer, LossFunction
 from stratify.data.heterogeneity import heterogeneity_triplet, interaction_matrix
 from stratify.errors import ConfigError
-from stratify.options import option
-from stratify.router import Context, Round, RoundStats
-from stratify.validation import check_fraction, check_momentum, check_positive_int
+from stratify.method import Context, Round, RoundStats
+from stratify.options import inherit, option
+from stratify.validation import check_fraction, check_positive_int
 
 #: Where the triplets come from: estimated by the clients, or the dataset's attributes.
 DHT_SOURCES = ("estimated", "known")
@@ -86,17 +85,10 @@ class FedDiverseOptions(FedAvgMOptions):
 
     algorithm = "feddiverse"
 
-    client_fraction: float = option(
-        0.375,
-        "Fraction C of the clients taking part in a round, in (0, 1] (the paper: 9 of 24).",
-        check=check_fraction,
-    )
-    weighting: str = option(
-        "equal",
-        "Aggregation weights: the clients' sample counts n_k, or equal for every client.",
-        choices=WEIGHTINGS,
-    )
-    server_momentum: float = option(0.95, "Server momentum β, in [0, 1).", check=check_momentum)
+    client_fraction: float = inherit(0.375)  # the paper's 9 of 24 clients
+    weighting: str = inherit("equal")
+    server_momentum: float = inherit(0.95)
+    local_batch_size: int | None = inherit(per_mode={"batch": PAPER_BATCH_SIZE})
     dht: str = option(
         "estimated",
         "Heterogeneity triplets: estimated by each client, or known from the dataset's "
@@ -123,11 +115,6 @@ class FedDiverseOptions(FedAvgMOptions):
         "Passes over its pivot class a client makes to train its attribute classifier.",
         check=check_positive_int,
     )
-
-    def for_mode(self: FedDiverseOptionsT, mode: str) -> FedDiverseOptionsT:
-        if mode == "batch" and self.local_batch_size is None:
-            return dataclasses.replace(self, local_batch_size=PAPER_BATCH_SIZE).for_mode(mode)
-        return super().for_mode(mode)
 
 
 # -- selection ----------------------------------------------------------------------------
@@ -505,7 +492,7 @@ class FedDiverse(FedAvgM):
         if self.triplets is None:
             self.triplets = self.collect_triplets(context, rng, stats)
         count = participant_count(context.federation.num_clients, self.options.client_fraction)
-        return [Round(index=0, clients=diverse_selection(self.triplets, count, rng), stats=stats)]
+        return [Round(clients=diverse_selection(self.triplets, count, rng), stats=stats)]
 
     def collect_triplets(
         self, context: Context, rng: np.random.Generator, stats: RoundStats

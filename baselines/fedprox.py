@@ -10,8 +10,8 @@ from torch import nn
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.client import GradientHook
+from stratify.method import Context
 from stratify.options import option
-from stratify.router import Context
 from stratify.validation import check_nonnegative
 
 

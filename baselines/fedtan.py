@@ -19,7 +19,6 @@ shared statistics.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,15 +34,14 @@ from stratify.baselines.common import ClientSamplingOptions
 from stratify.baselines.fedavg import FedAvg
 from stratify.client import LocalResult, batch_bounds
 from stratify.errors import ConfigError, TrainingError
+from stratify.method import ClientUpdate, Context
 from stratify.nn.norm import (
     BatchNormLayer,
     has_batch_norm,
     is_batch_norm,
     update_running_stats,
 )
-from stratify.options import option
-from stratify.router import ClientUpdate, Context
-from stratify.validation import check_momentum, check_nonnegative
+from stratify.options import inherit
 
 #: The official code's local mini-batch (args.py of wangyanmeng/FedTAN).
 BATCH_SIZE = 128
@@ -63,17 +61,9 @@ class FedTANOptions(ClientSamplingOptions):
 
     algorithm = "fedtan"
 
-    local_momentum: float | None = option(
-        0.9, "SGD momentum of the clients' local optimizer, in [0, 1).", check=check_momentum
-    )
-    local_weight_decay: float = option(
-        1e-4, "L2 weight decay of the clients' local optimizer.", check=check_nonnegative
-    )
-
-    def for_mode(self: FedTANOptionsT, mode: str) -> FedTANOptionsT:
-        if mode == "batch" and self.local_batch_size is None:
-            return dataclasses.replace(self, local_batch_size=BATCH_SIZE)
-        return super().for_mode(mode)
+    local_momentum: float | None = inherit(0.9)
+    local_weight_decay: float = inherit(1e-4)
+    local_batch_size: int | None = inherit(per_mode={"batch": BATCH_SIZE})
 
 
 class StatisticsExchange:

@@ -27,11 +27,11 @@ from torch import nn
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.client import LocalResult, LossFunction
 from stratify.errors import ConfigError
+from stratify.method import ClientUpdate, Context
 from stratify.nn.cosine import CosineClassifier, margin_logits
-from stratify.options import option
-from stratify.router import ClientUpdate, Context
+from stratify.options import inherit, option
 from stratify.state import State, clone_state, load_into
-from stratify.validation import check_nonnegative, check_positive, check_positive_int
+from stratify.validation import check_nonnegative, check_positive
 
 #: The paper's settings (Sec. 5.1, CIFAR-10): τ = 0.1, m = 0.15, SGD lr 0.01, momentum
 #: 0.9, weight decay 1e-5, batch 128, 10 local epochs.
@@ -56,14 +56,8 @@ class LfDOptions(FedAvgOptions):
 
     algorithm = "lfd"
 
-    local_batch_size: int | None = option(
-        PAPER_BATCH_SIZE, "Local mini-batch size.", check=check_positive_int, cli_type=int
-    )
-    local_weight_decay: float = option(
-        PAPER_WEIGHT_DECAY,
-        "L2 weight decay of the clients' local optimizer.",
-        check=check_nonnegative,
-    )
+    local_batch_size: int | None = inherit(PAPER_BATCH_SIZE)
+    local_weight_decay: float = inherit(PAPER_WEIGHT_DECAY)
     cosine_temperature: float = option(
         PAPER_TEMPERATURE,
         "Temperature τ > 0 of the cosine classifier: logits are cos θ / τ.",

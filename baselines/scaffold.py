@@ -17,10 +17,10 @@ from torch import nn
 from stratify.baselines.common import mean_state
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.client import GradientHook, LocalResult
-from stratify.options import option
-from stratify.router import ClientUpdate, Context
+from stratify.method import ClientUpdate, Context
+from stratify.options import inherit, option
 from stratify.state import State, clone_state
-from stratify.validation import check_momentum, check_positive
+from stratify.validation import check_positive
 
 
 @dataclass
@@ -33,13 +33,7 @@ class ScaffoldOptions(FedAvgOptions):
     # momentum β the displacement is up to 1/(1 − β) times larger and the correction
     # overshoots (measured: NIID-Bench's momentum 0.9 diverges by round 3-4 on mnist-10k
     # classes:1 and dirichlet:0.5). The SCAFFOLD paper's clients use plain SGD.
-    local_momentum: float | None = option(
-        0.0,
-        "SGD momentum of the clients' local optimizer, in [0, 1) [default: 0, the paper's "
-        "plain SGD, which option II's control variate assumes].",
-        check=check_momentum,
-        cli_type=float,
-    )
+    local_momentum: float | None = inherit(0.0)
     server_lr: float = option(
         1.0, "Global step size η_g > 0 (1 in the paper).", check=check_positive
     )

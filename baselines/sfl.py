@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -10,9 +9,8 @@ from typing import TypeVar
 import numpy as np
 
 from stratify.baselines.common import LocalTrainingOptions
-from stratify.options import option
-from stratify.router import ClientUpdate, Context, Round, RoundStats, Strategy
-from stratify.validation import check_nonnegative
+from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
+from stratify.options import inherit
 
 #: The SFL paper's local mini-batch (its code's ``--batch-size 20`` in every reported run).
 BATCH_SIZE = 20
@@ -36,14 +34,8 @@ class SFLOptions(LocalTrainingOptions):
 
     algorithm = "sfl"
 
-    local_weight_decay: float = option(
-        WEIGHT_DECAY, "L2 weight decay of the clients' local optimizer.", check=check_nonnegative
-    )
-
-    def for_mode(self: SFLOptionsT, mode: str) -> SFLOptionsT:
-        if mode == "batch" and self.local_batch_size is None:
-            return dataclasses.replace(self, local_batch_size=BATCH_SIZE)
-        return super().for_mode(mode)
+    local_weight_decay: float = inherit(WEIGHT_DECAY)
+    local_batch_size: int | None = inherit(per_mode={"batch": BATCH_SIZE})
 
 
 class SFL(Strategy):
@@ -68,7 +60,7 @@ class SFL(Strategy):
     def configure_rounds(
         self, context: Context, epoch: int, rng: np.random.Generator
     ) -> Iterable[Round]:
-        return [Round(index=0, clients=rng.permutation(context.federation.num_clients))]
+        return [Round(clients=rng.permutation(context.federation.num_clients))]
 
     def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
         options = self.options

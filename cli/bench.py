@@ -21,15 +21,15 @@ from stratify.cli.bench_steps import (
     BackendSettings,
     BenchmarkError,
     WorkerJob,
-    bench_router,
+    bench_engine,
     bench_samples,
     checked_comparison,
     parallel_seeds,
 )
 from stratify.cli.bench_training import (
-    batch_router,
+    batch_engine,
     compare_batch_mode,
-    round_router,
+    round_engine,
     time_rounds,
 )
 from stratify.cli.common import (
@@ -44,11 +44,11 @@ from stratify.compiled import COMPILE_MODES
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.data.partition import parse_partition_spec
+from stratify.engine import Engine
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
-from stratify.router import Router
 from stratify.selection import SELECTIONS
-from stratify.strategy import BATCH_PATHS, SINGLE_SAMPLE_BYTES_PER_STEP, Stratify
+from stratify.stratify import BATCH_PATHS, SINGLE_SAMPLE_BYTES_PER_STEP, Stratify
 from stratify.validation import check_fits_in_memory, check_positive, check_positive_int
 
 #: bytes ``bench steps`` holds per step at least: the step list as int64 (8 B) and as a
@@ -112,10 +112,10 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def build_router(
+def build_engine(
     dataset: Dataset, clients: int, spec: str, seed: int, chunk: int, model_name: str, lr: float
-) -> Router:
-    """A single-sample Stratify router on ``dataset`` (plain registry: no CKKS set-up cost)."""
+) -> Engine:
+    """A single-sample Stratify engine on ``dataset`` (plain registry: no CKKS set-up cost)."""
     config = TrainConfig(
         dataset=dataset.name,
         partition=spec,
@@ -126,7 +126,7 @@ def build_router(
         secure=False,
         options={"chunk": chunk},
     )
-    return build_experiment(config, dataset=dataset).router
+    return build_experiment(config, dataset=dataset).engine
 
 
 @click.group("bench")
@@ -153,11 +153,11 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
     results: list[dict[str, Any]] = []
     for chunk in chunk_sizes:
         counts = []
-        router = build_router(data, clients, spec, 0, chunk, "mlp", 0.01)
-        stratify = router.strategy
+        engine = build_engine(data, clients, spec, 0, chunk, "mlp", 0.01)
+        stratify = engine.strategy
         assert isinstance(stratify, Stratify)
         for seed in range(seeds):
-            plan = stratify.plan_epoch(router.context, np.random.default_rng([seed, 1]))
+            plan = stratify.plan_epoch(engine.context, np.random.default_rng([seed, 1]))
             counts.append(plan.transfers)
         results.append({"chunk": chunk, "transfers": float(np.mean(counts)), "runs": counts})
     baseline = results[0]["transfers"]
@@ -228,10 +228,10 @@ def steps(
     check_positive_int(workers, "--workers")
     check_positive(lr, "--lr")
     check_fits_in_memory(steps * STEPS_BYTES_PER_STEP, f"--steps {steps:,}", "time fewer steps")
-    default = BackendSettings.current()  # torch's own, before the router changes them
+    default = BackendSettings.current()  # torch's own, before the engine changes them
     device = resolve_device(device)
     data = load_dataset(dataset, data_dir=data_dir, device=device)
-    router = bench_router(
+    engine = bench_engine(
         data,
         spec=spec,
         clients=clients,
@@ -240,15 +240,15 @@ def steps(
         lr=lr,
         compile_mode=compile_mode,
     )
-    samples = bench_samples(router, steps)
+    samples = bench_samples(engine, steps)
     loops, compile_seconds, weights_match = checked_comparison(
-        router, samples, check_every=check_every, lr=lr, default=default
+        engine, samples, check_every=check_every, lr=lr, default=default
     )
-    reference, tuned, engine = loops
+    reference, tuned, engine_loop = loops
     result: dict[str, Any] = {
         "eager_steps_per_s": reference.steps_per_s(steps),
         "tuned_eager_steps_per_s": tuned.steps_per_s(steps),
-        "engine_steps_per_s": engine.steps_per_s(steps),
+        "engine_steps_per_s": engine_loop.steps_per_s(steps),
     }
     result["ratio"] = result["engine_steps_per_s"] / result["eager_steps_per_s"]
     result["tuned_ratio"] = result["engine_steps_per_s"] / result["tuned_eager_steps_per_s"]
@@ -290,7 +290,7 @@ def steps(
     console = wide_console()
     console.print(table)
     console.print(f"weights compared with the reference loop's every {check_every} steps")
-    for loop in (tuned, engine):
+    for loop in (tuned, engine_loop):
         if loop.rechecked:
             console.print(
                 f"{loop.name}: {loop.rechecked} segment(s) agreed only when re-checked in "
@@ -316,7 +316,7 @@ def steps(
     if not weights_match:
         raise BenchmarkError(
             "the engine and the eager loops ended a segment with different weights "
-            f"(worst {max(tuned.worst_share, engine.worst_share):.1e} of the movement, "
+            f"(worst {max(tuned.worst_share, engine_loop.worst_share):.1e} of the movement, "
             f"tolerance {MATCH_TOLERANCE:g}): they did not make the same updates"
         )
 
@@ -415,7 +415,7 @@ def plan(
 @bench.command("batch")
 @split_options(dataset="digits")
 @click.option("--model", "model_name", default="cnn", show_default=True)
-@click.option("--norm", default="bn", show_default=True)
+@click.option("--norm", default=None, help="[default: the model's own, see train --help]")
 @click.option("--batch-labels", default=64, show_default=True, type=int)
 @click.option("--batch-path", type=click.Choice(BATCH_PATHS), default="fused", show_default=True)
 @click.option("--lr", default=0.01, show_default=True, type=float)
@@ -442,7 +442,7 @@ def batch(
     check_positive(lr, "--lr")
     set_threads(threads)
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
-    router = batch_router(
+    engine = batch_engine(
         data,
         spec=spec,
         clients=clients,
@@ -452,7 +452,7 @@ def batch(
         batch_path=batch_path,
         lr=lr,
     )
-    result = compare_batch_mode(router, repeat, lr)
+    result = compare_batch_mode(engine, repeat, lr)
     result["overhead"] = result["engine_s"] / result["plain_s"] - 1
     result["overhead_with_planning"] = (result["engine_s"] + result["plan_s"]) / result[
         "plain_s"
@@ -511,11 +511,11 @@ def rounds(
     names = [name.strip() for name in algorithms.split(",") if name.strip()]
     options = {} if local_epochs is None else {"local_epochs": local_epochs}
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
-    routers = {
-        name: round_router(data, name, spec=spec, clients=clients, options=options)
+    engines = {
+        name: round_engine(data, name, spec=spec, clients=clients, options=options)
         for name in names
     }
-    seconds = time_rounds(routers, rounds)
+    seconds = time_rounds(engines, rounds)
     first = statistics.median(seconds[names[0]])
     results = []
     table = Table(
@@ -526,7 +526,7 @@ def rounds(
         table.add_column(column, justify="left" if column == "method" else "right")
     for name in names:
         median = statistics.median(seconds[name])
-        epochs = routers[name].strategy.options.to_dict().get("local_epochs")
+        epochs = engines[name].strategy.options.to_dict().get("local_epochs")
         results.append(
             {
                 "algorithm": name,

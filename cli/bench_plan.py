@@ -20,7 +20,7 @@ from stratify.data.partition import partition
 from stratify.errors import StratifyError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
-from stratify.strategy import Stratify
+from stratify.stratify import Stratify
 
 #: seconds one cell may take (a Dirichlet split that cannot meet its minimum size retries
 #: up to 1,000 times before it gives up)
@@ -71,20 +71,20 @@ def measure_cell(cell: PlanCell) -> dict[str, Any]:
     # optimizer, paid here on a one-client federation
     build_experiment(config, dataset=data, federation=Federation([indices[0]], data.train_labels))
     start = time.perf_counter()
-    router = build_experiment(config, dataset=data, federation=federation).router
+    engine = build_experiment(config, dataset=data, federation=federation).engine
     row["setup_ms"] = 1000 * (time.perf_counter() - start)
-    strategy = router.strategy
+    strategy = engine.strategy
     assert isinstance(strategy, Stratify)
     start = time.perf_counter()
-    plan = strategy.plan_epoch(router.context, router.epoch_rng(1))
+    plan = strategy.plan_epoch(engine.context, engine.epoch_rng(1))
     row["plan_ms"] = 1000 * (time.perf_counter() - start)
     row["entries"] = len(plan.samples) + plan.skipped
-    row["pairs"] = int((federation.placeholder_counts(router.registry) > 0).sum())
+    row["pairs"] = int((federation.placeholder_counts(engine.placeholders) > 0).sum())
     row["transfers"] = plan.transfers
     row["plan_rss_mb"] = resident_mb()
     if cell.train:
         start = time.perf_counter()
-        router.run_epoch(1)  # plans the same epoch again, then trains it
+        engine.run_epoch(1)  # plans the same epoch again, then trains it
         row["epoch_s"] = time.perf_counter() - start
         row["share"] = (row["setup_ms"] + row["plan_ms"]) / 1000 / row["epoch_s"]
     row["peak_rss_mb"] = resident_mb()

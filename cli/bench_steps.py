@@ -27,11 +27,11 @@ from torch import nn
 from stratify.backend import Timer, configure_cpu_for_single_sample
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, load_dataset
+from stratify.engine import Engine
 from stratify.errors import StratifyError
 from stratify.experiment import build_experiment
-from stratify.router import Router
 from stratify.state import State, clone_state, load_into
-from stratify.strategy import Stratify
+from stratify.stratify import Stratify
 
 #: a loop matches the reference when, at every check, its weights differ from the
 #: reference's by at most this share of how far the reference moved in the segment;
@@ -74,7 +74,7 @@ def eager_loop(model: nn.Module, x_train, y_train, samples: np.ndarray, lr: floa
         optimizer.step()
 
 
-def bench_router(
+def bench_engine(
     data: Dataset,
     *,
     spec: str,
@@ -84,8 +84,8 @@ def bench_router(
     lr: float,
     compile_mode: str,
     chunk: int = 5,
-) -> Router:
-    """A single-sample Stratify router on ``data`` (plain registry: no CKKS set-up cost)."""
+) -> Engine:
+    """A single-sample Stratify engine on ``data`` (plain registry: no CKKS set-up cost)."""
     config = TrainConfig(
         dataset=data.name,
         partition=spec,
@@ -97,14 +97,14 @@ def bench_router(
         secure=False,
         options={"chunk": chunk, "compile": compile_mode},
     )
-    return build_experiment(config, dataset=data).router
+    return build_experiment(config, dataset=data).engine
 
 
-def bench_samples(router: Router, steps: int) -> np.ndarray:
-    """``steps`` sample indices: the epoch-1 plan of the router's seed, repeated as needed."""
-    strategy = router.strategy
+def bench_samples(engine: Engine, steps: int) -> np.ndarray:
+    """``steps`` sample indices: the epoch-1 plan of the engine's seed, repeated as needed."""
+    strategy = engine.strategy
     assert isinstance(strategy, Stratify)
-    plan = strategy.plan_epoch(router.context, router.epoch_rng(1))
+    plan = strategy.plan_epoch(engine.context, engine.epoch_rng(1))
     return np.resize(plan.samples, steps)
 
 
@@ -194,7 +194,7 @@ class SegmentCheck:
 
 
 def checked_comparison(
-    router: Router,
+    engine: Engine,
     samples: np.ndarray,
     *,
     check_every: int,
@@ -205,16 +205,16 @@ def checked_comparison(
     segment by segment on ``samples``; returns the loops, the compile seconds and whether
     every segment of every loop agreed with the reference (:class:`SegmentCheck`).
 
-    The router's process settings (set when it was built) are the tuned ones; ``default``
+    The engine's process settings (set when it was built) are the tuned ones; ``default``
     are torch's own, recorded before.
     """
-    strategy = router.strategy
+    strategy = engine.strategy
     assert isinstance(strategy, Stratify)
-    context, device = router.context, router.device
+    context, device = engine.context, engine.device
     x_train, y_train = context.x_train, context.y_train
     tuned = BackendSettings.current()
-    initial = parameters_of(router.model)
-    reference_model, tuned_model = copy.deepcopy(router.model), copy.deepcopy(router.model)
+    initial = parameters_of(engine.model)
+    reference_model, tuned_model = copy.deepcopy(engine.model), copy.deepcopy(engine.model)
     reference = TimedLoop(
         "eager PyTorch loop",
         reference_model,
@@ -228,13 +228,13 @@ def checked_comparison(
         lambda part: eager_loop(tuned_model, x_train, y_train, part, lr),
     )
     compiled = strategy.uses_compiled_step(context)
-    engine = TimedLoop(
+    engine_loop = TimedLoop(
         "engine, compiled step" if compiled else "engine, eager step",
-        router.model,
+        engine.model,
         tuned,
         lambda part: strategy.execute_single_sample(context, part),
     )
-    scratch = copy.deepcopy(router.model)
+    scratch = copy.deepcopy(engine.model)
 
     def reference_from(state: State, part: np.ndarray) -> State:
         load_into(scratch, state)
@@ -250,7 +250,7 @@ def checked_comparison(
     tuned.apply()
     with Timer(device) as compile_timer:
         strategy.execute_single_sample(context, warm)
-    load_into(router.model, initial)
+    load_into(engine_loop.model, initial)
     check = SegmentCheck(reference_from, minimum=strategy.steps_per_call)
     agreed = True
     start_state = initial
@@ -258,7 +258,7 @@ def checked_comparison(
         part = samples[start : start + check_every]
         reference.timed(part, device)
         end_state = parameters_of(reference.model)
-        for loop in (tuned_loop, engine):
+        for loop in (tuned_loop, engine_loop):
             load_into(loop.model, start_state)
             loop.timed(part, device)
             first_try = share_of_movement(parameters_of(loop.model), end_state, start_state)
@@ -266,7 +266,7 @@ def checked_comparison(
                 loop.rechecked += 1
             agreed = check.agrees(loop, start_state, part, end_state) and agreed
         start_state = end_state
-    return [reference, tuned_loop, engine], compile_timer.seconds if compiled else None, agreed
+    return [reference, tuned_loop, engine_loop], compile_timer.seconds if compiled else None, agreed
 
 
 # -- many runs at once -------------------------------------------------------------------
@@ -296,7 +296,7 @@ def seed_worker(job: WorkerJob, worker: int, barrier, results) -> None:
         data = load_dataset(job.dataset, data_dir=job.data_dir, device="cpu")
         runs = []
         for seed in job.seeds:
-            router = bench_router(
+            engine = bench_engine(
                 data,
                 spec=job.spec,
                 clients=job.clients,
@@ -305,12 +305,12 @@ def seed_worker(job: WorkerJob, worker: int, barrier, results) -> None:
                 lr=job.lr,
                 compile_mode=job.compile_mode,
             )
-            samples = bench_samples(router, job.steps)
-            strategy = router.strategy
+            samples = bench_samples(engine, job.steps)
+            strategy = engine.strategy
             assert isinstance(strategy, Stratify)
             # warm-up (the first run compiles, from inductor's cache; the others reuse it)
-            strategy.execute_single_sample(router.context, samples[: 4 * strategy.steps_per_call])
-            runs.append((strategy, router.context, samples))
+            strategy.execute_single_sample(engine.context, samples[: 4 * strategy.steps_per_call])
+            runs.append((strategy, engine.context, samples))
         ready = time.perf_counter() - started
         barrier.wait(timeout=WORKER_START_TIMEOUT)
         start = time.perf_counter()

@@ -21,11 +21,11 @@ from torch import nn
 from stratify.backend import Timer
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset
+from stratify.engine import Engine
 from stratify.experiment import build_experiment
-from stratify.router import Router
 from stratify.selection import Plan
 from stratify.state import State, clone_state, load_into
-from stratify.strategy import Stratify
+from stratify.stratify import Stratify
 
 
 def centralised_loop(
@@ -42,17 +42,17 @@ def centralised_loop(
         optimizer.step()
 
 
-def batch_router(
+def batch_engine(
     data: Dataset,
     *,
     spec: str,
     clients: int,
     model_name: str,
-    norm: str,
+    norm: str | None,
     batch_labels: int,
     batch_path: str,
     lr: float,
-) -> Router:
+) -> Engine:
     config = TrainConfig(
         dataset=data.name,
         partition=spec,
@@ -66,26 +66,26 @@ def batch_router(
         secure=False,
         options={"batch_labels": batch_labels, "batch_path": batch_path},
     )
-    return build_experiment(config, dataset=data).router
+    return build_experiment(config, dataset=data).engine
 
 
-def compare_batch_mode(router: Router, repeats: int, lr: float) -> dict[str, Any]:
+def compare_batch_mode(engine: Engine, repeats: int, lr: float) -> dict[str, Any]:
     """Median seconds of planning, of the engine's batch epoch and of the plain loop on the
     same batches, each run ``repeats`` times from the same weights; and their weights."""
-    strategy = router.strategy
+    strategy = engine.strategy
     assert isinstance(strategy, Stratify)
-    context, device = router.context, router.device
-    initial: State = clone_state(router.model.state_dict())
-    plain_model = copy.deepcopy(router.model)
+    context, device = engine.context, engine.device
+    initial: State = clone_state(engine.model.state_dict())
+    plain_model = copy.deepcopy(engine.model)
     plan_seconds, engine_seconds, plain_seconds = [], [], []
     plan: Plan | None = None
     for repeat in range(repeats + 1):  # the first pass warms up and is not counted
         with Timer(device) as timer:
-            plan = strategy.plan_epoch(context, router.epoch_rng(1))
+            plan = strategy.plan_epoch(context, engine.epoch_rng(1))
         if repeat:
             plan_seconds.append(timer.seconds)
         assert plan.batch_starts is not None
-        load_into(router.model, initial)
+        load_into(engine.model, initial)
         strategy.optimizer.state.clear()
         with Timer(device) as timer:
             strategy.execute_global_batches(context, plan)
@@ -99,7 +99,7 @@ def compare_batch_mode(router: Router, repeats: int, lr: float) -> dict[str, Any
         if repeat:
             plain_seconds.append(timer.seconds)
     assert plan is not None
-    engine_state = clone_state(dict(router.model.named_parameters()))
+    engine_state = clone_state(dict(engine.model.named_parameters()))
     plain_state = clone_state(dict(plain_model.named_parameters()))
     difference = max(float((engine_state[k] - plain_state[k]).abs().max()) for k in plain_state)
     moved = max(float((plain_state[k] - initial[k]).abs().max()) for k in plain_state)
@@ -115,7 +115,7 @@ def compare_batch_mode(router: Router, repeats: int, lr: float) -> dict[str, Any
     }
 
 
-def round_router(data: Dataset, algorithm: str, *, spec: str, clients: int, options) -> Router:
+def round_engine(data: Dataset, algorithm: str, *, spec: str, clients: int, options) -> Engine:
     config = TrainConfig(
         dataset=data.name,
         partition=spec,
@@ -126,17 +126,17 @@ def round_router(data: Dataset, algorithm: str, *, spec: str, clients: int, opti
         secure=False,
         options=dict(options),
     )
-    return build_experiment(config, dataset=data).router
+    return build_experiment(config, dataset=data).engine
 
 
-def time_rounds(routers: dict[str, Router], rounds: int) -> dict[str, list[float]]:
-    """Seconds of rounds 2 .. rounds + 1 of every router, the methods taking turns round by
+def time_rounds(engines: dict[str, Engine], rounds: int) -> dict[str, list[float]]:
+    """Seconds of rounds 2 .. rounds + 1 of every engine, the methods taking turns round by
     round; round 1 warms up (first calls of every kernel) and is not counted."""
-    seconds: dict[str, list[float]] = {name: [] for name in routers}
+    seconds: dict[str, list[float]] = {name: [] for name in engines}
     for round_number in range(1, rounds + 2):
-        for name, router in routers.items():
-            with Timer(router.device) as timer:
-                router.run_epoch(round_number)
+        for name, engine in engines.items():
+            with Timer(engine.device) as timer:
+                engine.run_epoch(round_number)
             if round_number > 1:
                 seconds[name].append(timer.seconds)
     return seconds

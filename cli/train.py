@@ -78,14 +78,26 @@ def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:
     return found
 
 
+def resolved_default(algorithm: str, name: str) -> str:
+    """Option ``name``'s default for ``algorithm`` as each of its modes resolves it
+    (``10 (batch), 1 (single-sample)`` where they differ); ``""`` when it stays unset."""
+    cls = strategy_class(algorithm)
+    values = {mode: getattr(cls.options_class().for_mode(mode), name) for mode in cls.modes}
+    if len({repr(value) for value in values.values()}) == 1:
+        value = next(iter(values.values()))
+        return "" if value is None else str(value)
+    return ", ".join(f"{value} ({mode})" for mode, value in values.items())
+
+
 def method_option(name: str, takers: list[tuple[str, dataclasses.Field]]) -> Callable:
     """A method option's click flag: help from its first method, defaults of each."""
     first = takers[0][1]
-    defaults = {algorithm: entry.default for algorithm, entry in takers}
-    if len(set(map(repr, defaults.values()))) == 1:
-        default = f"default: {first.default}" if first.default is not None else ""
+    defaults = {algorithm: resolved_default(algorithm, name) for algorithm, _ in takers}
+    if len(set(defaults.values())) == 1:
+        value = next(iter(defaults.values()))
+        default = f"default: {value}" if value else ""
     else:
-        default = "defaults: " + ", ".join(f"{a} {d}" for a, d in defaults.items())
+        default = "defaults: " + "; ".join(f"{a} {d or 'unset'}" for a, d in defaults.items())
     modes = first.metadata["modes"]
     where = ", ".join(defaults) + ("" if len(modes) == 2 else f"; --mode {modes[0]}")
     help_text = f"{first.metadata['help'].rstrip('.')} ({where})."

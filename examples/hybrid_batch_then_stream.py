@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> tuple[float, float]:
         config, dataset=dataset, federation=Federation(stored, labels), registry=registry
     )
     for epoch in range(1, args.pretrain_epochs + 1):
-        experiment.router.run_epoch(epoch)
-    before, _ = experiment.router.evaluate()
+        experiment.engine.run_epoch(epoch)
+    before, _ = experiment.engine.evaluate()
     print(
         f"pre-trained in batch mode on {sum(cut)} stored samples "
         f"({args.pretrain_epochs} epochs): accuracy_before={before:.4f}",

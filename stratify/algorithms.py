@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from stratify.errors import ConfigError
-from stratify.router import Strategy
+from stratify.method import Strategy
 
 # name -> "module:Class"
 ALGORITHMS: dict[str, str] = {
-    "stratify": "stratify.strategy:Stratify",
+    "stratify": "stratify.stratify:Stratify",
     "fedavg": "stratify.baselines.fedavg:FedAvg",
     "fedprox": "stratify.baselines.fedprox:FedProx",
     "scaffold": "stratify.baselines.scaffold:Scaffold",

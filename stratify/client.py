@@ -1,9 +1,11 @@
 """The client side: local training of a copy of the global model on a client's samples.
 
-Every method whose clients train their own copy (the averaging baselines, SFL's sequential
-passes) uses :class:`LocalTrainer`; what differs between methods enters through a
-gradient hook (FedProx's proximal gradient, SCAFFOLD's correction), never through a
-second training loop (docs/architecture.md, "Client side").
+Every method whose clients train their own copy one client at a time (the averaging
+baselines, SFL's sequential passes) uses :class:`LocalTrainer`; what differs between them
+enters through a gradient hook (FedProx's proximal gradient, SCAFFOLD's correction) or a
+loss function (LfD, FedBR). The one exception is FedTAN's first local step, where the
+clients step together and exchange BatchNorm statistics: it runs its own lockstep loop
+(docs/architecture.md, "Client side").
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from typing import Any
 
 from stratify.algorithms import ALGORITHMS, build_strategy
 from stratify.backend import DEVICES
+from stratify.method import LR_SCHEDULES
 from stratify.options import MODES, RunSettings, option
-from stratify.router import LR_SCHEDULES
 from stratify.validation import (
     check_positive,
     check_positive_int,
@@ -91,8 +91,11 @@ class TrainConfig(RunSettings):
         check=check_widths,
         cli_type=str,
     )
-    norm: str = option(
-        "bn", "bn | gn | sumbn | sumbn-client-mean | none (ResNets; cnn and mlp have none)."
+    norm: str | None = option(
+        None,
+        "bn | gn | sumbn | sumbn-client-mean | none [default: bn for the ResNets; cnn and mlp "
+        "have no norm layers, so none is their only norm].",
+        cli_type=str,
     )
     seed: int = option(
         0,

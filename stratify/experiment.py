@@ -1,8 +1,8 @@
 """One experiment factory: config -> dataset, partition, federation, registry, strategy,
-model, router, with one set of defaults.
+model, engine, with one set of defaults.
 
 ``Run`` (the ``train`` command), the benchmarks, the stream learner, the examples and the
-tests build their routers here, so a default changes in one place (docs/architecture.md,
+tests build their engines here, so a default changes in one place (docs/architecture.md,
 "Data flow"). Parts a caller already holds (a loaded dataset, a window's federation, a
 model kept across windows) are passed in and not rebuilt.
 """
@@ -23,13 +23,14 @@ from stratify.config import TrainConfig, default_lr
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.data.holdout import holdout_validation
 from stratify.data.partition import partition
+from stratify.engine import Engine
 from stratify.errors import ConfigError
 from stratify.federation import Federation
+from stratify.method import Strategy
 from stratify.nn.models import build_model
 from stratify.nn.norm import has_batch_norm
 from stratify.registry import make_registry
 from stratify.registry.base import LabelRegistry, RegistryResult
-from stratify.router import Router, Strategy
 from stratify.validation import check_fits_in_memory
 
 
@@ -41,10 +42,10 @@ class Experiment:
     device: torch.device
     dataset: Dataset
     federation: Federation
-    registry: RegistryResult
+    placeholders: RegistryResult
     strategy: Strategy
     model: nn.Module
-    router: Router
+    engine: Engine
     lr: float
     lr_schedule: str
 
@@ -102,7 +103,7 @@ def build_experiment(
         federation = partition_clients(dataset, config)
     if registry is None:
         registry = make_registry(config.secure, seed=config.seed, protocol=config.protocol)
-    registered = registry.register(federation.label_counts(), num_classes=dataset.num_classes)
+    placeholders = registry.register(federation.label_counts(), num_classes=dataset.num_classes)
     if strategy is None:
         strategy = build_strategy(config.algorithm, config.options, config.mode)
     lr = config.lr
@@ -127,11 +128,11 @@ def build_experiment(
             f"{type(model).__name__} normalises with batch statistics, which one sample cannot "
             "give; in --mode single-sample use --norm gn (or none), or use --mode batch"
         )
-    router = Router(
+    engine = Engine(
         model,
         dataset,
         federation,
-        registered,
+        placeholders,
         strategy,
         mode=config.mode,
         lr=lr,
@@ -141,7 +142,7 @@ def build_experiment(
         total_epochs=config.epochs,
     )
     return Experiment(
-        config, device, dataset, federation, registered, strategy, model, router, lr, lr_schedule
+        config, device, dataset, federation, placeholders, strategy, model, engine, lr, lr_schedule
     )
 
 

@@ -99,9 +99,9 @@ class Federation:
             counts[client][int(label)] = count
         return counts
 
-    def run_placeholders(self, registry: RegistryResult, runs: LabelRuns) -> np.ndarray:
+    def run_placeholders(self, placeholders: RegistryResult, runs: LabelRuns) -> np.ndarray:
         """The placeholder of every (client, label) group of ``runs``, from each client's map."""
-        maps = registry.client_maps
+        maps = placeholders.client_maps
         return np.array(
             [
                 maps[client][int(label)]
@@ -110,19 +110,19 @@ class Federation:
             dtype=np.int64,
         )
 
-    def placeholder_counts(self, registry: RegistryResult) -> np.ndarray:
+    def placeholder_counts(self, placeholders: RegistryResult) -> np.ndarray:
         """``(clients, placeholders)`` matrix of sample counts, from each client's own map."""
         runs = self.label_runs()
-        matrix = np.zeros((self.num_clients, registry.num_placeholders), dtype=np.int64)
-        matrix[runs.clients, self.run_placeholders(registry, runs)] = runs.counts
+        matrix = np.zeros((self.num_clients, placeholders.num_placeholders), dtype=np.int64)
+        matrix[runs.clients, self.run_placeholders(placeholders, runs)] = runs.counts
         return matrix
 
-    def sample_placeholders(self, registry: RegistryResult) -> np.ndarray:
+    def sample_placeholders(self, placeholders: RegistryResult) -> np.ndarray:
         """Placeholder of every training sample (-1 for samples no client holds)."""
         runs = self.label_runs()
-        placeholders = np.full(len(self.labels), -1, dtype=np.int64)
-        placeholders[runs.samples] = self.run_placeholders(registry, runs)[runs.run]
-        return placeholders
+        of_sample = np.full(len(self.labels), -1, dtype=np.int64)
+        of_sample[runs.samples] = self.run_placeholders(placeholders, runs)[runs.run]
+        return of_sample
 
     def sample_clients(self) -> np.ndarray:
         """Client holding every training sample (-1 for samples no client holds)."""

@@ -34,14 +34,15 @@ def option(
     modes: Sequence[str] = MODES,
     cli_type: type | None = None,
     envvar: str | None = None,
+    per_mode: Mapping[str, Any] | None = None,
 ) -> Any:
     """A dataclass field of a method's options (or of :class:`~stratify.config.TrainConfig`).
 
     Parameters
     ----------
     default : object
-        Default value; ``None`` means "resolved later" (e.g. per mode, see
-        :meth:`StrategyOptions.for_mode`).
+        Default value; ``None`` means "resolved later" (by ``per_mode``, or by an
+        override of :meth:`StrategyOptions.for_mode`).
     help : str
         One sentence for ``--help`` and ``stratify algorithms``.
     check : callable, optional
@@ -56,6 +57,10 @@ def option(
         ``bool``); inferred from the default when omitted.
     envvar : str, optional
         Environment variable the command line reads when the flag is not given.
+    per_mode : mapping, optional
+        Mode -> the value a ``None`` default resolves to in that mode (e.g. FedAvg's
+        local epochs: 10 in batch mode, 1 in single-sample mode), applied by
+        :meth:`StrategyOptions.for_mode`.
     """
     if cli_type is None:
         cli_type = str if default is None else value_type(default)
@@ -68,8 +73,55 @@ def option(
             "modes": tuple(modes),
             "type": cli_type,
             "envvar": envvar,
+            "per_mode": dict(per_mode or {}),
         },
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Inherited:
+    """An inherited option with new defaults (see :func:`inherit`)."""
+
+    default: Any
+    per_mode: Mapping[str, Any] | None
+
+
+def inherit(default: Any = None, *, per_mode: Mapping[str, Any] | None = None) -> Any:
+    """An option a subclass of :class:`StrategyOptions` inherits, with its own default.
+
+    Help, check, choices and modes stay those of the parent's field; only the default
+    (and, with ``per_mode``, the defaults by mode) change, in one line::
+
+        class FedTANOptions(FedAvgOptions):
+            local_momentum: float | None = inherit(0.9)
+            local_batch_size: int | None = inherit(per_mode={"batch": 128})
+
+    Parameters
+    ----------
+    default : object
+        The subclass's default; ``None`` leaves the value to ``per_mode``.
+    per_mode : mapping, optional
+        Mode -> default in that mode, replacing the parent's for the modes it names.
+    """
+    return Inherited(default, per_mode)
+
+
+def resolve_inherited(cls: type) -> None:
+    """Turn the :func:`inherit` markers in class ``cls``'s body into dataclass fields
+    that copy the parent's field with the new defaults; called before ``@dataclass``."""
+    for name, value in list(vars(cls).items()):
+        if not isinstance(value, Inherited):
+            continue
+        parent_fields = (getattr(base, "__dataclass_fields__", {}) for base in cls.__mro__[1:])
+        parent = next((fields[name] for fields in parent_fields if name in fields), None)
+        if parent is None:
+            raise TypeError(f"{cls.__name__}.{name}: inherit() needs an option of a parent class")
+        metadata = dict(parent.metadata)
+        if value.per_mode is not None:
+            metadata["per_mode"] = {**metadata["per_mode"], **value.per_mode}
+        setattr(cls, name, dataclasses.field(default=value.default, metadata=metadata))
+        if name not in vars(cls).get("__annotations__", {}):
+            cls.__annotations__ = {**vars(cls).get("__annotations__", {}), name: parent.type}
 
 
 def value_type(value: Any) -> type:
@@ -126,16 +178,26 @@ class StrategyOptions:
 
     algorithm: ClassVar[str] = "strategy"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        resolve_inherited(cls)
+
     def __post_init__(self) -> None:
         validate_fields(self)
 
     def for_mode(self: OptionsT, mode: str) -> OptionsT:
         """These options with the defaults that depend on ``mode`` filled in.
 
-        Subclasses override it to resolve ``None`` defaults and refuse values that do
-        not fit ``mode``; the base class returns the options unchanged.
+        Every field left ``None`` takes its ``per_mode`` default for ``mode`` where it
+        has one. Subclasses override it to refuse values that do not fit ``mode`` or to
+        resolve defaults that depend on other fields.
         """
-        return self
+        resolved = {
+            field.name: field.metadata["per_mode"][mode]
+            for field in self.option_fields()
+            if getattr(self, field.name) is None and mode in field.metadata["per_mode"]
+        }
+        return dataclasses.replace(self, **resolved) if resolved else self
 
     @classmethod
     def option_fields(cls) -> list[dataclasses.Field]:

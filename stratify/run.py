@@ -116,10 +116,10 @@ class Run:
         self.device = self.experiment.device
         self.dataset = self.experiment.dataset
         self.federation = self.experiment.federation
-        self.registry = self.experiment.registry
+        self.placeholders = self.experiment.placeholders
         self.strategy = self.experiment.strategy
-        self.router = self.experiment.router
-        self.router.on_steps = on_steps
+        self.engine = self.experiment.engine
+        self.engine.on_steps = on_steps
         if checkpoint is not None:
             self._load_checkpoint(checkpoint)
         if self.folder is not None:
@@ -153,9 +153,9 @@ class Run:
                 "lr": self.experiment.lr,
                 "lr_schedule": self.experiment.lr_schedule,
                 "options": self.strategy.options.to_dict(),
-                "model": self.router.model.__class__.__name__,
-                "num_placeholders": self.registry.num_placeholders,
-                "model_bytes": self.router.model_bytes,
+                "model": self.engine.model.__class__.__name__,
+                "num_placeholders": self.placeholders.num_placeholders,
+                "model_bytes": self.engine.model_bytes,
                 "evaluated_on": "validation" if self.config.validation else "test",
                 "evaluation_samples": len(self.dataset.y_test),
             },
@@ -172,7 +172,7 @@ class Run:
         state = {
             "epoch": epoch,
             "config": self.config.comparable(),
-            "model": self.router.model.state_dict(),
+            "model": self.engine.model.state_dict(),
             "strategy": self.strategy.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "records": [dataclasses.asdict(record) for record in self.records],
@@ -182,7 +182,7 @@ class Run:
 
     def _load_checkpoint(self, checkpoint: dict) -> None:
         assert self.out is not None  # a checkpoint is read only from --out
-        problem = checkpoint_problem(checkpoint, self.router.model.state_dict())
+        problem = checkpoint_problem(checkpoint, self.engine.model.state_dict())
         if problem is None:
             try:
                 records = [EpochRecord(**record) for record in checkpoint["records"]]
@@ -194,7 +194,7 @@ class Run:
                 f"--resume: {self.out / 'checkpoint.pt'} does not fit this run ({problem}); "
                 "start a new run with --overwrite"
             )
-        self.router.model.load_state_dict(checkpoint["model"])
+        self.engine.model.load_state_dict(checkpoint["model"])
         torch.set_rng_state(checkpoint["torch_rng"])
         # metrics written after the checkpoint's epoch belong to an interrupted epoch and
         # are dropped when the files are rewritten from these records
@@ -230,13 +230,13 @@ class Run:
     def _train_epoch(self, epoch: int) -> None:
         with Timer(self.device) as timer:
             try:
-                stats = self.router.run_epoch(epoch)
+                stats = self.engine.run_epoch(epoch)
             except TrainingError as error:
                 raise TrainingError(
                     f"{error}; stopped, {self._what_is_kept(epoch)}; try lower values of "
                     f"{self._step_flags()}"
                 ) from None
-        metrics = self.router.test_metrics()
+        metrics = self.engine.test_metrics()
         record = EpochRecord(
             epoch=epoch,
             test_accuracy=metrics.accuracy,

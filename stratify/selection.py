@@ -1,7 +1,9 @@
-"""Label-aware client selection: turns an epoch's schedule into a precomputed Plan.
+"""The label-aware router: each schedule entry goes to a client holding that label.
 
-Planning loops over the schedule once per epoch in Python; the router then executes
-the plan's index arrays without any per-step bookkeeping over clients.
+It turns an epoch's schedule into a precomputed :class:`Plan` (which client trains on
+which sample, in what order). Planning loops over the schedule once per epoch in Python;
+Stratify then walks the plan's index arrays without any per-step bookkeeping over
+clients (docs/architecture.md, "Stratify").
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from stratify.errors import ConfigError
 from stratify.federation import SamplePools
+from stratify.options import MODES
 
 SELECTIONS = ("uniform", "weighted")
 
@@ -23,24 +26,34 @@ class Plan:
 
     Parameters
     ----------
+    mode : {"single-sample", "batch"}
+        Single-sample plans take one optimizer step per entry; batch plans one per global
+        batch, delimited by ``batch_starts``.
     samples : numpy.ndarray
         Training-sample index of every executed schedule entry, in order.
     clients : numpy.ndarray
         Client that trains on each entry.
-    batch_starts : numpy.ndarray or None
-        Batch-data plans only: offsets of each global batch into ``samples``
-        (``len = batches + 1``); ``None`` for single-sample plans.
     skipped : int
         Schedule entries dropped because no client had a sample of the label left.
     reused : int
         Entries trained on a sample already used this epoch (a refilled label).
+    batch_starts : numpy.ndarray, optional
+        Batch plans only (required there): offsets of each global batch into ``samples``
+        (``len = batches + 1``).
     """
 
+    mode: str
     samples: np.ndarray
     clients: np.ndarray
-    batch_starts: np.ndarray | None
     skipped: int
     reused: int = 0
+    batch_starts: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"a plan's mode is one of {MODES}, not {self.mode!r}")
+        if (self.mode == "batch") != (self.batch_starts is not None):
+            raise ValueError("batch plans, and only they, have batch_starts")
 
     @property
     def steps(self) -> int:
@@ -180,7 +193,7 @@ def plan_single_sample(
         clients[executed] = current
         executed += 1
     skipped = len(schedule) - executed
-    return Plan(samples[:executed], clients[:executed], None, skipped, pools.reused)
+    return Plan("single-sample", samples[:executed], clients[:executed], skipped, pools.reused)
 
 
 def plan_global_batches(
@@ -232,13 +245,14 @@ def plan_global_batches(
         batch_starts.append(batch_starts[-1] + len(order))
     if not samples:
         empty = np.empty(0, dtype=np.int64)
-        return Plan(empty, empty, np.zeros(1, dtype=np.int64), skipped, pools.reused)
+        return Plan("batch", empty, empty, skipped, pools.reused, np.zeros(1, dtype=np.int64))
     return Plan(
+        "batch",
         np.concatenate(samples),
         np.concatenate(clients),
-        np.asarray(batch_starts),
         skipped,
         pools.reused,
+        np.asarray(batch_starts),
     )
 
 
@@ -249,6 +263,6 @@ def merge_trailing_singleton(plan: Plan) -> Plan:
     entry rather than dropping it. Other plans are returned unchanged.
     """
     starts = plan.batch_starts
-    if starts is None or len(starts) < 3 or starts[-1] - starts[-2] != 1:
+    if plan.mode != "batch" or starts is None or len(starts) < 3 or starts[-1] - starts[-2] != 1:
         return plan
     return dataclasses.replace(plan, batch_starts=np.delete(starts, -2))

@@ -1,7 +1,7 @@
 """Model states as ``{name: tensor}`` dictionaries: copying, loading, which keys are which.
 
 Aggregation math works on these dictionaries, so it can be checked against hand-computed
-values without a model or a router.
+values without a model or a engine.
 """
 
 from __future__ import annotations

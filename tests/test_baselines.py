@@ -26,8 +26,8 @@ from stratify.registry import PlainRegistry
 FEATURES, CLASSES = 4, 3
 
 
-def tiny_router(strategy, model, sizes=(3, 5), mode="batch", lr=0.1, seed=0, data_seed=0):
-    """A router over ``len(sizes)`` clients; client k holds label k % CLASSES only."""
+def tiny_engine(strategy, model, sizes=(3, 5), mode="batch", lr=0.1, seed=0, data_seed=0):
+    """A engine over ``len(sizes)`` clients; client k holds label k % CLASSES only."""
     generator = torch.Generator().manual_seed(data_seed)
     labels = np.concatenate([[k % CLASSES] * size for k, size in enumerate(sizes)])
     x = torch.randn(len(labels), FEATURES, generator=generator) + torch.as_tensor(labels)[:, None]
@@ -44,7 +44,7 @@ def tiny_router(strategy, model, sizes=(3, 5), mode="batch", lr=0.1, seed=0, dat
         registry=PlainRegistry(seed=0),
         model=model,
         strategy=strategy,
-    ).router
+    ).engine
 
 
 def linear(seed=0):
@@ -76,10 +76,10 @@ def numpy_params(model):
     return model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
 
 
-def client_data(router, client, order=None):
-    indices = router.federation.client_indices[client] if order is None else order
-    x = router.dataset.x_train[indices].double().numpy()
-    return x, router.dataset.y_train[indices].numpy()
+def client_data(engine, client, order=None):
+    indices = engine.federation.client_indices[client] if order is None else order
+    x = engine.dataset.x_train[indices].double().numpy()
+    return x, engine.dataset.y_train[indices].numpy()
 
 
 # -- shared math ---------------------------------------------------------------------------
@@ -108,41 +108,41 @@ def test_participants_fraction():
 
 def test_fedavg_round_is_the_sample_weighted_average_of_local_gradient_steps():
     # local batch = whole client, 1 local epoch: each client takes one full-batch GD step
-    router = tiny_router(
+    engine = tiny_engine(
         FedAvg(local_batch_size=8, local_epochs=1, local_momentum=0.0),
         linear(),
         sizes=(3, 5),
         lr=0.5,
     )
-    w0, b0 = numpy_params(router.model)
+    w0, b0 = numpy_params(engine.model)
     expected_w, expected_b = np.zeros_like(w0), np.zeros_like(b0)
     for client, share in ((0, 3 / 8), (1, 5 / 8)):
-        gw, gb = ce_gradient(w0, b0, *client_data(router, client))
+        gw, gb = ce_gradient(w0, b0, *client_data(engine, client))
         expected_w += share * (w0 - 0.5 * gw)
         expected_b += share * (b0 - 0.5 * gb)
-    stats = router.run_epoch(1)
-    w1, b1 = numpy_params(router.model)
+    stats = engine.run_epoch(1)
+    w1, b1 = numpy_params(engine.model)
     assert np.allclose(w1, expected_w, atol=1e-6) and np.allclose(b1, expected_b, atol=1e-6)
     assert stats.transfers == 4  # 2 clients, download + upload each
-    assert stats.bytes_sent == 4 * router.model_bytes
+    assert stats.bytes_sent == 4 * engine.model_bytes
     assert stats.steps == 2
 
 
 def test_equal_weighting_averages_the_clients_alike():
-    router = tiny_router(
+    engine = tiny_engine(
         FedAvg(local_batch_size=8, weighting="equal", local_epochs=1, local_momentum=0.0),
         linear(),
         sizes=(3, 5),
         lr=0.5,
     )
-    w0, b0 = numpy_params(router.model)
+    w0, b0 = numpy_params(engine.model)
     expected_w, expected_b = np.zeros_like(w0), np.zeros_like(b0)
     for client in (0, 1):
-        gw, gb = ce_gradient(w0, b0, *client_data(router, client))
+        gw, gb = ce_gradient(w0, b0, *client_data(engine, client))
         expected_w += 0.5 * (w0 - 0.5 * gw)
         expected_b += 0.5 * (b0 - 0.5 * gb)
-    router.run_epoch(1)
-    w1, b1 = numpy_params(router.model)
+    engine.run_epoch(1)
+    w1, b1 = numpy_params(engine.model)
     assert np.allclose(w1, expected_w, atol=1e-6) and np.allclose(b1, expected_b, atol=1e-6)
 
 
@@ -153,16 +153,16 @@ def test_local_momentum_and_weight_decay_reach_the_local_steps():
     strategy = FedAvg(
         local_epochs=2, local_batch_size=8, local_momentum=beta, local_weight_decay=decay
     )
-    router = tiny_router(strategy, linear(), sizes=(4,), lr=lr)
-    w, b = numpy_params(router.model)
-    x, y = client_data(router, 0)
+    engine = tiny_engine(strategy, linear(), sizes=(4,), lr=lr)
+    w, b = numpy_params(engine.model)
+    x, y = client_data(engine, 0)
     vw, vb = np.zeros_like(w), np.zeros_like(b)
     for _ in range(2):
         gw, gb = ce_gradient(w, b, x, y)
         vw, vb = beta * vw + gw + decay * w, beta * vb + gb + decay * b
         w, b = w - lr * vw, b - lr * vb
-    router.run_epoch(1)
-    w1, b1 = numpy_params(router.model)
+    engine.run_epoch(1)
+    w1, b1 = numpy_params(engine.model)
     assert np.allclose(w1, w, atol=1e-6) and np.allclose(b1, b, atol=1e-6)
 
 
@@ -170,12 +170,12 @@ def test_local_momentum_and_weight_decay_reach_the_local_steps():
 def test_fedavg_family_defaults_are_niid_benchs_in_batch_mode(method):
     # FedAvgOptions' docstring: E = 10, batch 64, momentum 0.9, constant lr in batch mode;
     # batch of one, E = 1, no momentum in single-sample mode
-    batch = tiny_router(method(), linear(), mode="batch").strategy
+    batch = tiny_engine(method(), linear(), mode="batch").strategy
     # SCAFFOLD keeps its paper's plain SGD: option II's variate assumes it (ScaffoldOptions)
     momentum = 0.0 if method is Scaffold else 0.9
     assert (batch.local_epochs, batch.batch_size, batch.local_momentum) == (10, 64, momentum)
     assert batch.lr_schedule_for("batch") == "constant"
-    single = tiny_router(method(), linear(), mode="single-sample").strategy
+    single = tiny_engine(method(), linear(), mode="single-sample").strategy
     assert (single.local_epochs, single.batch_size, single.local_momentum) == (1, 1, 0.0)
     assert (batch.options.local_weight_decay, batch.options.weighting) == (0.0, "samples")
     if method is FedProx:
@@ -183,20 +183,20 @@ def test_fedavg_family_defaults_are_niid_benchs_in_batch_mode(method):
 
 
 def test_fedavg_single_sample_mode_uses_batches_of_one():
-    router = tiny_router(FedAvg(local_epochs=2), linear(), sizes=(3, 5), mode="single-sample")
-    assert router.strategy.batch_size == 1
-    assert router.run_epoch(1).steps == 2 * (3 + 5)
+    engine = tiny_engine(FedAvg(local_epochs=2), linear(), sizes=(3, 5), mode="single-sample")
+    assert engine.strategy.batch_size == 1
+    assert engine.run_epoch(1).steps == 2 * (3 + 5)
     with pytest.raises(ConfigError, match="single-sample"):
-        tiny_router(FedAvg(local_batch_size=4), linear(), mode="single-sample")
+        tiny_engine(FedAvg(local_batch_size=4), linear(), mode="single-sample")
 
 
 def test_client_fraction_samples_clients():
-    router = tiny_router(
+    engine = tiny_engine(
         FedAvg(client_fraction=0.5, local_epochs=1, local_momentum=0.0),
         linear(),
         sizes=(2, 2, 2, 2),
     )
-    stats = router.run_epoch(1)
+    stats = engine.run_epoch(1)
     assert stats.transfers == 4 and stats.steps == 2
 
 
@@ -208,44 +208,44 @@ def bn_input(model, x):
 
 
 def test_bn_buffers_average_is_sample_weighted():
-    router = tiny_router(
+    engine = tiny_engine(
         FedAvg(local_batch_size=8, local_epochs=1, local_momentum=0.0), bn_mlp(), sizes=(3, 5)
     )
-    start = copy.deepcopy(router.model)
+    start = copy.deepcopy(engine.model)
     expected_mean = torch.zeros(6, dtype=torch.float64)
     expected_var = torch.zeros(6, dtype=torch.float64)
     for client, share in ((0, 3 / 8), (1, 5 / 8)):
-        h = bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
+        h = bn_input(start, engine.dataset.x_train[engine.federation.client_indices[client]])
         expected_mean += share * 0.1 * h.mean(0)
         expected_var += share * (0.9 + 0.1 * h.var(0, unbiased=True))
-    router.run_epoch(1)
-    bn = router.model[1]
+    engine.run_epoch(1)
+    bn = engine.model[1]
     assert torch.allclose(bn.running_mean.double(), expected_mean, atol=1e-6)
     assert torch.allclose(bn.running_var.double(), expected_var, atol=1e-6)
     assert int(bn.num_batches_tracked) == 1
 
 
 def test_bn_buffers_local_stay_with_their_client():
-    router = tiny_router(
+    engine = tiny_engine(
         FedAvg(local_batch_size=8, bn_buffers="local", local_epochs=1, local_momentum=0.0),
         bn_mlp(),
         sizes=(3, 5),
     )
-    router.run_epoch(1)
-    strategy = router.strategy
+    engine.run_epoch(1)
+    strategy = engine.strategy
     own = {k: strategy.client_buffers[k]["1.running_mean"].clone() for k in (0, 1)}
     assert not torch.allclose(own[0], own[1])
     # the global model evaluates with the sample-weighted average of the clients' buffers
-    assert torch.allclose(router.model[1].running_mean, (3 * own[0] + 5 * own[1]) / 8, atol=1e-6)
+    assert torch.allclose(engine.model[1].running_mean, (3 * own[0] + 5 * own[1]) / 8, atol=1e-6)
     # a client receives the global parameters but its own buffers
-    received = strategy.receive(router.context, 0)
+    received = strategy.receive(engine.context, 0)
     assert torch.equal(received[1].running_mean, own[0])
-    assert torch.equal(received[0].weight, router.model[0].weight)
+    assert torch.equal(received[0].weight, engine.model[0].weight)
     # and its statistics keep running from there
-    start = copy.deepcopy(router.model)
-    router.run_epoch(2)
+    start = copy.deepcopy(engine.model)
+    engine.run_epoch(2)
     for client in (0, 1):
-        h = bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
+        h = bn_input(start, engine.dataset.x_train[engine.federation.client_indices[client]])
         expected = 0.9 * own[client].double() + 0.1 * h.mean(0)
         got = strategy.client_buffers[client]["1.running_mean"].double()
         assert torch.allclose(got, expected, atol=1e-6)
@@ -253,9 +253,9 @@ def test_bn_buffers_local_stay_with_their_client():
 
 def test_bn_buffers_local_resume():
     strategy = FedAvg(bn_buffers="local", local_batch_size=8)
-    tiny_router(strategy, bn_mlp()).run_epoch(1)
+    tiny_engine(strategy, bn_mlp()).run_epoch(1)
     restored = FedAvg(bn_buffers="local", local_batch_size=8)
-    tiny_router(restored, bn_mlp())
+    tiny_engine(restored, bn_mlp())
     restored.load_state_dict(strategy.state_dict())
     for client in (0, 1):
         for key, value in strategy.client_buffers[client].items():
@@ -267,8 +267,8 @@ def test_bn_buffers_local_resume():
 
 @pytest.mark.parametrize("mode", ["single-sample", "batch"])
 def test_fedprox_with_mu_zero_equals_fedavg_bit_for_bit(mode):
-    fedavg = tiny_router(FedAvg(local_epochs=2), mlp(), mode=mode, sizes=(7, 9))
-    fedprox = tiny_router(FedProx(local_epochs=2, mu=0.0), mlp(), mode=mode, sizes=(7, 9))
+    fedavg = tiny_engine(FedAvg(local_epochs=2), mlp(), mode=mode, sizes=(7, 9))
+    fedprox = tiny_engine(FedProx(local_epochs=2, mu=0.0), mlp(), mode=mode, sizes=(7, 9))
     for epoch in (1, 2):
         fedavg.run_epoch(epoch)
         fedprox.run_epoch(epoch)
@@ -294,16 +294,16 @@ def test_proximal_term_and_its_gradient():
 def test_fedprox_local_steps_by_hand():
     # one client, two samples, batch of one: the 2nd step feels μ (w1 − w0)
     mu, lr = 2.0, 0.1
-    router = tiny_router(FedProx(mu=mu), linear(), sizes=(2,), mode="single-sample", lr=lr)
-    w, b = numpy_params(router.model)
+    engine = tiny_engine(FedProx(mu=mu), linear(), sizes=(2,), mode="single-sample", lr=lr)
+    w, b = numpy_params(engine.model)
     w0, b0 = w.copy(), b.copy()
-    order = np.random.default_rng([0, 1]).permutation(router.federation.client_indices[0])
+    order = np.random.default_rng([0, 1]).permutation(engine.federation.client_indices[0])
     for index in order:
-        x, y = client_data(router, 0, order=[index])
+        x, y = client_data(engine, 0, order=[index])
         gw, gb = ce_gradient(w, b, x, y)
         w, b = w - lr * (gw + mu * (w - w0)), b - lr * (gb + mu * (b - b0))
-    router.run_epoch(1)
-    w1, b1 = numpy_params(router.model)
+    engine.run_epoch(1)
+    w1, b1 = numpy_params(engine.model)
     assert np.allclose(w1, w, atol=1e-6) and np.allclose(b1, b, atol=1e-6)
 
 
@@ -320,8 +320,8 @@ def test_server_momentum_step_by_hand():
 
 
 def test_fedavgm_without_momentum_equals_fedavg():
-    fedavg = tiny_router(FedAvg(), mlp(), mode="single-sample")
-    fedavgm = tiny_router(FedAvgM(server_momentum=0.0, server_lr=1.0), mlp(), mode="single-sample")
+    fedavg = tiny_engine(FedAvg(), mlp(), mode="single-sample")
+    fedavgm = tiny_engine(FedAvgM(server_momentum=0.0, server_lr=1.0), mlp(), mode="single-sample")
     for epoch in (1, 2, 3):
         fedavg.run_epoch(epoch)
         fedavgm.run_epoch(epoch)
@@ -331,22 +331,22 @@ def test_fedavgm_without_momentum_equals_fedavg():
 
 def test_fedavgm_momentum_accumulates_and_resumes():
     strategy = FedAvgM(server_momentum=0.5, server_lr=1.0)
-    router = tiny_router(strategy, linear(), mode="single-sample")
-    reference = tiny_router(FedAvg(), linear(), mode="single-sample")
-    x0 = router.model.weight.detach().clone()
-    router.run_epoch(1)
+    engine = tiny_engine(strategy, linear(), mode="single-sample")
+    reference = tiny_engine(FedAvg(), linear(), mode="single-sample")
+    x0 = engine.model.weight.detach().clone()
+    engine.run_epoch(1)
     reference.run_epoch(1)
     # round 1: v = Δ, so x1 = average (= FedAvg's model)
-    assert torch.allclose(router.model.weight, reference.model.weight, atol=1e-7)
+    assert torch.allclose(engine.model.weight, reference.model.weight, atol=1e-7)
     assert torch.allclose(strategy.velocity["weight"], x0 - reference.model.weight, atol=1e-7)
     # resume: a fresh strategy with the saved state continues identically
     restored = FedAvgM(server_momentum=0.5, server_lr=1.0)
-    resumed = tiny_router(restored, linear(), mode="single-sample")
-    resumed.model.load_state_dict(router.model.state_dict())
+    resumed = tiny_engine(restored, linear(), mode="single-sample")
+    resumed.model.load_state_dict(engine.model.state_dict())
     restored.load_state_dict(strategy.state_dict())
-    router.run_epoch(2)
+    engine.run_epoch(2)
     resumed.run_epoch(2)
-    assert torch.equal(router.model.weight, resumed.model.weight)
+    assert torch.equal(engine.model.weight, resumed.model.weight)
 
 
 # -- SCAFFOLD --------------------------------------------------------------------------------
@@ -373,14 +373,14 @@ def test_scaffold_two_rounds_by_hand():
     # two clients, one sample each, batch of one, K = 1 step per round
     lr, server_lr = 0.2, 0.5
     strategy = Scaffold(server_lr=server_lr)
-    router = tiny_router(strategy, linear(), sizes=(1, 1), mode="single-sample", lr=lr)
-    w, b = numpy_params(router.model)
+    engine = tiny_engine(strategy, linear(), sizes=(1, 1), mode="single-sample", lr=lr)
+    w, b = numpy_params(engine.model)
     c = [np.zeros_like(w), np.zeros_like(b)]
     c_i = {k: [np.zeros_like(w), np.zeros_like(b)] for k in (0, 1)}
     for epoch in (1, 2):
         ys, new_c = [], {}
         for k in (0, 1):
-            gw, gb = ce_gradient(w, b, *client_data(router, k))
+            gw, gb = ce_gradient(w, b, *client_data(engine, k))
             yw = w - lr * (gw - c_i[k][0] + c[0])
             yb = b - lr * (gb - c_i[k][1] + c[1])
             new_c[k] = [c_i[k][0] - c[0] + (w - yw) / lr, c_i[k][1] - c[1] + (b - yb) / lr]
@@ -390,15 +390,15 @@ def test_scaffold_two_rounds_by_hand():
         b = b + server_lr * np.mean([yb - b for _, yb in ys], 0)
         c = [c[j] + (2 / 2) * delta_c[j] for j in (0, 1)]
         c_i = new_c
-        stats = router.run_epoch(epoch)
-        w1, b1 = numpy_params(router.model)
+        stats = engine.run_epoch(epoch)
+        w1, b1 = numpy_params(engine.model)
         assert np.allclose(w1, w, atol=1e-6) and np.allclose(b1, b, atol=1e-6)
         assert np.allclose(strategy.server_variate["weight"].numpy(), c[0], atol=1e-5)
         for k in (0, 1):
             assert np.allclose(strategy.client_variates[k]["bias"].numpy(), c_i[k][1], atol=1e-5)
     # with K = 1 step, option II gives c_i = the client's gradient at the round's start
     assert stats.transfers == 4
-    assert stats.bytes_sent == 4 * router.model_bytes + 4 * router.gradient_bytes
+    assert stats.bytes_sent == 4 * engine.model_bytes + 4 * engine.gradient_bytes
 
 
 def test_scaffold_k_is_the_local_step_count_not_the_epoch_count():
@@ -409,8 +409,8 @@ def test_scaffold_k_is_the_local_step_count_not_the_epoch_count():
     strategy = Scaffold(
         local_epochs=epochs, local_batch_size=batch, local_momentum=0.0, server_lr=1.0
     )
-    router = tiny_router(strategy, linear(), sizes=(3, 5), mode="batch", lr=lr)
-    w, b = numpy_params(router.model)
+    engine = tiny_engine(strategy, linear(), sizes=(3, 5), mode="batch", lr=lr)
+    w, b = numpy_params(engine.model)
     c = [np.zeros_like(w), np.zeros_like(b)]
     c_i = {k: [np.zeros_like(w), np.zeros_like(b)] for k in (0, 1)}
     for epoch in (1, 2):
@@ -419,10 +419,10 @@ def test_scaffold_k_is_the_local_step_count_not_the_epoch_count():
         for k in (0, 1):
             yw, yb, steps[k] = w.copy(), b.copy(), 0
             for _ in range(epochs):
-                order = rng.permutation(router.federation.client_indices[k])
+                order = rng.permutation(engine.federation.client_indices[k])
                 for start in range(0, len(order), batch):
                     gw, gb = ce_gradient(
-                        yw, yb, *client_data(router, k, order[start : start + batch])
+                        yw, yb, *client_data(engine, k, order[start : start + batch])
                     )
                     yw = yw - lr * (gw - c_i[k][0] + c[0])
                     yb = yb - lr * (gb - c_i[k][1] + c[1])
@@ -436,9 +436,9 @@ def test_scaffold_k_is_the_local_step_count_not_the_epoch_count():
         b = b + np.mean([yb - b for _, yb in ys], 0)
         c = [c[j] + delta_c[j] for j in (0, 1)]
         c_i = new_c
-        stats = router.run_epoch(epoch)
+        stats = engine.run_epoch(epoch)
         assert stats.steps == 10
-        w1, b1 = numpy_params(router.model)
+        w1, b1 = numpy_params(engine.model)
         assert np.allclose(w1, w, atol=1e-5) and np.allclose(b1, b, atol=1e-5)
         assert np.allclose(strategy.server_variate["weight"].numpy(), c[0], atol=1e-5)
         for k in (0, 1):
@@ -448,9 +448,9 @@ def test_scaffold_k_is_the_local_step_count_not_the_epoch_count():
 
 def test_scaffold_state_round_trip():
     strategy = Scaffold()
-    tiny_router(strategy, linear(), mode="single-sample").run_epoch(1)
+    tiny_engine(strategy, linear(), mode="single-sample").run_epoch(1)
     restored = Scaffold()
-    tiny_router(restored, linear(), mode="single-sample")
+    tiny_engine(restored, linear(), mode="single-sample")
     restored.load_state_dict(strategy.state_dict())
     assert torch.equal(restored.server_variate["weight"], strategy.server_variate["weight"])
     assert sorted(restored.client_variates) == [0, 1]
@@ -463,7 +463,7 @@ def test_scaffold_state_round_trip():
 @pytest.mark.parametrize("mode", ["single-sample", "batch"])
 def test_sfl_round_equals_training_clients_one_after_another(mode):
     sizes, lr, epochs = (3, 4, 5), 0.1, 2
-    router = tiny_router(
+    engine = tiny_engine(
         SFL(
             local_epochs=epochs,
             local_batch_size=None if mode != "batch" else 2,
@@ -476,39 +476,39 @@ def test_sfl_round_equals_training_clients_one_after_another(mode):
         seed=3,
     )
     batch_size = 1 if mode == "single-sample" else 2
-    reference = copy.deepcopy(router.model)
+    reference = copy.deepcopy(engine.model)
     optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
     rng = np.random.default_rng([3, 1])
     order = rng.permutation(len(sizes))
     for client in order:
         for _ in range(epochs):
-            shuffled = rng.permutation(router.federation.client_indices[client])
+            shuffled = rng.permutation(engine.federation.client_indices[client])
             for start in range(0, len(shuffled), batch_size):
                 batch = torch.as_tensor(shuffled[start : start + batch_size])
                 loss = F.cross_entropy(
-                    reference(router.dataset.x_train[batch]), router.dataset.y_train[batch]
+                    reference(engine.dataset.x_train[batch]), engine.dataset.y_train[batch]
                 )
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-    stats = router.run_epoch(1)
-    for ours, theirs in zip(router.model.parameters(), reference.parameters()):
+    stats = engine.run_epoch(1)
+    for ours, theirs in zip(engine.model.parameters(), reference.parameters()):
         assert torch.allclose(ours, theirs, atol=1e-7)
     assert stats.transfers == len(sizes)
-    assert stats.bytes_sent == len(sizes) * router.model_bytes
+    assert stats.bytes_sent == len(sizes) * engine.model_bytes
 
 
 def test_sfl_defaults_are_its_papers_plain_sgd_with_batch_20_and_weight_decay():
     # SFLOptions' docstring: momentum 0, weight decay 1e-4, batch 20, one pass, constant lr
-    batch = tiny_router(SFL(), linear(), mode="batch").strategy
+    batch = tiny_engine(SFL(), linear(), mode="batch").strategy
     options = batch.options
     assert (options.local_epochs, options.local_batch_size) == (1, 20)
     assert (options.local_momentum, options.local_weight_decay) == (0.0, 1e-4)
     assert batch.lr_schedule_for("batch") == "constant" and batch.lr_for("batch") is None
-    single = tiny_router(SFL(), linear(), mode="single-sample").strategy
+    single = tiny_engine(SFL(), linear(), mode="single-sample").strategy
     assert single.options.local_batch_size == 1
     assert (
-        tiny_router(
+        tiny_engine(
             SFL(local_batch_size=8), linear(), mode="batch"
         ).strategy.options.local_batch_size
         == 8
@@ -516,9 +516,9 @@ def test_sfl_defaults_are_its_papers_plain_sgd_with_batch_20_and_weight_decay():
 
 
 def test_sfl_order_is_random_each_round():
-    router = tiny_router(SFL(), mlp(), sizes=(1,) * 6, mode="single-sample")
+    engine = tiny_engine(SFL(), mlp(), sizes=(1,) * 6, mode="single-sample")
     orders = [
-        list(router.strategy.configure_rounds(router.context, e, router.epoch_rng(e)))[0].clients
+        list(engine.strategy.configure_rounds(engine.context, e, engine.epoch_rng(e)))[0].clients
         for e in (1, 2, 3)
     ]
     assert all(sorted(order.tolist()) == list(range(6)) for order in orders)
@@ -537,18 +537,18 @@ def test_fedtan_bn_statistics_follow_the_official_code():
     # unequal clients (3 and 5 samples), one shared step: the global mean is the
     # unweighted mean of the client means; the variance the unweighted mean of each
     # client's variance around that global mean
-    router = tiny_router(fedtan(local_batch_size=8), bn_mlp(), sizes=(3, 5))
-    start = copy.deepcopy(router.model)
+    engine = tiny_engine(fedtan(local_batch_size=8), bn_mlp(), sizes=(3, 5))
+    start = copy.deepcopy(engine.model)
     inputs = [
-        bn_input(start, router.dataset.x_train[router.federation.client_indices[client]])
+        bn_input(start, engine.dataset.x_train[engine.federation.client_indices[client]])
         for client in (0, 1)
     ]
     mean = (inputs[0].mean(0) + inputs[1].mean(0)) / 2
     var = sum((h - mean).square().mean(0) for h in inputs) / 2
     union = torch.cat(inputs)
     assert not torch.allclose(mean, union.mean(0), atol=1e-3)  # unequal shares: not union BN
-    stats = router.run_epoch(1)
-    bn = router.model[1]
+    stats = engine.run_epoch(1)
+    bn = engine.model[1]
     assert torch.allclose(bn.running_mean.double(), 0.1 * mean, atol=1e-6)
     assert torch.allclose(bn.running_var.double(), 0.9 + 0.1 * var * 8 / 7, atol=1e-6)
     assert int(bn.num_batches_tracked) == 1
@@ -562,32 +562,32 @@ def test_fedtan_shared_step_is_batchnorm_on_the_union_for_equal_batches(referenc
     # through FedTAN's own layer (client-mean over the split); the gradient reaches every
     # client through the shared statistics
     lr = 0.3
-    router = tiny_router(fedtan(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
+    engine = tiny_engine(fedtan(local_batch_size=4), bn_mlp(), sizes=(4, 4), lr=lr)
     norm = (
         None
         if reference_norm == "nn.BatchNorm1d"
         else SumBatchNorm(6, dims=1, combine="client-mean")
     )
     reference = bn_mlp(norm=norm)
-    reference.load_state_dict(router.model.state_dict())
+    reference.load_state_dict(engine.model.state_dict())
     rng = np.random.default_rng([0, 1])
-    orders = [rng.permutation(ix) for ix in router.federation.client_indices]
-    x, y = router.dataset.x_train, router.dataset.y_train
+    orders = [rng.permutation(ix) for ix in engine.federation.client_indices]
+    x, y = engine.dataset.x_train, engine.dataset.y_train
     with client_split(reference, [4, 4]):
         logits = reference(torch.cat([x[order] for order in orders]))
     targets = torch.cat([y[order] for order in orders])
     loss = F.cross_entropy(logits[:4], targets[:4]) + F.cross_entropy(logits[4:], targets[4:])
     loss.backward()
-    router.run_epoch(1)
-    for (name, ours), theirs in zip(router.model.named_parameters(), reference.parameters()):
+    engine.run_epoch(1)
+    for (name, ours), theirs in zip(engine.model.named_parameters(), reference.parameters()):
         expected = theirs.detach() - lr / 2 * theirs.grad
         assert torch.allclose(ours, expected, atol=1e-6), name
     for key in ("running_mean", "running_var"):
-        assert torch.allclose(getattr(router.model[1], key), getattr(reference[1], key), atol=1e-6)
+        assert torch.allclose(getattr(engine.model[1], key), getattr(reference[1], key), atol=1e-6)
 
 
 def test_fedtan_shares_statistics_only_in_the_first_step_of_a_round():
-    router = tiny_router(fedtan(local_epochs=2, local_batch_size=2), bn_mlp(), sizes=(4, 6))
+    engine = tiny_engine(fedtan(local_epochs=2, local_batch_size=2), bn_mlp(), sizes=(4, 6))
     calls = []
     original = StatisticsExchange.average
 
@@ -597,7 +597,7 @@ def test_fedtan_shares_statistics_only_in_the_first_step_of_a_round():
 
     StatisticsExchange.average = counting
     try:
-        stats = router.run_epoch(1)
+        stats = engine.run_epoch(1)
     finally:
         StatisticsExchange.average = original
     # client 0: 2 epochs × ceil(4/2) = 4 steps, client 1: 2 × ceil(6/2) = 6; one is shared
@@ -605,14 +605,14 @@ def test_fedtan_shares_statistics_only_in_the_first_step_of_a_round():
     assert stats.loss_count == 2 * (4 + 6)
     # one BN layer: mean and variance exchanged once by each of the 2 clients
     assert sorted(calls) == [(0, "mean"), (0, "mean"), (0, "var"), (0, "var")]
-    assert all(torch.isfinite(p).all() for p in router.model.parameters())
+    assert all(torch.isfinite(p).all() for p in engine.model.parameters())
     # the BN forwards are restored on the global model (no lockstep hooks leak)
-    assert "forward" not in router.model[1].__dict__
+    assert "forward" not in engine.model[1].__dict__
 
 
 def test_fedtan_defaults_are_its_official_codes_local_sgd():
     # FedTANOptions' docstring: batch 128, momentum 0.9, weight decay 1e-4, batch mode only
-    strategy = tiny_router(FedTAN(), bn_mlp(), sizes=(4, 4), mode="batch").strategy
+    strategy = tiny_engine(FedTAN(), bn_mlp(), sizes=(4, 4), mode="batch").strategy
     options = strategy.options
     assert (options.local_batch_size, options.local_momentum) == (128, 0.9)
     assert (options.local_weight_decay, options.local_epochs) == (1e-4, 1)
@@ -621,14 +621,14 @@ def test_fedtan_defaults_are_its_official_codes_local_sgd():
 
 def test_fedtan_refuses_models_without_batch_norm():
     with pytest.raises(ConfigError, match="BatchNorm"):
-        tiny_router(FedTAN(), mlp())
+        tiny_engine(FedTAN(), mlp())
 
 
 def test_fedtan_error_in_one_client_is_raised_not_deadlocked():
     # batches of one on BatchNorm1d: every client variance is zero, a clear error
-    router = tiny_router(FedTAN(local_batch_size=1), bn_mlp(), sizes=(3, 5))
+    engine = tiny_engine(FedTAN(local_batch_size=1), bn_mlp(), sizes=(3, 5))
     with pytest.raises(ConfigError, match="one value per channel"):
-        router.run_epoch(1)
+        engine.run_epoch(1)
 
 
 # -- every method in both settings, and bad options ------------------------------------------
@@ -655,13 +655,13 @@ def test_every_method_runs_in_both_settings(strategy, mode):
     if strategy is FedTAN and mode == "single-sample":
         # BatchNorm cannot normalise a single sample: FedTAN runs in batch mode only
         with pytest.raises(ConfigError, match="fedtan runs in --mode batch"):
-            tiny_router(strategy(), model, sizes=(3, 5), mode=mode)
+            tiny_engine(strategy(), model, sizes=(3, 5), mode=mode)
         return
-    router = tiny_router(strategy(), model, sizes=(3, 5), mode=mode)
-    stats = router.run_epoch(1)
+    engine = tiny_engine(strategy(), model, sizes=(3, 5), mode=mode)
+    stats = engine.run_epoch(1)
     assert stats.steps > 0 and stats.transfers > 0 and stats.bytes_sent > 0
     assert np.isfinite(stats.train_loss)
-    accuracy, loss = router.evaluate()
+    accuracy, loss = engine.evaluate()
     assert 0.0 <= accuracy <= 1.0 and np.isfinite(loss)
 
 
@@ -688,7 +688,7 @@ def test_bad_options_are_config_errors(build, message):
 
 def test_batch_statistics_models_are_refused_in_single_sample_mode():
     with pytest.raises(ConfigError, match="use --norm gn \\(or none\\), or use --mode batch"):
-        tiny_router(FedAvg(), bn_mlp(), mode="single-sample")
+        tiny_engine(FedAvg(), bn_mlp(), mode="single-sample")
 
 
 def test_a_last_mini_batch_of_one_joins_the_previous_one_for_batch_norm_models():
@@ -700,9 +700,9 @@ def test_a_last_mini_batch_of_one_joins_the_previous_one_for_batch_norm_models()
     assert batch_bounds(10, 4, merge_singleton=True) == [(0, 4), (4, 8), (8, 10)]
     # a client of 5 samples, batches of 4: BatchNorm would fail on the lone fifth sample
     strategy = FedAvg(local_batch_size=4, local_epochs=1, local_momentum=0.0)
-    router = tiny_router(strategy, bn_mlp(), sizes=(5, 5))
-    assert router.run_epoch(1).steps == 2  # one merged batch of 5 per client
-    plain = tiny_router(FedAvg(local_batch_size=4, local_epochs=1), mlp(), sizes=(5, 5))
+    engine = tiny_engine(strategy, bn_mlp(), sizes=(5, 5))
+    assert engine.run_epoch(1).steps == 2  # one merged batch of 5 per client
+    plain = tiny_engine(FedAvg(local_batch_size=4, local_epochs=1), mlp(), sizes=(5, 5))
     assert plain.run_epoch(1).steps == 4  # without batch statistics nothing is merged
 
 
@@ -722,9 +722,9 @@ def test_fedtan_failure_of_one_client_releases_the_others():
     model = nn.Sequential(
         FailsOnBatchOf(6), nn.Linear(FEATURES, 6), nn.BatchNorm1d(6), nn.Linear(6, CLASSES)
     )
-    router = tiny_router(FedTAN(local_batch_size=8), model, sizes=(4, 6))
+    engine = tiny_engine(FedTAN(local_batch_size=8), model, sizes=(4, 6))
     with pytest.raises(ValueError, match="client failure"):
-        router.run_epoch(1)
+        engine.run_epoch(1)
 
 
 def test_local_trainer_minimises_the_given_loss_function():

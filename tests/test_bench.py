@@ -12,7 +12,7 @@ import pytest
 
 from stratify.cli.bench_plan import PlanCell, cell_process
 from stratify.cli.main import main
-from stratify.strategy import Stratify
+from stratify.stratify import Stratify
 
 STEPS_KEYS = {
     "eager_steps_per_s",

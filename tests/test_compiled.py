@@ -26,7 +26,7 @@ def tiny_data():
     )
 
 
-def tiny_router(data, compile, momentum=0.0, lr=0.05):
+def tiny_engine(data, compile, momentum=0.0, lr=0.05):
     config = TrainConfig(
         dataset="synthetic",
         partition="dirichlet:1.0",
@@ -38,13 +38,13 @@ def tiny_router(data, compile, momentum=0.0, lr=0.05):
         secure=False,
         options={"compile": compile, "momentum": momentum, "repeat_count": 13},
     )
-    return build_experiment(config, dataset=data).router
+    return build_experiment(config, dataset=data).engine
 
 
-def train(router, epochs, steps_per_call=2):
-    router.strategy.steps_per_call = steps_per_call
-    losses = [router.run_epoch(epoch).train_loss for epoch in range(1, epochs + 1)]
-    return losses, [p.detach().clone() for p in router.model.parameters()]
+def train(engine, epochs, steps_per_call=2):
+    engine.strategy.steps_per_call = steps_per_call
+    losses = [engine.run_epoch(epoch).train_loss for epoch in range(1, epochs + 1)]
+    return losses, [p.detach().clone() for p in engine.model.parameters()]
 
 
 def assert_same_weights(ours, theirs, atol):
@@ -56,47 +56,47 @@ def assert_same_weights(ours, theirs, atol):
 def test_compiled_step_trains_as_the_eager_loop(tiny_data, monkeypatch):
     monkeypatch.setattr(stratify.compiled, "_SHARED", {})  # compile here, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    eager_losses, eager = train(tiny_router(tiny_data, "off"), epochs=2)
-    compiled_losses, compiled = train(tiny_router(tiny_data, "on"), epochs=2)
+    eager_losses, eager = train(tiny_engine(tiny_data, "off"), epochs=2)
+    compiled_losses, compiled = train(tiny_engine(tiny_data, "on"), epochs=2)
     assert_same_weights(compiled, eager, atol=1e-5)
     assert np.allclose(compiled_losses, eager_losses, rtol=1e-5)
     # one graph for every call of both epochs (lr and the indices are tensor inputs), and
     # a second model of the architecture reuses it
-    train(tiny_router(tiny_data, "on"), epochs=1)
+    train(tiny_engine(tiny_data, "on"), epochs=1)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
 
 
 @pytest.mark.compile
 def test_compiled_momentum_keeps_the_optimizer_state(tiny_data, monkeypatch):
     monkeypatch.setattr(stratify.compiled, "BACKEND", "aot_eager")
-    eager_router = tiny_router(tiny_data, "off", momentum=0.5, lr=0.02)
-    _, eager = train(eager_router, epochs=2)
+    eager_engine = tiny_engine(tiny_data, "off", momentum=0.5, lr=0.02)
+    _, eager = train(eager_engine, epochs=2)
     # a compiled epoch, then an eager one: the eager epoch continues from the momentum
     # buffers the compiled step left in the optimizer
-    router = tiny_router(tiny_data, "on", momentum=0.5, lr=0.02)
-    train(router, epochs=1, steps_per_call=3)
-    router.strategy.options.compile = "off"
-    router.run_epoch(2)
-    ours = [p.detach() for p in router.model.parameters()]
+    engine = tiny_engine(tiny_data, "on", momentum=0.5, lr=0.02)
+    train(engine, epochs=1, steps_per_call=3)
+    engine.strategy.options.compile = "off"
+    engine.run_epoch(2)
+    ours = [p.detach() for p in engine.model.parameters()]
     assert_same_weights(ours, eager, atol=1e-5)
-    for parameter, reference in zip(router.model.parameters(), eager_router.model.parameters()):
-        mine = router.strategy.optimizer.state[parameter]["momentum_buffer"]
-        theirs = eager_router.strategy.optimizer.state[reference]["momentum_buffer"]
+    for parameter, reference in zip(engine.model.parameters(), eager_engine.model.parameters()):
+        mine = engine.strategy.optimizer.state[parameter]["momentum_buffer"]
+        theirs = eager_engine.strategy.optimizer.state[reference]["momentum_buffer"]
         assert torch.allclose(mine, theirs, atol=1e-5)
 
 
 def test_auto_compiles_once_the_run_is_long_and_resumes_at_the_same_point(tiny_data):
-    router = tiny_router(tiny_data, "auto")
-    strategy, context = router.strategy, router.context
+    engine = tiny_engine(tiny_data, "auto")
+    strategy, context = engine.strategy, engine.context
     assert not strategy.uses_compiled_step(context)
-    router.run_epoch(1)
+    engine.run_epoch(1)
     assert strategy.steps_made == 39 and not strategy.uses_compiled_step(context)
     strategy.steps_made = AUTO_COMPILE_AFTER_STEPS
     assert strategy.uses_compiled_step(context)
-    resumed = tiny_router(tiny_data, "auto")
+    resumed = tiny_engine(tiny_data, "auto")
     resumed.strategy.load_state_dict(strategy.state_dict())
     assert resumed.strategy.uses_compiled_step(resumed.context)
-    never = tiny_router(tiny_data, "off")
+    never = tiny_engine(tiny_data, "off")
     never.strategy.steps_made = 10 * AUTO_COMPILE_AFTER_STEPS
     assert not never.strategy.uses_compiled_step(never.context)
 
@@ -109,14 +109,14 @@ def failing_backend(graph, example_inputs):
 def test_a_failed_compile_stops_on_and_falls_back_to_eager_in_auto(tiny_data, monkeypatch):
     monkeypatch.setattr(stratify.compiled, "BACKEND", failing_backend)
     with pytest.raises(TrainingError, match="--compile on: the compiled step failed") as error:
-        train(tiny_router(tiny_data, "on"), epochs=1)
+        train(tiny_engine(tiny_data, "on"), epochs=1)
     assert "\n" not in str(error.value)
-    _, eager = train(tiny_router(tiny_data, "off"), epochs=2)
-    router = tiny_router(tiny_data, "auto")
-    router.strategy.steps_made = AUTO_COMPILE_AFTER_STEPS
+    _, eager = train(tiny_engine(tiny_data, "off"), epochs=2)
+    engine = tiny_engine(tiny_data, "auto")
+    engine.strategy.steps_made = AUTO_COMPILE_AFTER_STEPS
     with pytest.warns(UserWarning, match="continuing eagerly"):
-        router.run_epoch(1)
-    assert not router.strategy.uses_compiled_step(router.context)
-    router.run_epoch(2)
+        engine.run_epoch(1)
+    assert not engine.strategy.uses_compiled_step(engine.context)
+    engine.run_epoch(2)
     # the failed call trained nothing: the run equals an eager one
-    assert_same_weights([p.detach() for p in router.model.parameters()], eager, atol=0)
+    assert_same_weights([p.detach() for p in engine.model.parameters()], eager, atol=0)

@@ -323,7 +323,7 @@ def test_covtype_binary_trains_the_papers_mlp(tmp_path):
         out=str(tmp_path / "run"),
     )
     run = Run(config)
-    widths = [m.out_features for m in run.router.model.modules() if isinstance(m, torch.nn.Linear)]
+    widths = [m.out_features for m in run.engine.model.modules() if isinstance(m, torch.nn.Linear)]
     assert widths == [32, 16, 8, 2]
     summary = run.train()
     assert summary["total_steps"] == 2 * 60  # 60 training samples, one step each per epoch

@@ -26,8 +26,8 @@ from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
+from stratify.method import ClientUpdate
 from stratify.registry import PlainRegistry
-from stratify.router import ClientUpdate
 from stratify.run import Run
 
 FEATURES, CLASSES = 4, 3
@@ -49,7 +49,7 @@ class TinyNet(nn.Module):
         return self.head(self.embed(x))
 
 
-def tiny_router(strategy, model=None, sizes=(6, 10), lr=0.1):
+def tiny_engine(strategy, model=None, sizes=(6, 10), lr=0.1):
     generator = torch.Generator().manual_seed(0)
     labels = np.concatenate([np.arange(size) % CLASSES for size in sizes])
     x = torch.randn(len(labels), FEATURES, generator=generator) + torch.as_tensor(labels)[:, None]
@@ -67,7 +67,7 @@ def tiny_router(strategy, model=None, sizes=(6, 10), lr=0.1):
         registry=PlainRegistry(seed=0),
         model=model or TinyNet(),
         strategy=strategy,
-    ).router
+    ).engine
 
 
 # -- the math ------------------------------------------------------------------------------
@@ -231,53 +231,53 @@ def test_the_min_step_loss_is_ce_plus_weighted_soft_ce_plus_weighted_l_con():
 
 def test_a_round_runs_k_iterations_per_client_and_counts_theta_and_pseudo_data():
     strategy = FedBR(local_steps=3, local_batch_size=4)
-    router = tiny_router(strategy)
-    first = router.run_epoch(1)
+    engine = tiny_engine(strategy)
+    first = engine.run_epoch(1)
     assert first.steps == 2 * 3 and first.transfers == 4
     theta_bytes = 4 * sum(p.numel() for p in strategy.projection.parameters())
     pseudo_bytes = 4 * FEATURES * 4  # |D_p| = batch 4, float32 samples of 4 features
     assert strategy.pseudo_x is not None and strategy.pseudo_x.shape == (4, FEATURES)
-    model_traffic = first.transfers * router.model_bytes
+    model_traffic = first.transfers * engine.model_bytes
     # θ down and up per participant; D_p up once and down to both clients, in round 1 only
     assert first.bytes_sent == model_traffic + 2 * 2 * theta_bytes + 3 * pseudo_bytes
-    second = router.run_epoch(2)
+    second = engine.run_epoch(2)
     assert second.bytes_sent == model_traffic + 2 * 2 * theta_bytes
 
 
 def test_local_epochs_replace_the_iteration_count():
     strategy = FedBR(local_epochs=2, local_batch_size=4)
-    router = tiny_router(strategy, sizes=(6, 10))
+    engine = tiny_engine(strategy, sizes=(6, 10))
     # ceil(6/4) + ceil(10/4) = 5 batches per pass, 2 passes
-    assert router.run_epoch(1).steps == 10
+    assert engine.run_epoch(1).steps == 10
     assert strategy.options.local_steps is None
     assert FedBROptions().for_mode("batch").local_steps == 20
 
 
 def test_theta_is_averaged_with_the_aggregation_weights():
     strategy = FedBR()
-    router = tiny_router(strategy)
+    engine = tiny_engine(strategy)
     states = []
     for value in (1.0, 3.0):
         state = {
             key: torch.full_like(v, value) for key, v in strategy.projection.state_dict().items()
         }
         states.append(state)
-    model_state = router.model.state_dict()
+    model_state = engine.model.state_dict()
     updates = [
         ClientUpdate(client=k, num_samples=n, state=model_state, extra={"projection": states[k]})
         for k, n in enumerate((1, 3))
     ]
-    strategy.aggregate(router.context, None, updates)
+    strategy.aggregate(engine.context, None, updates)
     assert all(torch.all(v == 2.0) for v in strategy.projection.state_dict().values())
     strategy.options = FedBROptions(weighting="samples").for_mode("batch")
-    strategy.aggregate(router.context, None, updates)  # (1·1 + 3·3) / 4
+    strategy.aggregate(engine.context, None, updates)  # (1·1 + 3·3) / 4
     assert all(torch.all(v == 2.5) for v in strategy.projection.state_dict().values())
 
 
 def test_models_without_features_and_a_linear_head_are_refused():
     torch.manual_seed(0)
     with pytest.raises(ConfigError, match="fedbr needs a model with features and a linear head"):
-        tiny_router(FedBR(), model=nn.Sequential(nn.Linear(FEATURES, CLASSES)))
+        tiny_engine(FedBR(), model=nn.Sequential(nn.Linear(FEATURES, CLASSES)))
 
 
 def digits_config(tmp_path, name, epochs, **options):

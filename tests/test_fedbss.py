@@ -128,7 +128,7 @@ CLIENT_0 = [[0.9, 0.05, 0.05], [0.4, 0.3, 0.3], [0.2, 0.7, 0.1], [0.6, 0.2, 0.2]
 CLIENT_1 = [[0.1, 0.8, 0.1], [0.3, 0.35, 0.35]]
 
 
-def logit_router(strategy, client_0=CLIENT_0, lr=1e-6):
+def logit_engine(strategy, client_0=CLIENT_0, lr=1e-6):
     """Two clients whose inputs are the logits ``log p`` of an identity model, so each
     sample's loss and uncertainty can be read off its input (and, at the default lr, the
     model barely moves between rounds)."""
@@ -151,16 +151,16 @@ def logit_router(strategy, client_0=CLIENT_0, lr=1e-6):
         strategy=strategy,
         trainer=trainer,
     )
-    return experiment.router, trainer
+    return experiment.engine, trainer
 
 
 def test_warm_up_rounds_train_on_everything_then_samples_are_paced():
     strategy = FedBSS(client_fraction=1.0, local_epochs=4, local_batch_size=2, warmup_rounds=1)
-    router, trainer = logit_router(strategy)
-    router.run_epoch(1)
+    engine, trainer = logit_engine(strategy)
+    engine.run_epoch(1)
     assert trainer.calls == [[[0, 1, 2, 3]] * 4, [[4, 5]] * 4]  # warm-up: all samples
     trainer.calls.clear()
-    router.run_epoch(2)
+    engine.run_epoch(2)
     # client 0 in ascending loss −log p_0: sample 0 (0.11), 3 (0.51), 1 (0.92), 2 (1.61);
     # their uncertainties 1 − (max p − min p): 0.15, 0.6, 0.9, 0.4 → the split point is
     # sample 1: unbiased {0, 3, 1}, biased {2}; E = 4 takes ⌊α_e · 1⌋ = 0, 0, 0, 1 of it.
@@ -175,8 +175,8 @@ def test_the_lowest_loss_biased_samples_enter_first():
     # sample 1 now p = (0.3, 0.65, 0.05): loss 1.20, uncertainty 0.4
     client_0 = [CLIENT_0[0], [0.3, 0.65, 0.05], CLIENT_0[2], CLIENT_0[3]]
     strategy = FedBSS(client_fraction=1.0, local_epochs=4, local_batch_size=2, warmup_rounds=0)
-    router, trainer = logit_router(strategy, client_0)
-    router.run_epoch(1)
+    engine, trainer = logit_engine(strategy, client_0)
+    engine.run_epoch(1)
     # ascending loss: 0 (0.11), 3 (0.51), 1 (1.20), 2 (1.61); uncertainty 0.15, 0.6, 0.4,
     # 0.4 → split at sample 3: unbiased {0, 3}, biased [1, 2]; ⌊α_e · 2⌋ = 0, 1, 1, 2
     assert trainer.calls[0] == [[0, 3], [0, 1, 3], [0, 1, 3], [0, 1, 2, 3]]
@@ -184,8 +184,8 @@ def test_the_lowest_loss_biased_samples_enter_first():
 
 def test_fedbss_averages_without_weights_and_counts_fedavg_traffic():
     strategy = FedBSS(client_fraction=1.0, local_epochs=1, local_batch_size=2, warmup_rounds=0)
-    router, _ = logit_router(strategy, lr=0.5)
-    context = router.context
+    engine, _ = logit_engine(strategy, lr=0.5)
+    context = engine.context
     context.epoch, context.lr = 1, 0.5
     rng = np.random.default_rng(0)
     (round_,) = strategy.configure_rounds(context, 1, rng)

@@ -303,7 +303,7 @@ def tiny_dataset(with_domains=True, n=120, seed=0):
     )
 
 
-def tiny_router(strategy, with_domains=True, clients=6):
+def tiny_engine(strategy, with_domains=True, clients=6):
     dataset = tiny_dataset(with_domains)
     federation = Federation(
         np.array_split(np.arange(len(dataset.y_train)), clients), dataset.y_train.numpy()
@@ -316,39 +316,39 @@ def tiny_router(strategy, with_domains=True, clients=6):
         registry=PlainRegistry(seed=0),
         model=TwoFeatureNet(classes=3),
         strategy=strategy,
-    ).router
+    ).engine
 
 
 def test_known_triplets_come_from_the_real_interaction_matrices_after_pretraining():
     strategy = FedDiverse(dht="known", local_epochs=1, client_fraction=0.5)
-    router = tiny_router(strategy)
-    first = router.run_epoch(1)  # pre-training: 3 of 6 clients drawn uniformly
+    engine = tiny_engine(strategy)
+    first = engine.run_epoch(1)  # pre-training: 3 of 6 clients drawn uniformly
     assert strategy.triplets is None and first.transfers == 2 * 3
-    second = router.run_epoch(2)
-    federation = router.federation
+    second = engine.run_epoch(2)
+    federation = engine.federation
     expected = [
         heterogeneity_triplet(
-            interaction_matrix(federation.labels[ix], router.dataset.domains_train[ix], 3, 2)
+            interaction_matrix(federation.labels[ix], engine.dataset.domains_train[ix], 3, 2)
         )
         for ix in federation.client_indices
     ]
     np.testing.assert_allclose(strategy.triplets, expected)
     # no model travels for known triplets; every client sends three float32 numbers
     assert second.transfers == 2 * 3
-    assert second.bytes_sent == second.transfers * router.model_bytes + 6 * 12
+    assert second.bytes_sent == second.transfers * engine.model_bytes + 6 * 12
 
 
 def test_estimation_round_counts_every_clients_download_and_its_steps():
     strategy = FedDiverse(
         local_epochs=1, client_fraction=0.5, bias_epochs=1, attribute_epochs=1, local_batch_size=8
     )
-    router = tiny_router(strategy, with_domains=False)
-    router.run_epoch(1)
-    second = router.run_epoch(2)
+    engine = tiny_engine(strategy, with_domains=False)
+    engine.run_epoch(1)
+    second = engine.run_epoch(2)
     assert strategy.triplets.shape == (6, 3) and np.isfinite(strategy.triplets).all()
     # 3 participants × 2 transfers, plus the global model downloaded by all 6 clients
     assert second.transfers == 3 * 2 + 6
-    assert second.bytes_sent == second.transfers * router.model_bytes + 6 * 12
+    assert second.bytes_sent == second.transfers * engine.model_bytes + 6 * 12
     # 20 samples per client → 3 local steps each, plus at least one biased model per client
     assert second.steps > 3 * 3 + 6 * 3
 
@@ -457,4 +457,4 @@ def test_bad_feddiverse_options_are_one_line_exit_2(tmp_path, capsys, arguments,
 
 def test_dht_known_is_refused_on_data_without_attributes():
     with pytest.raises(ConfigError, match="--dht known needs a dataset with attributes"):
-        tiny_router(FedDiverse(dht="known"), with_domains=False)
+        tiny_engine(FedDiverse(dht="known"), with_domains=False)

@@ -98,12 +98,12 @@ def test_local_loss_is_eq_10_by_hand():
     )
 
 
-# -- the method in a router ---------------------------------------------------------------------
+# -- the method in a engine ---------------------------------------------------------------------
 
 FEATURES, CLASSES = 4, 3
 
 
-def tiny_router(strategy, sizes=(6, 4), epochs=3, client_labels=None):
+def tiny_engine(strategy, sizes=(6, 4), epochs=3, client_labels=None):
     generator = torch.Generator().manual_seed(0)
     client_labels = client_labels or [[k % CLASSES] for k in range(len(sizes))]
     labels = np.concatenate(
@@ -126,34 +126,34 @@ def tiny_router(strategy, sizes=(6, 4), epochs=3, client_labels=None):
         registry=PlainRegistry(seed=0),
         model=model,
         strategy=strategy,
-    ).router
+    ).engine
 
 
 def test_the_global_model_carries_the_cosine_head_and_it_is_what_travels():
     torch.manual_seed(0)
     plain = MLP((FEATURES,), CLASSES, hidden=(5,))
     linear_weight = plain.head.weight.detach().clone()
-    router = tiny_router(LfD(local_epochs=1, cosine_temperature=0.2))
-    model = router.model
+    engine = tiny_engine(LfD(local_epochs=1, cosine_temperature=0.2))
+    model = engine.model
     assert isinstance(model.head, CosineClassifier) and model.head.temperature == 0.2
     assert torch.equal(model.head.weight, linear_weight)
     # the cosine head has no bias: CLASSES float32 fewer than the linear head
-    assert router.model_bytes == model_bytes(model) == model_bytes(plain) - CLASSES * 4
-    stats = router.run_epoch(1)
-    assert stats.bytes_sent == stats.transfers * router.model_bytes == 4 * router.model_bytes
+    assert engine.model_bytes == model_bytes(model) == model_bytes(plain) - CLASSES * 4
+    stats = engine.run_epoch(1)
+    assert stats.bytes_sent == stats.transfers * engine.model_bytes == 4 * engine.model_bytes
     # evaluation uses cos θ / τ, without the margin
-    x, y = router.dataset.x_test, router.dataset.y_test
+    x, y = engine.dataset.x_test, engine.dataset.y_test
     with torch.no_grad():
         logits = model.head.cosine(model.embed(x)) / 0.2
-    accuracy, loss = router.evaluate()
+    accuracy, loss = engine.evaluate()
     assert math.isclose(loss, float(F.cross_entropy(logits, y)), rel_tol=1e-5)
     assert accuracy == float((logits.argmax(1) == y).float().mean())
 
 
 def test_first_round_is_margin_cross_entropy_then_the_drift_regulariser_joins():
     strategy = LfD(local_epochs=1, margin=0.15, cosine_temperature=0.1)
-    router = tiny_router(strategy)
-    context = router.context
+    engine = tiny_engine(strategy)
+    context = engine.context
     x, y = context.x_train[:6], context.y_train[:6]
     model = frozen_copy(context.model)
     cosine = model.head.cosine(model.embed(x))
@@ -162,7 +162,7 @@ def test_first_round_is_margin_cross_entropy_then_the_drift_regulariser_joins():
     expected = F.cross_entropy(margin_logits(cosine, y, 0.15, 0.1), y)
     torch.testing.assert_close(objective(model, x, y), expected)
 
-    router.run_epoch(1)
+    engine.run_epoch(1)
     # every client keeps the model it uploaded
     assert sorted(strategy.previous_models) == [0, 1]
     previous = frozen_copy(context.model)
@@ -183,12 +183,12 @@ def test_first_round_is_margin_cross_entropy_then_the_drift_regulariser_joins():
 
 def test_a_client_absent_from_a_round_keeps_its_older_model():
     strategy = LfD(local_epochs=1, client_fraction=0.5)
-    router = tiny_router(strategy, sizes=(6, 4, 5))
-    router.run_epoch(1)
+    engine = tiny_engine(strategy, sizes=(6, 4, 5))
+    engine.run_epoch(1)
     first = {c: clone_state(state) for c, state in strategy.previous_models.items()}
-    router.run_epoch(2)
+    engine.run_epoch(2)
     # round(0.5 · 3) = 2 participants a round, drawn first from each round's generator
-    second = set(participants(3, 0.5, router.epoch_rng(2)).tolist())
+    second = set(participants(3, 0.5, engine.epoch_rng(2)).tolist())
     assert len(first) == 2 and set(first) - second  # someone sat round 2 out
     assert set(strategy.previous_models) == set(first) | second
     for client in first:

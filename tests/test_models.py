@@ -200,8 +200,16 @@ def test_unknown_names_norms_and_shapes_are_config_errors():
     with pytest.raises(ConfigError, match="num_classes"):
         build_model("mlp", (5,), 0)
     assert set(MODELS) == {"cnn", "mlp", "resnet9", "resnet18", "resnet20"}
-    # the simple models accept the default norm and "none"
-    build_model("cnn", (1, 28, 28), 10, norm="none")
+
+    # the simple models take "none", also by default, and refuse "bn", which they lack
+    def batch_norms(model):
+        return sum(isinstance(module, nn.modules.batchnorm._NormBase) for module in model.modules())
+
+    assert batch_norms(build_model("cnn", (1, 28, 28), 10, norm="none")) == 0
+    assert batch_norms(build_model("mlp", (5,), 3)) == 0
+    with pytest.raises(ConfigError, match="no normalisation layers, so norm 'bn'"):
+        build_model("mlp", (5,), 3, norm="bn")
+    assert batch_norms(build_model("resnet20", (3, 8, 8), 10)) == 19
 
 
 def test_mlp_hidden_widths_are_an_option_of_mlp_only():
@@ -231,9 +239,9 @@ def test_mlp_hidden_flag_is_parsed_and_checked():
 @pytest.mark.parametrize(
     "name, input_shape, norm, width",
     [
-        ("cnn", (1, 28, 28), "bn", 84),
-        ("cnn", (54,), "bn", 84),
-        ("mlp", (1, 8, 8), "bn", 200),
+        ("cnn", (1, 28, 28), "none", 84),
+        ("cnn", (54,), None, 84),
+        ("mlp", (1, 8, 8), None, 200),
         ("resnet9", (3, 8, 8), "gn", 512),
         ("resnet20", (3, 8, 8), "bn", 64),
         ("resnet18", (3, 8, 8), "gn", 512),

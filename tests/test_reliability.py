@@ -353,7 +353,7 @@ def test_a_resumed_run_that_fails_in_its_first_epoch_keeps_the_run(tmp_path, mon
     def diverge(epoch):
         raise TrainingError("the training loss became non-finite in epoch 2")
 
-    monkeypatch.setattr(resumed.router, "run_epoch", diverge)
+    monkeypatch.setattr(resumed.engine, "run_epoch", diverge)
     with pytest.raises(TrainingError, match=r"the last good checkpoint \(epoch 1\) is kept"):
         resumed.train()
     metrics, _, configuration = read_run(tmp_path / "run")

@@ -116,7 +116,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     def poison(record):
         if record.epoch == 1:
             with torch.no_grad():
-                for parameter in run.router.model.parameters():
+                for parameter in run.engine.model.parameters():
                     parameter.fill_(float("nan"))
 
     run = Run(config(tmp_path, epochs=3), on_epoch=poison)

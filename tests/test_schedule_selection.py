@@ -117,9 +117,11 @@ def test_chunk_keeps_model_with_client_while_it_has_the_label():
 
 
 def test_transfers_count_changes_of_holder():
-    plan = Plan(np.arange(6), np.array([2, 2, 0, 0, 2, 1]), None, 0)
+    plan = Plan("single-sample", np.arange(6), np.array([2, 2, 0, 0, 2, 1]), 0)
     assert plan.transfers == 4
-    batches = Plan(np.arange(6), np.array([0, 1, 1, 0, 0, 2]), np.array([0, 3, 6]), 0)
+    batches = Plan(
+        "batch", np.arange(6), np.array([0, 1, 1, 0, 0, 2]), 0, batch_starts=np.array([0, 3, 6])
+    )
     assert batches.transfers == 2 + 2
     assert batches.steps == 2
 
@@ -352,11 +354,21 @@ def test_refill_keeps_every_label_at_its_repeats(planner):
 def test_a_trailing_global_batch_of_one_joins_the_previous_batch():
     from stratify.selection import merge_trailing_singleton
 
-    plan = Plan(np.arange(7), np.array([0, 1, 1, 2, 0, 2, 1]), np.array([0, 3, 6, 7]), 0)
+    plan = Plan(
+        "batch",
+        np.arange(7),
+        np.array([0, 1, 1, 2, 0, 2, 1]),
+        0,
+        batch_starts=np.array([0, 3, 6, 7]),
+    )
     merged = merge_trailing_singleton(plan)
     assert merged.batch_starts.tolist() == [0, 3, 7] and merged.steps == 2
     assert np.array_equal(merged.samples, plan.samples)
-    even = Plan(np.arange(6), np.zeros(6, dtype=np.int64), np.array([0, 3, 6]), 0)
+    even = Plan(
+        "batch", np.arange(6), np.zeros(6, dtype=np.int64), 0, batch_starts=np.array([0, 3, 6])
+    )
     assert merge_trailing_singleton(even) is even
-    single = Plan(np.arange(1), np.zeros(1, dtype=np.int64), np.array([0, 1]), 0)
+    single = Plan(
+        "batch", np.arange(1), np.zeros(1, dtype=np.int64), 0, batch_starts=np.array([0, 1])
+    )
     assert merge_trailing_singleton(single) is single

@@ -1,4 +1,4 @@
-"""Worst-group accuracy: the metric by hand, in the router's evaluation and in the run files."""
+"""Worst-group accuracy: the metric by hand, in the engine's evaluation and in the run files."""
 
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from stratify.router import worst_group_accuracy
+from stratify.evaluation import worst_group_accuracy
 from stratify.run import Run, TrainConfig
 
 
@@ -44,24 +44,24 @@ def test_runs_without_attributes_write_null(tmp_path):
     assert summary["final_worst_group_accuracy"] is None
 
 
-def test_the_router_reports_the_worst_group_of_the_test_sets_attributes(tmp_path):
+def test_the_engine_reports_the_worst_group_of_the_test_sets_attributes(tmp_path):
     run = Run(config(tmp_path, "groups", epochs=1))
-    router = run.router
+    engine = run.engine
     # give the test set two attributes: even and odd positions
-    router.dataset.domains_test = np.arange(len(router.dataset.y_test)) % 2
-    metrics = router.test_metrics()
+    engine.dataset.domains_test = np.arange(len(engine.dataset.y_test)) % 2
+    metrics = engine.test_metrics()
     with torch.no_grad():
-        router.model.eval()
-        hits = (router.model(router.dataset.x_test).argmax(1) == router.dataset.y_test).numpy()
-    labels = router.dataset.y_test.numpy()
+        engine.model.eval()
+        hits = (engine.model(engine.dataset.x_test).argmax(1) == engine.dataset.y_test).numpy()
+    labels = engine.dataset.y_test.numpy()
     groups = [
-        hits[(labels == y) & (router.dataset.domains_test == a)].mean()
+        hits[(labels == y) & (engine.dataset.domains_test == a)].mean()
         for y in np.unique(labels)
         for a in (0, 1)
     ]
     assert metrics.worst_group_accuracy == pytest.approx(min(groups))
     assert metrics.accuracy == pytest.approx(hits.mean())
-    assert router.evaluate() == (metrics.accuracy, metrics.loss)
+    assert engine.evaluate() == (metrics.accuracy, metrics.loss)
 
 
 def test_checkpoints_written_before_the_field_existed_still_resume(tmp_path):

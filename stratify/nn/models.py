@@ -49,9 +49,8 @@ NORMS: dict[str, str] = {
     "none": "no normalisation",
 }
 
-#: Models without norm layers; they accept the norm that means "the model's default".
+#: Models without norm layers: their only norm is "none".
 NORM_FREE_MODELS = ("cnn", "mlp")
-_NORM_FREE_ACCEPTED = ("bn", "none")
 
 #: Smallest image side the ResNets take: ResNet-9's three max-pools halve it to 1.
 MIN_RESNET_SIDE = 8
@@ -421,11 +420,17 @@ def _image_channels(name: str, input_shape: tuple[int, ...], min_side: int) -> i
     return input_shape[0]
 
 
+def default_norm(model: str) -> str:
+    """The norm a model is built with when none is given: ``bn`` for the ResNets, ``none``
+    for the norm-free ``cnn`` and ``mlp``."""
+    return "none" if model in NORM_FREE_MODELS else "bn"
+
+
 def build_model(
     name: str,
     input_shape: tuple[int, ...],
     num_classes: int,
-    norm: str = "bn",
+    norm: str | None = None,
     hidden: tuple[int, ...] | None = None,
 ) -> nn.Module:
     """Build the model ``name`` for samples of ``input_shape`` and ``num_classes`` outputs.
@@ -438,11 +443,10 @@ def build_model(
         Shape of one sample: ``(C, H, W)`` images (any channel count), ``(F,)`` tabular.
     num_classes : int
         Number of output logits.
-    norm : str
-        One of :data:`NORMS`, for the ResNets. ``cnn`` and ``mlp`` are the papers'
-        norm-free networks: they accept ``"bn"`` (the default, meaning "the model's own
-        normalisation", i.e. none) and ``"none"``, and refuse the others rather than
-        ignore them.
+    norm : str, optional
+        One of :data:`NORMS` (default: :func:`default_norm`, ``"bn"`` for the ResNets,
+        ``"none"`` for ``cnn`` and ``mlp``). ``cnn`` and ``mlp`` are the papers'
+        norm-free networks: they refuse any norm but ``"none"`` rather than ignore it.
     hidden : tuple of int, optional
         Hidden-layer widths of ``mlp`` (default ``(200, 200)``; the Stratify paper's
         COVTYPE model is ``(32, 16, 8)``). Refused for the other models.
@@ -461,6 +465,8 @@ def build_model(
     """
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; choose one of: {_choices(MODELS)}")
+    if norm is None:
+        norm = default_norm(name)
     if norm not in NORMS:
         raise ConfigError(f"unknown norm {norm!r}; choose one of: {_choices(NORMS)}")
     input_shape = tuple(int(size) for size in input_shape)
@@ -469,7 +475,7 @@ def build_model(
     num_classes = int(num_classes)
     if not input_shape or any(size < 1 for size in input_shape):
         raise ConfigError(f"model {name!r} got an empty input shape {input_shape}")
-    if name in NORM_FREE_MODELS and norm not in _NORM_FREE_ACCEPTED:
+    if name in NORM_FREE_MODELS and norm != "none":
         raise ConfigError(
             f"model {name!r} has no normalisation layers, so norm {norm!r} cannot apply; "
             f"use a ResNet ({', '.join(m for m in MODELS if m.startswith('resnet'))}) "

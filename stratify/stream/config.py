@@ -64,8 +64,11 @@ class StreamConfig(RunSettings):
         check=check_widths,
         cli_type=str,
     )
-    norm: str = option(
-        "bn", "bn | gn | none for the ResNets (one sample has no batch statistics: use gn)."
+    norm: str | None = option(
+        None,
+        "gn | none for the ResNets (one sample has no batch statistics) [default: the "
+        "model's own; cnn and mlp have no norm layers].",
+        cli_type=str,
     )
     input_shape: tuple[int, ...] | None = option(
         None,

@@ -4,7 +4,7 @@
 schedules single-sample updates along the SLS over the placeholders the buffers hold now
 (:class:`~stratify.stream.schedule.StreamSchedule`) and the model travels to the clients
 holding them. :class:`PeriodicFedAvg` is the baseline it is compared with: every few
-events, one FedAvg round (the router's ``fedavg`` strategy, unchanged) over what the same
+events, one FedAvg round (the engine's ``fedavg`` strategy, unchanged) over what the same
 buffers hold (docs/architecture.md, "Streaming").
 """
 
@@ -22,7 +22,7 @@ from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.registry import PlainRegistry
-from stratify.strategy import single_sample_sgd
+from stratify.stratify import single_sample_sgd
 from stratify.stream.schedule import StreamSchedule
 
 if TYPE_CHECKING:  # the learner imports this module
@@ -136,7 +136,7 @@ class PeriodicFedAvg(StreamPolicy):
 
     Each client holding samples trains a copy of the global model on its whole buffer
     (``local_epochs`` passes, mini-batches of ``local_batch_size``, local SGD momentum)
-    and the server averages the copies weighted by buffer size: the router's ``fedavg``
+    and the server averages the copies weighted by buffer size: the engine's ``fedavg``
     strategy in batch mode, run on a federation made of the buffers' current contents.
     It stores exactly what :class:`SingleSampleUpdates` stores (the same buffers).
 
@@ -217,15 +217,15 @@ class PeriodicFedAvg(StreamPolicy):
             secure=False,
             options=self.options,
         )
-        router = build_experiment(
+        engine = build_experiment(
             config,
             dataset=dataset,
             federation=Federation(held, buffers.y.cpu().numpy()),
             registry=PlainRegistry(seed=self.seed),
             model=learner.model,
-        ).router
+        ).engine
         self.rounds += 1
-        stats = router.run_epoch(self.rounds)
+        stats = engine.run_epoch(self.rounds)
         learner.stats.steps += stats.steps
         learner.stats.trained_samples += stats.loss_count
         learner.stats.loss_sum += stats.loss_sum

@@ -1,4 +1,4 @@
-"""Stratify as a strategy of the router: SLS -> label-aware selection -> plan -> hops.
+"""Stratify as a strategy: SLS -> label-aware selection -> plan -> hops of the model.
 
 The global model itself travels: in single-sample mode from holder to holder, one SGD step
 per sample; in batch mode every participant of a global batch adds its summed gradient and
@@ -26,9 +26,9 @@ from stratify.compiled import (
 )
 from stratify.errors import ConfigError, TrainingError
 from stratify.federation import SamplePools
+from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
 from stratify.nn.norm import client_split, has_batch_norm
 from stratify.options import StrategyOptions, option
-from stratify.router import ClientUpdate, Context, Round, RoundStats, Strategy
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
 from stratify.selection import (
     SELECTIONS,
@@ -234,13 +234,15 @@ class Stratify(Strategy):
 
     def setup(self, context: Context) -> None:
         super().setup(context)
-        federation, registry = context.federation, context.registry
-        self.sample_placeholders = federation.sample_placeholders(registry)
+        federation, placeholders = context.federation, context.placeholders
+        self.sample_placeholders = federation.sample_placeholders(placeholders)
         self.selector = ClientSelector(
-            federation.placeholder_counts(registry), registry.global_counts, self.options.selection
+            federation.placeholder_counts(placeholders),
+            placeholders.global_counts,
+            self.options.selection,
         )
-        self.label_repeats = label_repeats(
-            registry.global_counts,
+        self.repeats = label_repeats(
+            placeholders.global_counts,
             int(federation.client_sizes.sum()),
             mode=self.options.repeats,
             cap=self.options.cap,
@@ -264,14 +266,13 @@ class Stratify(Strategy):
     def check_epoch_fits_in_memory(self, mode: str) -> None:
         """Refuse label repeats whose epoch could not be held in memory, before any of it
         is allocated."""
-        entries = int(self.label_repeats.sum())
+        entries = int(self.repeats.sum())
         per_entry = PLAN_BYTES_PER_ENTRY
         if mode == "single-sample":
             per_entry += SINGLE_SAMPLE_BYTES_PER_STEP
         if self.options.repeat_count is not None:
             origin = (
-                f"--repeat-count {self.options.repeat_count} for each of "
-                f"{len(self.label_repeats)} labels"
+                f"--repeat-count {self.options.repeat_count} for each of {len(self.repeats)} labels"
             )
         else:
             origin = f"--repeats {self.options.repeats}"
@@ -285,11 +286,11 @@ class Stratify(Strategy):
 
     def plan_epoch(self, context: Context, rng: np.random.Generator) -> Plan:
         """The epoch's schedule turned into hops (single-sample) or global batches."""
-        schedule = stratified_label_schedule(self.label_repeats, rng)
+        schedule = stratified_label_schedule(self.repeats, rng)
         pools = SamplePools(
             context.federation,
             self.sample_placeholders,
-            context.registry.num_placeholders,
+            context.placeholders.num_placeholders,
             rng,
             refill=self.options.exhausted == "refill",
         )
@@ -302,9 +303,7 @@ class Stratify(Strategy):
         self, context: Context, epoch: int, rng: np.random.Generator
     ) -> Iterable[Round]:
         plan = self.plan_epoch(context, rng)
-        return [
-            Round(index=0, payload=plan, stats=RoundStats(skipped=plan.skipped, reused=plan.reused))
-        ]
+        return [Round(payload=plan, stats=RoundStats(skipped=plan.skipped, reused=plan.reused))]
 
     # -- execution ------------------------------------------------------------------------
 
@@ -312,7 +311,7 @@ class Stratify(Strategy):
         plan: Plan = round_.payload
         for group in self.optimizer.param_groups:
             group["lr"] = context.lr
-        if plan.batch_starts is None:
+        if plan.mode == "single-sample":
             stats = self.execute_single_sample(context, plan.samples)
             stats.transfers = plan.transfers
         else:
