@@ -12,8 +12,8 @@ import torch
 from stratify.errors import ConfigError
 from stratify.registry import PlainRegistry
 from stratify.registry.ckks import CKKSRegistry
-from stratify.stream.buffers import ClientBuffers
 from stratify.stream import Event, EventError, PeriodicFedAvg, StreamConfig, StreamLearner
+from stratify.stream.buffers import ClientBuffers
 
 FEATURES = 6
 

@@ -172,8 +172,7 @@ class StreamConfig(RunSettings):
     )
     max_pending: int = option(
         10000,
-        "Unlabeled events with an id kept for their late label; the oldest is dropped "
-        "beyond it.",
+        "Unlabeled events with an id kept for their late label; the oldest is dropped beyond it.",
         check=check_positive_int,
     )
     steps_per_event: int = option(
@@ -250,7 +249,9 @@ class StreamConfig(RunSettings):
         check=check_positive_int,
     )
     seed: int = option_of(
-        TrainConfig, "seed", help="Seeds the schedule, the selection and the model's initial weights."
+        TrainConfig,
+        "seed",
+        help="Seeds the schedule, the selection and the model's initial weights.",
     )
     device: str = option_of(TrainConfig, "device", help="Where the model and the buffers live.")
     secure: bool = option_of(TrainConfig, "secure", check=check_flag)

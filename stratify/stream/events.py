@@ -231,9 +231,10 @@ class FeatureSchema:
             position = self.index.get(name) if isinstance(name, str) else None
             if position is None:
                 shown = check_feature_name(name)
+                known = ", ".join(self.names[:5]) + (", …" if len(self.names) > 5 else "")
                 raise EventError(
                     f"feature {shown!r} is not among the stream's features (fixed by its "
-                    f"first event: {', '.join(self.names[:5])}{', …' if len(self.names) > 5 else ''})"
+                    f"first event: {known})"
                 )
             if value is None:
                 continue
@@ -344,7 +345,11 @@ def event_from(
         raise EventError('give the features as "x" or as "path" (a .npy file), not both')
     if not has_features:
         raise EventError('no features: give "x" (a list or an object) or "path" (a .npy file)')
-    x = payload["x"] if "x" in payload else read_npy_row(payload["path"], payload.get("row"), base_dir)
+    x = (
+        payload["x"]
+        if "x" in payload
+        else read_npy_row(payload["path"], payload.get("row"), base_dir)
+    )
     if not isinstance(x, dict):
         x = check_features(x)
     return Event(client=client, label=label, x=x, line=line, id=event_id)

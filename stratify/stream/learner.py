@@ -673,7 +673,9 @@ class StreamLearner:
         self.clients = list(state["clients"])
         self.client_of = {client: index for index, client in enumerate(self.clients)}
         if state["schema"] is not None:
-            self.schema = FeatureSchema([str(name) for name in state["schema"]], self.config.missing)
+            self.schema = FeatureSchema(
+                [str(name) for name in state["schema"]], self.config.missing
+            )
         self.prequential.load_state_dict(state["prequential"])
         self.stats.load_state_dict(state["stats"], self.device)
         if not state["input_shape"]:
@@ -691,7 +693,9 @@ def check_model_memory(config: StreamConfig, input_shape: tuple[int, ...], rows:
     """Refuse, before it is built, a model whose weights and gradients would not fit in
     memory (its size counted on torch's meta device, which allocates nothing)."""
     with torch.device("meta"):
-        model = build_model(config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden)
+        model = build_model(
+            config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
+        )
     weights = sum(parameter.numel() for parameter in model.parameters())
     shape = ",".join(map(str, input_shape))
     check_fits_in_memory(

@@ -220,7 +220,10 @@ class SingleSampleUpdates(StreamPolicy):
         return {"transfers": self.schedule.transfers, "skipped_entries": self.schedule.skipped}
 
     def step_flags(self) -> str:
-        return f"--lr {self.lr:g} --momentum {self.momentum:g} --steps-per-event {self.steps_per_event}"
+        return (
+            f"--lr {self.lr:g} --momentum {self.momentum:g} "
+            f"--steps-per-event {self.steps_per_event}"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         assert self.optimizer is not None  # setup ran

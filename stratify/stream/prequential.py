@@ -42,7 +42,11 @@ class Prequential:
         self.confusion = np.zeros((0, 1), dtype=np.int64)
 
     def record(
-        self, correct: bool, target: int | None = None, predicted: int = -1, probability: float = 0.0
+        self,
+        correct: bool,
+        target: int | None = None,
+        predicted: int = -1,
+        probability: float = 0.0,
     ) -> None:
         """Add one prediction's outcome.
 

@@ -431,7 +431,9 @@ class StreamRun:
             if now - last_progress >= PROGRESS_SECONDS:
                 last_progress = now
                 self.on_progress(self.status())
-        if self.stopped_by is None and (learner.stats.events > recorded_events or not self.record_count):
+        if self.stopped_by is None and (
+            learner.stats.events > recorded_events or not self.record_count
+        ):
             self.begin()
             self.record()
         self.checkpoint()
@@ -464,9 +466,7 @@ class StreamRun:
         """An event without a label: its prediction goes to ``--predictions``; with an id
         it is kept (bounded by ``--max-pending``) for a late label."""
         if self.predictions is None:
-            raise EventError(
-                "no label: give --predictions FILE to have unlabeled events predicted"
-            )
+            raise EventError("no label: give --predictions FILE to have unlabeled events predicted")
         check_identifier(event.client, "client")
         if event.id is not None and event.id in self.pending:
             raise EventError(f"id {event.id!r} is already waiting for its label")
@@ -479,7 +479,9 @@ class StreamRun:
                 "id": event.id,
                 "client": event.client,
                 "prediction": label,
-                "probability": None if prediction is None else prediction.probability(prediction.row),
+                "probability": None
+                if prediction is None
+                else prediction.probability(prediction.row),
             }
         )
         if event.id is None:
@@ -501,9 +503,7 @@ class StreamRun:
         then, and learned."""
         entry = self.pending.get(item.id)
         if entry is None:
-            raise EventError(
-                f"no unlabeled event with id {item.id!r} is waiting for its label"
-            )
+            raise EventError(f"no unlabeled event with id {item.id!r} is waiting for its label")
         prediction = None
         if entry["row"] >= 0:
             prediction = Prediction(int(entry["row"]), entry["probabilities"])
@@ -548,7 +548,10 @@ class StreamRun:
                 f"the stream's line {consumed + 1}"
             )
             return consumed, 0
-        repeating = consumed >= 2 * wanted and list(self.last_hashes)[-wanted:] == self.first_hashes[:wanted]
+        repeating = (
+            consumed >= 2 * wanted
+            and list(self.last_hashes)[-wanted:] == self.first_hashes[:wanted]
+        )
         if len(self.lookahead) < wanted or repeating:
             why = (
                 f"its {len(self.lookahead)} lines are the stream's first ones"
