@@ -104,11 +104,13 @@ def stream(
         with display.live():
             summary = run.run()
     except DivergenceError as error:
-        kept = (
-            f"the last checkpoint is kept in {run.folder_path('checkpoint.pt')}"
-            if (Path(config.out) / "checkpoint.pt").exists()
-            else f"its metrics so far are in {run.folder_path('')}"
-        )
+        folder = Path(config.out)
+        if (folder / "checkpoint.pt").exists():
+            kept = f"the last checkpoint is kept in {run.folder_path('checkpoint.pt')}"
+        elif (folder / "metrics.jsonl").exists():
+            kept = f"its metrics so far are in {run.folder_path('')} (no checkpoint yet)"
+        else:
+            kept = "it stopped before its first metrics line, so nothing was kept"
         click.echo(f"error: {error}; {kept}", err=True)
         sys.exit(DIVERGED)
     if run.stopped_by is not None:

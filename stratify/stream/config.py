@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError
-from stratify.nn.models import MODELS
+from stratify.nn.models import MODELS, build_model
 from stratify.options import RunSettings, option, option_of
 from stratify.strategy import StratifyOptions
 from stratify.stream.events import MISSING
@@ -272,13 +274,9 @@ class StreamConfig(RunSettings):
         if self.mlp_hidden is not None and self.model != "mlp":
             raise ConfigError(f"--mlp-hidden applies to --model mlp, not {self.model!r}")
         check_buffer_memory(self.capacity, math.prod(self.input_shape or (1,)))
-        if self.num_classes is not None and self.model == "mlp":
-            width = (self.mlp_hidden or (200, 200))[-1]
-            check_fits_in_memory(
-                2 * 4 * self.num_classes * (width + 1),
-                f"a classifier of --num-classes {self.num_classes:,} rows over {width} inputs",
-                "give a smaller --num-classes, or leave it out to grow the classifier",
-            )
+        if self.model == "mlp" or self.input_shape is not None:
+            # the model for the fewest features the stream may have: a lower bound
+            check_model_memory(self, self.input_shape or (1,), self.num_classes or 1)
 
     def fedavg_option(self, name: str) -> int | float:
         """A ``fedavg-periodic`` option, its default when not given."""
@@ -293,4 +291,20 @@ def check_buffer_memory(capacity: int, features: int) -> None:
         capacity * (SLOT_BYTES + 4 * features),
         f"one client's buffer of --capacity {capacity:,} samples of {features:,} features",
         "give a smaller --capacity",
+    )
+
+
+def check_model_memory(config: StreamConfig, input_shape: tuple[int, ...], rows: int) -> None:
+    """Refuse, before it is built, a model whose weights and gradients would not fit in
+    memory (its size counted on torch's meta device, which allocates nothing)."""
+    with torch.device("meta"):
+        model = build_model(
+            config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
+        )
+    weights = sum(parameter.numel() for parameter in model.parameters())
+    shape = ",".join(map(str, input_shape))
+    check_fits_in_memory(
+        2 * 4 * weights,
+        f"--model {config.model} for samples of shape {shape} ({weights:,} weights)",
+        "use a smaller model (--mlp-hidden) or fewer features (--input-shape)",
     )

@@ -42,7 +42,7 @@ from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.classifier import classifier_head, widen_classifier
-from stratify.stream.config import StreamConfig, check_buffer_memory
+from stratify.stream.config import StreamConfig, check_buffer_memory, check_model_memory
 from stratify.stream.events import (
     Event,
     EventError,
@@ -61,7 +61,6 @@ from stratify.stream.policies import (
 )
 from stratify.stream.prequential import Prequential
 from stratify.stream.scaling import RunningScaler
-from stratify.validation import check_fits_in_memory
 
 #: held-out samples evaluated per forward pass
 EVAL_BATCH = 1000
@@ -531,7 +530,7 @@ class StreamLearner:
             self.stats.undone += 1
             return
         where = f"event {self.stats.events}" + (f" (line {line})" if line else "")
-        scaled = "" if self.scaler is not None else " with --scale none"
+        scaled = "" if self.scaler is not None else " --scale none"
         self.diverged = (
             f"training diverged at {where}: the loss or the weights became non-finite "
             f"with {self.policy.step_flags()}{scaled}; lower --lr"
@@ -687,22 +686,6 @@ class StreamLearner:
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.policy.load_state_dict(state["policy"])
-
-
-def check_model_memory(config: StreamConfig, input_shape: tuple[int, ...], rows: int) -> None:
-    """Refuse, before it is built, a model whose weights and gradients would not fit in
-    memory (its size counted on torch's meta device, which allocates nothing)."""
-    with torch.device("meta"):
-        model = build_model(
-            config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
-        )
-    weights = sum(parameter.numel() for parameter in model.parameters())
-    shape = ",".join(map(str, input_shape))
-    check_fits_in_memory(
-        2 * 4 * weights,
-        f"--model {config.model} for samples of shape {shape} ({weights:,} weights)",
-        "use a smaller model (--mlp-hidden) or fewer features (--input-shape)",
-    )
 
 
 def default_policy(config: StreamConfig) -> StreamPolicy:
