@@ -152,7 +152,8 @@ def test_every_good_line_is_learned_and_every_bad_one_is_one_warning(stream):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
             try:
                 main(["stream", "--source", str(source), "--out", str(out), "--no-secure",
-                      "--device", "cpu", "--mlp-hidden", "4", "--max-line-bytes", "100000"])  # fmt: skip
+                      "--device", "cpu", "--mlp-hidden", "4",
+                      "--max-line-bytes", "100000"])  # fmt: skip
             except SystemExit as exit_:
                 code = exit_.code
         err = stderr.getvalue().splitlines()

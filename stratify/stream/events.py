@@ -509,7 +509,7 @@ def stdin_reader(stdin: Any) -> Callable[[int], bytes]:
     binary = getattr(stdin, "buffer", stdin)
     if hasattr(binary, "read1"):
         return binary.read1
-    if isinstance(getattr(binary, "read", None)(0), bytes):
+    if isinstance(binary.read(0), bytes):
         return binary.read
     # a text stream without bytes underneath (a test's io.StringIO): its lines, re-encoded
     return lambda size: stdin.readline().encode("utf-8", "surrogateescape")

@@ -342,7 +342,7 @@ class StreamRun:
     def run(self) -> dict[str, Any]:
         """Read the source to its end (or to a stop signal); returns the summary.
         Releases the run folder."""
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if self.handle_signals:
             for number in STOP_SIGNALS:
                 previous[number] = signal.signal(number, self._on_signal)
