@@ -227,3 +227,39 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built():
     with pytest.raises(ConfigError, match=r"shape 10000 \(10,002,000,001 weights\) would need"):
         learner.learn_one([1.0] * 10_000, 0)
     assert not learner.started
+
+
+def test_the_stream_modules_import_in_one_direction():
+    """No import cycle inside stratify.stream, TYPE_CHECKING imports included, and no
+    policy knows the learner (issue 28)."""
+    import ast
+    from pathlib import Path
+
+    import stratify.stream
+
+    folder = Path(stratify.stream.__file__).parent
+    imports: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "stratify.stream."
+            ):
+                names.add(node.module.rsplit(".", 1)[1])
+            elif isinstance(node, ast.Import):
+                names |= {
+                    a.name.rsplit(".", 1)[1]
+                    for a in node.names
+                    if a.name.startswith("stratify.stream.")
+                }
+        imports[path.stem] = names - {"__init__"}
+    assert "learner" not in imports["policies"] and "run" not in imports["learner"]
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        for name in imports.get(start, ()):
+            if name == target or (name not in seen and reaches(name, target, seen | {name})):
+                return True
+        return False
+
+    cyclic = sorted(module for module in imports if reaches(module, module, set()))
+    assert cyclic == []

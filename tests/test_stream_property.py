@@ -125,8 +125,9 @@ def stream_lines(draw):
 
 
 def is_not_an_object(data: bytes) -> bool:
-    """Bytes that are a line of their own (no newline), not blank, and not a JSON object."""
-    if b"\n" in data or b"\r" in data or not data.strip():
+    """Bytes that are a line of their own (no newline), not blank (JSON whitespace only),
+    and not a JSON object."""
+    if b"\n" in data or b"\r" in data or not data.strip(b" \t"):  # JSON's whitespace
         return False
     try:
         return not isinstance(json.loads(data), dict)

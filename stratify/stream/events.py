@@ -40,6 +40,8 @@ MAX_IDENTIFIER_CHARS = 256
 MAX_SAMPLE_DIMS = 8
 #: bytes read from a source at a time
 READ_CHUNK = 1 << 16
+#: what JSON counts as whitespace: a line of only these is blank (and skipped silently)
+JSON_WHITESPACE = " \t\r\n"
 #: what ``--missing`` may be
 MISSING = ("error", "zero")
 
@@ -307,7 +309,7 @@ def parse_line(
         text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as error:
         raise EventError(f"not UTF-8 text (byte {error.start + 1})") from None
-    if not text.strip():
+    if not text.strip(JSON_WHITESPACE):
         return None
     try:
         payload = json.loads(text)
