@@ -167,7 +167,9 @@ class StreamProgress:
             text = status_text({**status, "events_per_second": pace})
             self.progress.update(self.task, status=text)
             return
-        if time.monotonic() - self.last_plain >= PLAIN_PROGRESS_SECONDS:
+        if self.last is None:
+            self.last = (now, events)
+        elif time.monotonic() - self.last_plain >= PLAIN_PROGRESS_SECONDS:
             self.last = (now, events)
             self.last_plain = time.monotonic()
             self.echo(f"stream: {status_text({**status, 'events_per_second': pace})}")
