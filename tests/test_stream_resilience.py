@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -405,3 +406,52 @@ def test_the_periodic_fedavg_baseline_runs_from_the_command_line(tmp_path):
     records = metrics_of(out)
     assert records[-1]["rounds"] == 5 and records[-1]["steps"] > 0
     assert json.loads((out / "config.json").read_text())["algorithm"] == "fedavg-periodic"
+
+
+def scaled_stream(count: int, spike_at: int | None = None, scale: float = 1000) -> list[str]:
+    """Raw tabular events, one feature ``scale`` times the others; optionally a spike."""
+    rng = np.random.default_rng(11)
+    lines = []
+    for number in range(1, count + 1):
+        label = int(rng.choice(3, p=[0.6, 0.25, 0.15]))
+        x = rng.normal(0, 1, 4)
+        x[label + 1] += 2.0
+        x[0] = scale * (x[0] + label)
+        if number == spike_at:
+            x[:] = 1e30
+        lines.append(json.dumps({"client": f"c{number % 4}", "label": label, "x": x.tolist()}))
+    return lines
+
+
+def test_raw_features_of_different_scales_are_learned_and_divergence_stops_in_one_line(
+    tmp_path, capsys
+):
+    source = tmp_path / "events.jsonl"
+    source.write_text("\n".join(scaled_stream(1500)) + "\n")
+    main(["stream", "--source", str(source), "--out", str(tmp_path / "scaled"), "--no-secure",
+          "--eval-every", "100"])  # fmt: skip
+    records = metrics_of(tmp_path / "scaled")
+    assert all(r["train_loss"] is not None for r in records)
+    assert records[-1]["prequential_accuracy"] >= records[-1]["majority_accuracy"] + 0.1
+    capsys.readouterr()
+    source.write_text("\n".join(scaled_stream(300, spike_at=150, scale=1)) + "\n")
+    out = tmp_path / "diverged"
+    flags = ["--source", str(source), "--out", str(out), "--no-secure", "--scale", "none",
+             "--eval-every", "50", "--checkpoint-every", "100"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main(["stream", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 1 and len(err) == 1, err
+    diverged = re.match(r"error: training diverged at event (\d+) \(line (\d+)\)", err[0])
+    assert diverged and diverged[1] == diverged[2] and int(diverged[1]) >= 150  # the spike
+    assert "--lr 0.01 --momentum 0 --steps-per-event 1 --scale none" in err[0]
+    assert "the last checkpoint is kept" in err[0]
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    event = int(diverged[1])
+    assert checkpoint["lines"] == (event - 1) // 100 * 100  # the last one before it
+    assert all(torch.isfinite(w).all() for w in checkpoint["learner"]["model"].values())
+    assert [r["events"] for r in metrics_of(out)] == list(range(50, event, 50))
+    main(["stream", *flags, "--resume", "--on-diverge", "skip"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["events"] == 300 and summary["undone_updates"] >= 1
+    assert all(r["train_loss"] is not None for r in metrics_of(out))

@@ -68,6 +68,8 @@ class Prequential:
             self.majority_correct += majority == target
             self._grow(max(target, predicted) + 1)
             self.confusion[target, predicted if predicted >= 0 else -1] += 1
+            if not math.isfinite(probability):  # non-finite logits: no usable probability
+                probability = 0.0
             self.log_loss_sum -= math.log(max(probability, LOG_LOSS_FLOOR))
         if len(self.window) == self.window.maxlen:
             self.window_correct -= self.window[0]
