@@ -292,3 +292,24 @@ def test_a_test_set_needs_no_client_and_refuses_bad_lines(tmp_path):
         load_test_set(str(path))
     with pytest.raises(Exception, match="--test .* cannot open it"):
         load_test_set(str(tmp_path / "nope.jsonl"))
+
+
+def test_npy_files_of_the_wrong_kind_are_one_event_error(tmp_path):
+    np.save(tmp_path / "scalar.npy", np.float32(3.0))
+    np.save(tmp_path / "words.npy", np.array(["a", "b"]))
+    np.save(tmp_path / "nan.npy", np.array([[1.0, np.nan]]))
+    np.savez(tmp_path / "many.npz", a=np.ones(2))
+    (tmp_path / "broken.npy").write_bytes(b"\x93NUMPY garbage")
+    (tmp_path / "folder.npy").mkdir()
+    for line, reason in [
+        ('{"client": 0, "label": 1, "path": "scalar.npy", "row": 0}', "holds one value"),
+        ('{"client": 0, "label": 1, "path": "words.npy"}', "does not hold numbers"),
+        ('{"client": 0, "label": 1, "path": "nan.npy", "row": 0}', "NaN or infinity"),
+        ('{"client": 0, "label": 1, "path": "many.npz"}', "cannot read|several arrays"),
+        ('{"client": 0, "label": 1, "path": "broken.npy"}', "cannot read"),
+        ('{"client": 0, "label": 1, "path": "folder.npy"}', "not a regular file"),
+        ('{"client": 0, "label": 1, "path": "nan.npy", "row": true}', '"row" must be an integer'),
+        ('{"client": 0, "label": 1, "path": 7}', '"path" must name a .npy file'),
+    ]:
+        with pytest.raises(EventError, match=reason):
+            parse_line(line, 1, tmp_path)

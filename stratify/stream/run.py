@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import os
 import signal
 import sys
 import time
@@ -205,6 +206,7 @@ class StreamRun:
         self.dropped_pending = 0
         self.metrics_bytes = 0
         self.predictions_bytes = 0
+        self.checkpoint_predictions: str | None = None
         self.begun = False
         if self.checkpoint_state is not None:
             self.restore(self.checkpoint_state)
@@ -243,6 +245,7 @@ class StreamRun:
             self.recent_records.extend(dict(record) for record in checkpoint["recent_records"])
             self.metrics_bytes = int(checkpoint["metrics_bytes"])
             self.predictions_bytes = int(checkpoint["predictions_bytes"])
+            self.checkpoint_predictions = checkpoint["predictions_path"]
             self.dropped_pending = int(checkpoint["dropped_pending"])
             for entry in checkpoint["pending"]:
                 self.pending[entry["id"]] = dict(entry)
@@ -277,6 +280,7 @@ class StreamRun:
             "predictions_bytes": (
                 self.predictions.size if self.predictions is not None else self.predictions_bytes
             ),
+            "predictions_path": self.predictions_path(),
             "dropped_pending": self.dropped_pending,
             "pending": list(self.pending.values()),
             "learner": self.learner.state_dict(),
@@ -299,13 +303,19 @@ class StreamRun:
             self.open_metrics()
         predictions = self.config.predictions
         if predictions is not None:
-            same_file = self.resuming  # the size in the checkpoint is that file's
+            # the size in the checkpoint is that of the file the checkpoint wrote to
+            same_file = self.resuming and self.checkpoint_predictions == self.predictions_path()
             size = self.predictions_bytes if same_file else (0 if self.overwrite else None)
             self.predictions = JsonLinesAppender(
                 None if predictions == "-" else Path(predictions),
                 size=size,
                 what=f"--predictions {predictions}",
             )
+
+    def predictions_path(self) -> str | None:
+        """``--predictions`` as an absolute path (``-`` and ``None`` as they are)."""
+        path = self.config.predictions
+        return path if path in (None, "-") else os.path.abspath(path)
 
     def open_metrics(self) -> None:
         assert self.folder is not None
