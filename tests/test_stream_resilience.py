@@ -455,3 +455,24 @@ def test_raw_features_of_different_scales_are_learned_and_divergence_stops_in_on
     summary = json.loads((out / "summary.json").read_text())
     assert summary["events"] == 300 and summary["undone_updates"] >= 1
     assert all(r["train_loss"] is not None for r in metrics_of(out))
+
+
+def test_progress_is_a_plain_line_when_stderr_is_not_a_terminal(monkeypatch, capsys):
+    import io
+
+    from rich.console import Console
+
+    import stratify.cli.stream as command
+
+    monkeypatch.setattr(command, "PLAIN_PROGRESS_SECONDS", 0.0)
+    display = command.StreamProgress(Console(file=io.StringIO()))
+    assert not display.terminal
+    status = {"events": 10, "window_accuracy": 0.5, "buffer_fill": 0.25, "classes": 2,
+              "clients": 3, "rejected": 1}  # fmt: skip
+    display.progress_update(status)
+    time.sleep(0.01)
+    display.progress_update({**status, "events": 20})
+    display.reject(7, "malformed JSON")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("stream: 20 events · ") and "window acc 50.0%" in lines[0]
+    assert lines[1] == "warning: line 7: malformed JSON; event skipped"
