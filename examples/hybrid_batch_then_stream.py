@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> tuple[float, float]:
             seed=args.seed,
             secure=not args.no_secure,
             input_shape=dataset.input_shape,
+            scale="none",  # the pre-trained model learned the features as they are
         ),
         model=experiment.model,
         classes=list(range(dataset.num_classes)),

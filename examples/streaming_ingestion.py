@@ -79,6 +79,7 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         seed=args.seed,
         device=args.device,
         secure=not args.no_secure,
+        scale=args.scale,
     )
 
 
@@ -156,6 +157,12 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--chunk", type=int, default=5)
     parser.add_argument("--lr", type=float, default=None, help="[default: the dataset's]")
     parser.add_argument("--window", type=int, default=500)
+    parser.add_argument(
+        "--scale",
+        default="none",
+        choices=("none", "running"),
+        help="pixels are already in [0, 1]: fed as they are by default",
+    )
     parser.add_argument("--report-every", type=int, default=1000)
     parser.add_argument(
         "--learner",

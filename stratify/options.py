@@ -124,6 +124,30 @@ def resolve_inherited(cls: type) -> None:
             cls.__annotations__ = {**vars(cls).get("__annotations__", {}), name: parent.type}
 
 
+def option_of(owner: type, name: str, **changes: Any) -> Any:
+    """A copy of the :func:`option` field ``name`` of dataclass ``owner``, for another
+    dataclass that takes the same setting; ``changes`` replace its ``default`` or any
+    of :func:`option`'s arguments (``help``, ``check``, ``choices``, ``cli_type``), so a
+    setting shared by two commands is declared once.
+    """
+    fields = {entry.name: entry for entry in dataclasses.fields(owner)}
+    if name not in fields or "help" not in fields[name].metadata:
+        raise ValueError(f"{owner.__name__} has no option {name!r}")
+    source = fields[name]
+    metadata = dict(source.metadata)
+    arguments = {
+        "help": metadata["help"],
+        "check": metadata["check"],
+        "choices": metadata["choices"],
+        "modes": metadata["modes"],
+        "cli_type": metadata["type"],
+        "envvar": metadata["envvar"],
+        "per_mode": metadata["per_mode"],
+        **{key: value for key, value in changes.items() if key != "default"},
+    }
+    return option(changes.get("default", source.default), **arguments)
+
+
 def value_type(value: Any) -> type:
     return bool if isinstance(value, bool) else value.__class__
 

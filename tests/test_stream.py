@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import stratify.stream.policies as policies
 from stratify.errors import ConfigError
 from stratify.registry import PlainRegistry
 from stratify.registry.ckks import CKKSRegistry
 from stratify.stream import Event, EventError, PeriodicFedAvg, StreamConfig, StreamLearner
+from stratify.stream.buffers import ClientBuffers
 
 FEATURES = 6
 
@@ -76,13 +76,13 @@ def test_a_new_label_mid_stream_is_registered_and_learned(secure):
 def test_no_sample_is_trained_more_often_than_max_uses_and_buffers_stay_bounded(monkeypatch):
     trained: list[int] = []
     learner = StreamLearner(config(capacity=5, max_uses=2, steps_per_event=3))
-    step = policies.single_sample_sgd
+    use = ClientBuffers.use
 
-    def recording_step(model, optimizer, x, y, indices, lr):
-        trained.extend(int(learner.buffers.sample_id[slot]) for slot in indices)
-        return step(model, optimizer, x, y, indices, lr)
+    def recording_use(buffers, slot, times=1):
+        trained.append(int(buffers.sample_id[slot]))
+        return use(buffers, slot, times)
 
-    monkeypatch.setattr(policies, "single_sample_sgd", recording_step)
+    monkeypatch.setattr(ClientBuffers, "use", recording_use)
     arrived: dict[str, list[int]] = {}
     for event in events([0, 1, 2, 3], ["a", "b", "c"], 400, seed=3):
         learner.ingest(event)
@@ -100,7 +100,7 @@ def test_no_sample_is_trained_more_often_than_max_uses_and_buffers_stay_bounded(
 def test_each_event_is_predicted_before_it_is_learned():
     learner = StreamLearner(config())
     outcomes = []
-    predict = learner.predict
+    predict = learner._predict
     seen_parameters = []
 
     def spying_predict(x):
@@ -109,7 +109,7 @@ def test_each_event_is_predicted_before_it_is_learned():
         )
         return predict(x)
 
-    learner.predict = spying_predict  # type: ignore[method-assign]
+    learner._predict = spying_predict  # type: ignore[method-assign]
     stream = events([0, 1], ["a", "b"], 120, seed=4)
     for event in stream:
         before = (

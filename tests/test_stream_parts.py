@@ -13,7 +13,7 @@ from torch import nn
 from stratify.nn.models import build_model
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.classifier import grow_classifier, widen_head
-from stratify.stream.events import EventError, load_test_set, parse_event
+from stratify.stream.events import EventError, load_test_set, parse_line
 from stratify.stream.prequential import Prequential
 from stratify.stream.schedule import StreamSchedule, select_client
 
@@ -244,39 +244,40 @@ def test_prequential_window_and_total():
         ('{"client": 1, "label": 2, "x": [1, 2', "malformed JSON"),
         ("[1, 2]", "an event is a JSON object"),
         ('{"label": 2, "x": [1]}', "missing client"),
-        ('{"client": 1, "x": [1]}', "missing label"),
-        ('{"client": 1, "label": null, "x": [1]}', "missing label"),
-        ('{"client": 1, "label": 2.5, "x": [1]}', "label must be an integer or a string"),
+        ('{"client": 1, "label": 2.5, "x": [1]}', "label must be an integer, a string or a"),
         ('{"client": true, "label": 2, "x": [1]}', "client must be an integer or a string"),
-        ('{"client": 1, "label": 2}', 'give the features as "x"'),
-        ('{"client": 1, "label": 2, "x": [1], "path": "a.npy"}', 'give the features as "x"'),
-        ('{"client": 1, "label": 2, "x": "abc"}', '"x" must be a list of numbers'),
-        ('{"client": 1, "label": 2, "x": [1, "a"]}', '"x" must be a list of numbers'),
-        ('{"client": 1, "label": 2, "x": [[1, 2], [3]]}', '"x" must be a list of numbers'),
+        ('{"client": 1, "label": 2}', 'no features: give "x"'),
+        ('{"client": 1, "label": 2, "x": [1], "path": "a.npy"}', 'give the features as "x" or'),
+        ('{"client": 1, "label": 2, "x": "abc"}', "the features must be a list of numbers"),
+        ('{"client": 1, "label": 2, "x": [1, "a"]}', "the features must be numbers"),
+        ('{"client": 1, "label": 2, "x": [[1, 2], [3]]}', "nested lists of equal length"),
         ('{"client": 1, "label": 2, "x": []}', "the features are empty"),
         ('{"client": 1, "label": 2, "x": [1, NaN]}', "NaN or infinity"),
         ('{"client": 1, "label": 2, "x": [1, Infinity]}', "NaN or infinity"),
         ('{"client": 1, "label": 2, "x": [1, 1e999]}', "NaN or infinity"),
+        ('{"client": 1, "label": 2, "x": [1, 1e39]}', "beyond float32"),
         ('{"client": 1, "label": 2, "path": "missing.npy"}', "cannot read"),
+        ('{"id": 4}', "missing label"),
+        ('{"id": [4], "label": 1}', "id must be an integer or a string"),
     ],
 )
 def test_a_line_that_is_no_event_says_why(line, reason, tmp_path):
     with pytest.raises(EventError, match=reason):
-        parse_event(line, 5, tmp_path)
+        parse_line(line, 5, tmp_path)
 
 
 def test_events_from_lists_and_npy_rows(tmp_path):
-    event = parse_event('{"client": "a", "label": "cat", "x": [[1, 2], [3, 4]]}', 3)
+    event = parse_line('{"client": "a", "label": "cat", "x": [[1, 2], [3, 4]]}', 3)
     assert (event.client, event.label, event.line) == ("a", "cat", 3)
-    assert event.x.dtype == np.float32 and event.x.shape == (2, 2)
-    assert parse_event("   \n", 4) is None
+    assert event.x.dtype == torch.float32 and event.x.shape == (2, 2)
+    assert parse_line("   \n", 4) is None
     np.save(tmp_path / "rows.npy", np.arange(6, dtype=np.float64).reshape(3, 2))
-    row = parse_event('{"client": 0, "label": 1, "path": "rows.npy", "row": 2}', 1, tmp_path)
-    assert row.x.tolist() == [4.0, 5.0] and row.x.dtype == np.float32
-    whole = parse_event('{"client": 0, "label": 1, "path": "rows.npy"}', 1, tmp_path)
+    row = parse_line('{"client": 0, "label": 1, "path": "rows.npy", "row": 2}', 1, tmp_path)
+    assert row.x.tolist() == [4.0, 5.0] and row.x.dtype == torch.float32
+    whole = parse_line('{"client": 0, "label": 1, "path": "rows.npy"}', 1, tmp_path)
     assert whole.x.shape == (3, 2)
     with pytest.raises(EventError, match=r'"row" must be an integer in \[0, 3\)'):
-        parse_event('{"client": 0, "label": 1, "path": "rows.npy", "row": 3}', 1, tmp_path)
+        parse_line('{"client": 0, "label": 1, "path": "rows.npy", "row": 3}', 1, tmp_path)
 
 
 def test_a_test_set_needs_no_client_and_refuses_bad_lines(tmp_path):
@@ -285,9 +286,30 @@ def test_a_test_set_needs_no_client_and_refuses_bad_lines(tmp_path):
         json.dumps({"label": 1, "x": [1, 2]}) + "\n\n" + json.dumps({"label": "b", "x": [3, 4]})
     )
     features, labels = load_test_set(str(path))
-    assert features.tolist() == [[1, 2], [3, 4]] and labels == [1, "b"]
-    path.write_text(json.dumps({"label": 1, "x": [1, 2]}) + "\n" + '{"label": 2, "x": [1]}\n')
-    with pytest.raises(Exception, match="line 2: features of shape"):
+    assert [x.tolist() for x in features] == [[1, 2], [3, 4]] and labels == [1, "b"]
+    path.write_text(json.dumps({"label": 1, "x": [1, 2]}) + "\n" + '{"x": [1, 3]}\n')
+    with pytest.raises(Exception, match="line 2: missing label"):
         load_test_set(str(path))
     with pytest.raises(Exception, match="--test .* cannot open it"):
         load_test_set(str(tmp_path / "nope.jsonl"))
+
+
+def test_npy_files_of_the_wrong_kind_are_one_event_error(tmp_path):
+    np.save(tmp_path / "scalar.npy", np.float32(3.0))
+    np.save(tmp_path / "words.npy", np.array(["a", "b"]))
+    np.save(tmp_path / "nan.npy", np.array([[1.0, np.nan]]))
+    np.savez(tmp_path / "many.npz", a=np.ones(2))
+    (tmp_path / "broken.npy").write_bytes(b"\x93NUMPY garbage")
+    (tmp_path / "folder.npy").mkdir()
+    for line, reason in [
+        ('{"client": 0, "label": 1, "path": "scalar.npy", "row": 0}', "holds one value"),
+        ('{"client": 0, "label": 1, "path": "words.npy"}', "does not hold numbers"),
+        ('{"client": 0, "label": 1, "path": "nan.npy", "row": 0}', "NaN or infinity"),
+        ('{"client": 0, "label": 1, "path": "many.npz"}', "cannot read|several arrays"),
+        ('{"client": 0, "label": 1, "path": "broken.npy"}', "cannot read"),
+        ('{"client": 0, "label": 1, "path": "folder.npy"}', "not a regular file"),
+        ('{"client": 0, "label": 1, "path": "nan.npy", "row": true}', '"row" must be an integer'),
+        ('{"client": 0, "label": 1, "path": 7}', '"path" must name a .npy file'),
+    ]:
+        with pytest.raises(EventError, match=reason):
+            parse_line(line, 1, tmp_path)

@@ -69,46 +69,62 @@ def widen_head(head: nn.Linear, rows: int, seed: int) -> nn.Linear:
     return wider
 
 
-def grow_classifier(
-    model: nn.Module, optimizer: torch.optim.SGD | None, rows: int, seed: int
-) -> torch.optim.SGD | None:
-    """Widen ``model.head`` to ``rows`` rows in place; returns the optimizer that follows.
+def widen_classifier(model: nn.Module, rows: int, seed: int) -> dict[int, torch.Tensor]:
+    """Widen ``model.head`` to ``rows`` rows in place (:func:`widen_head`).
 
-    The new optimizer has ``optimizer``'s settings over ``model``'s new parameters; every
-    momentum buffer is carried over, the head's padded with zeros for the new rows.
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        A model with a linear ``head``.
-    optimizer : torch.optim.SGD or None
-        The optimizer over ``model``'s parameters (``None``: none to carry).
-    rows : int
-        Rows of the widened classifier.
-    seed : int
-        Run seed for the new rows (:func:`widen_head`).
+    Returns
+    -------
+    dict
+        ``id`` of each replaced parameter -> the parameter that replaces it, for whoever
+        keeps state over the old ones (:func:`carry_optimizer`).
     """
     head = classifier_head(model)
     wider = widen_head(head, rows, seed)
     replaced = {id(head.weight): wider.weight}
     if head.bias is not None:
         replaced[id(head.bias)] = wider.bias
-    old_parameters = list(model.parameters())
     model.head = wider
-    if optimizer is None:
-        return None
+    return replaced
+
+
+def carry_optimizer(
+    optimizer: torch.optim.SGD, model: nn.Module, replaced: dict[int, torch.Tensor]
+) -> torch.optim.SGD:
+    """An SGD optimizer with ``optimizer``'s settings over ``model``'s parameters now,
+    every momentum buffer carried over (a replaced parameter's padded with zeros for its
+    new rows).
+
+    Parameters
+    ----------
+    optimizer : torch.optim.SGD
+        The optimizer over the model's parameters before :func:`widen_classifier`.
+    model : torch.nn.Module
+        The model after it.
+    replaced : dict
+        What :func:`widen_classifier` returned.
+    """
     settings = {key: value for key, value in optimizer.param_groups[0].items() if key != "params"}
     grown = torch.optim.SGD(model.parameters(), **settings)
-    for old in old_parameters:
-        state = optimizer.state.get(old)
-        if not state:
-            continue
-        new = replaced.get(id(old), old)
-        carried = dict(state)
-        buffer = carried.get("momentum_buffer")
-        if buffer is not None and buffer.shape != new.shape:
-            padded = buffer.new_zeros(new.shape)
-            padded[: buffer.shape[0]] = buffer
-            carried["momentum_buffer"] = padded
-        grown.state[new] = carried
+    for group in optimizer.param_groups:
+        for old in group["params"]:
+            state = optimizer.state.get(old)
+            if not state:
+                continue
+            new = replaced.get(id(old), old)
+            carried = dict(state)
+            buffer = carried.get("momentum_buffer")
+            if buffer is not None and buffer.shape != new.shape:
+                padded = buffer.new_zeros(new.shape)
+                padded[: buffer.shape[0]] = buffer
+                carried["momentum_buffer"] = padded
+            grown.state[new] = carried
     return grown
+
+
+def grow_classifier(
+    model: nn.Module, optimizer: torch.optim.SGD | None, rows: int, seed: int
+) -> torch.optim.SGD | None:
+    """Widen ``model.head`` to ``rows`` rows in place; returns the optimizer that follows
+    (:func:`widen_classifier` then :func:`carry_optimizer`; ``None`` for ``None``)."""
+    replaced = widen_classifier(model, rows, seed)
+    return None if optimizer is None else carry_optimizer(optimizer, model, replaced)

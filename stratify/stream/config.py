@@ -2,29 +2,61 @@
 
 :class:`StreamConfig` is what a stream's ``config.json`` records; the ``stream`` command
 generates its flags from the fields, as ``train`` does from
-:class:`~stratify.config.TrainConfig` (docs/architecture.md, "Options").
+:class:`~stratify.config.TrainConfig` (docs/architecture.md, "Options"). A setting that
+``train`` has too (the model's widths, the seed, the registry, the chunk size…) is not
+declared again: its field is :func:`~stratify.options.option_of` the train one, with
+only what differs for a stream (a default, a help sentence) changed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from stratify.backend import DEVICES
-from stratify.config import PROTOCOLS
+import torch
+
+from stratify.config import TrainConfig
 from stratify.errors import ConfigError
-from stratify.options import RunSettings, option
-from stratify.selection import SELECTIONS
+from stratify.nn.models import MODELS, build_model
+from stratify.options import RunSettings, option, option_of
+from stratify.stratify import StratifyOptions
+from stratify.stream.events import MISSING
+from stratify.stream.policies import STREAM_ALGORITHMS
+from stratify.stream.scaling import SCALES
 from stratify.validation import (
+    check_fits_in_memory,
     check_momentum,
     check_positive,
     check_positive_int,
-    check_seed,
     check_widths,
 )
 
 # options that may change between a stream and its resumption: where events and test
-# samples come from, where files go, and how often they are written
-RESUMABLE_STREAM_CHANGES = ("source", "test", "out", "device", "eval_every", "checkpoint_every")
+# samples come from, where files go, how often they are written, and what a divergence
+# or an over-long line does
+RESUMABLE_STREAM_CHANGES = (
+    "source",
+    "test",
+    "predictions",
+    "out",
+    "device",
+    "eval_every",
+    "checkpoint_every",
+    "checkpoint_seconds",
+    "on_diverge",
+    "max_line_bytes",
+)
+#: the options of ``--algorithm fedavg-periodic`` and their defaults
+FEDAVG_DEFAULTS = {
+    "retrain_every": 500,
+    "local_epochs": 1,
+    "local_batch_size": 32,
+    "local_momentum": 0.9,
+}
+ON_DIVERGE = ("stop", "skip")
+#: bytes a buffered sample's bookkeeping takes besides its features: target (8),
+#: occupied (1), placeholder, uses, arrival and identity (4 × 8)
+SLOT_BYTES = 41
 
 
 def check_shape(value: object, flag: str) -> tuple[int, ...]:
@@ -37,38 +69,68 @@ def check_shape(value: object, flag: str) -> tuple[int, ...]:
         ) from None
 
 
+def check_flag(value: object, flag: str) -> bool:
+    """``value`` if it is a boolean."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{flag} must be true or false, got {value!r}")
+    return value
+
+
+def check_path(value: object, flag: str) -> str:
+    """A file name (or ``-``): a non-empty string."""
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise ConfigError(f"{flag} must name a file, got {value!r}")
+    return value
+
+
 @dataclass
 class StreamConfig(RunSettings):
     """Everything that defines a stream; written to ``config.json``.
 
     Every field made with :func:`~stratify.options.option` is a flag of ``stratify
-    stream`` with that help text. Invalid values are refused on creation.
+    stream`` with that help text. Invalid values are refused on creation, with one line
+    (:class:`~stratify.errors.ConfigError`).
     """
 
     source: str | None = option(
-        None, "JSON Lines events: a file, or - for standard input.", cli_type=str
+        None, "JSON Lines events: a file, or - for standard input.", check=check_path, cli_type=str
     )
     test: str | None = option(
         None,
         "Held-out samples in the events' format (no client needed), evaluated every "
         "--eval-every events.",
+        check=check_path,
         cli_type=str,
     )
-    model: str = option(
-        "mlp",
-        "Model, sized from the first event's features: mlp | cnn | resnet9 | resnet18 | resnet20.",
-    )
-    mlp_hidden: tuple[int, ...] | None = option(
+    predictions: str | None = option(
         None,
-        "Hidden-layer widths of --model mlp, comma-separated [default: 200,200].",
-        check=check_widths,
+        "Where events without a label get their prediction, one JSON line each "
+        '({"line", "id", "client", "prediction", "probability"}); - for standard output.',
+        check=check_path,
         cli_type=str,
     )
-    norm: str | None = option(
-        None,
-        "gn | none for the ResNets (one sample has no batch statistics) [default: the "
+    algorithm: str = option(
+        "stratify",
+        "stratify (single-sample updates after every event) or fedavg-periodic (a FedAvg "
+        "round on the same buffers every --retrain-every events).",
+        choices=STREAM_ALGORITHMS,
+    )
+    model: str = option_of(
+        TrainConfig,
+        "model",
+        default="mlp",
+        help="Model, sized from the first event's features: mlp | cnn | resnet9 | "
+        "resnet18 | resnet20.",
+        choices=tuple(MODELS),
+        cli_type=str,
+    )
+    mlp_hidden: tuple[int, ...] | None = option_of(TrainConfig, "mlp_hidden")
+    norm: str | None = option_of(
+        TrainConfig,
+        "norm",
+        help="gn | none for the ResNets (one sample has no batch statistics) [default: the "
         "model's own; cnn and mlp have no norm layers].",
-        cli_type=str,
+        choices=("bn", "gn", "none"),
     )
     input_shape: tuple[int, ...] | None = option(
         None,
@@ -82,6 +144,18 @@ class StreamConfig(RunSettings):
         "A classifier of this many classes [default: one that grows as labels arrive].",
         check=check_positive_int,
         cli_type=int,
+    )
+    scale: str = option(
+        "running",
+        "Standardise every feature by the running mean and deviation of the events so far "
+        "(running), or feed the features as they are (none).",
+        choices=SCALES,
+    )
+    missing: str = option(
+        "error",
+        "A named feature missing from an event (or null): the event is skipped (error), "
+        "or it is read as 0 (zero).",
+        choices=MISSING,
     )
     capacity: int = option(
         100,
@@ -99,21 +173,59 @@ class StreamConfig(RunSettings):
         "Clients registered on their first event; a further new client's events are skipped.",
         check=check_positive_int,
     )
+    max_pending: int = option(
+        10000,
+        "Unlabeled events with an id kept for their late label; the oldest is dropped beyond it.",
+        check=check_positive_int,
+    )
     steps_per_event: int = option(
         1,
         "Single-sample updates the server schedules after each arriving event.",
         check=check_positive_int,
     )
-    chunk: int = option(
-        5,
-        "Chunk size CS: consecutive schedule entries that may stay with one client.",
+    chunk: int = option_of(StratifyOptions, "chunk", modes=("single-sample", "batch"))
+    selection: str = option_of(StratifyOptions, "selection")
+    lr: float = option_of(
+        TrainConfig,
+        "lr",
+        default=0.01,
+        help="Learning rate: of the single-sample steps, or the clients' local one for "
+        "fedavg-periodic (constant: a stream has no epochs to decay over).",
+        cli_type=float,
+    )
+    momentum: float = option_of(
+        StratifyOptions, "momentum", help="SGD momentum of the single-sample steps, in [0, 1)."
+    )
+    retrain_every: int | None = option(
+        None,
+        "fedavg-periodic: events between two rounds [default: 500].",
         check=check_positive_int,
+        cli_type=int,
     )
-    selection: str = option(
-        "uniform", "How a client is chosen among those holding the label.", choices=SELECTIONS
+    local_epochs: int | None = option(
+        None,
+        "fedavg-periodic: passes over its buffer a client makes per round [default: 1].",
+        check=check_positive_int,
+        cli_type=int,
     )
-    lr: float = option(0.01, "Learning rate of the single-sample steps.", check=check_positive)
-    momentum: float = option(0.0, "SGD momentum, in [0, 1).", check=check_momentum)
+    local_batch_size: int | None = option(
+        None,
+        "fedavg-periodic: local mini-batch size [default: 32].",
+        check=check_positive_int,
+        cli_type=int,
+    )
+    local_momentum: float | None = option(
+        None,
+        "fedavg-periodic: momentum of the clients' local SGD [default: 0.9].",
+        check=check_momentum,
+        cli_type=float,
+    )
+    on_diverge: str = option(
+        "stop",
+        "A non-finite loss or weight: stop with one line, the last checkpoint kept (stop), "
+        "or undo that event's updates, count them and go on (skip).",
+        choices=ON_DIVERGE,
+    )
     window: int = option(
         500,
         "Events in the sliding window of the prequential accuracy.",
@@ -129,12 +241,71 @@ class StreamConfig(RunSettings):
         "Events between two checkpoints (one more is written when the source ends).",
         check=check_positive_int,
     )
-    seed: int = option(
-        0, "Seeds the schedule, the selection and the model's initial weights.", check=check_seed
+    checkpoint_seconds: float = option(
+        60.0,
+        "Seconds after which a checkpoint is written even before --checkpoint-every events.",
+        check=check_positive,
     )
-    device: str = option("auto", "Where the model and the buffers live.", choices=DEVICES)
-    secure: bool = option(True, "CKKS placeholder registry, or the plain one.")
-    protocol: str = option("packed", "CKKS protocol of the secure registry.", choices=PROTOCOLS)
+    max_line_bytes: int = option(
+        1 << 24,
+        "A longer source line is read past without being kept, and skipped with a warning.",
+        check=check_positive_int,
+    )
+    seed: int = option_of(
+        TrainConfig,
+        "seed",
+        help="Seeds the schedule, the selection and the model's initial weights.",
+    )
+    device: str = option_of(TrainConfig, "device", help="Where the model and the buffers live.")
+    secure: bool = option_of(TrainConfig, "secure", check=check_flag)
+    protocol: str = option_of(TrainConfig, "protocol")
     out: str | None = None
 
     resumable_changes = RESUMABLE_STREAM_CHANGES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.out is not None:
+            self.out = check_path(self.out, "--out")
+        if self.algorithm == "stratify":
+            given = [name for name in FEDAVG_DEFAULTS if getattr(self, name) is not None]
+            if given:
+                flags = ", ".join("--" + name.replace("_", "-") for name in given)
+                raise ConfigError(f"{flags} applies to --algorithm fedavg-periodic, not stratify")
+        if self.mlp_hidden is not None and self.model != "mlp":
+            raise ConfigError(f"--mlp-hidden applies to --model mlp, not {self.model!r}")
+        check_buffer_memory(self.capacity, math.prod(self.input_shape or (1,)))
+        if self.model == "mlp" or self.input_shape is not None:
+            # the model for the fewest features the stream may have: a lower bound
+            check_model_memory(self, self.input_shape or (1,), self.num_classes or 1)
+
+    def fedavg_option(self, name: str) -> int | float:
+        """A ``fedavg-periodic`` option, its default when not given."""
+        value = getattr(self, name)
+        return FEDAVG_DEFAULTS[name] if value is None else value
+
+
+def check_buffer_memory(capacity: int, features: int) -> None:
+    """Refuse a ``--capacity`` whose first client's buffer (allocated whole at the first
+    event) would not fit in memory."""
+    check_fits_in_memory(
+        capacity * (SLOT_BYTES + 4 * features),
+        f"one client's buffer of --capacity {capacity:,} samples of {features:,} features",
+        "give a smaller --capacity",
+    )
+
+
+def check_model_memory(config: StreamConfig, input_shape: tuple[int, ...], rows: int) -> None:
+    """Refuse, before it is built, a model whose weights and gradients would not fit in
+    memory (its size counted on torch's meta device, which allocates nothing)."""
+    with torch.device("meta"):
+        model = build_model(
+            config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
+        )
+    weights = sum(parameter.numel() for parameter in model.parameters())
+    shape = ",".join(map(str, input_shape))
+    check_fits_in_memory(
+        2 * 4 * weights,
+        f"--model {config.model} for samples of shape {shape} ({weights:,} weights)",
+        "use a smaller model (--mlp-hidden) or fewer features (--input-shape)",
+    )

@@ -1,18 +1,23 @@
-"""The stream learner: events in, a global model that keeps learning, prequential accuracy.
+"""The stream learner: events in, a global model that keeps learning, prequential metrics.
 
-For every arriving event (:meth:`StreamLearner.ingest`):
+For every arriving labeled event (:meth:`StreamLearner.ingest`):
 
-1. check it (feature count, client, label) without changing anything; a refused event
+1. check it (features, client, label) without changing anything; a refused event
    raises :class:`~stratify.stream.events.EventError` and leaves the learner as it was;
 2. predict its label with the current model (test-then-train, :mod:`.prequential`);
 3. if its client holds this label for the first time, the client registers the label
    (:meth:`~stratify.registry.base.LabelRegistry.add_label`, plain or CKKS) and gets its
    placeholder; a label new to the whole federation also gets a classifier row
    (:mod:`.classifier`);
-4. buffer it at its client (:mod:`.buffers`), evicting that client's oldest sample when
-   the buffer is full;
+4. add it to the running feature statistics (:mod:`.scaling`) and buffer it at its
+   client (:mod:`.buffers`), evicting that client's oldest sample when the buffer is full;
 5. let the training policy train (:mod:`.policies`; by default single-sample Stratify
-   updates along the SLS over the placeholders the buffers hold).
+   updates along the SLS over the placeholders the buffers hold), and check that the
+   loss and the weights stayed finite.
+
+:meth:`~StreamLearner.learn_one`, :meth:`~StreamLearner.predict_one` and
+:meth:`~StreamLearner.predict_proba_one` are the per-event API online-learning users know:
+learn without testing, and predict without learning.
 
 The server's side (schedule, routing, model) sees placeholders and buffer counts only;
 real labels stay with the clients: in their buffers, their label maps and the map from
@@ -22,49 +27,74 @@ labels to classifier rows (docs/architecture.md, "Streaming").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from stratify.backend import configure_cpu_for_single_sample, resolve_device
-from stratify.errors import ConfigError, RegistryError
+from stratify.errors import ConfigError, RegistryError, TrainingError
 from stratify.nn.models import build_model
 from stratify.nn.norm import has_batch_norm
 from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.stream.buffers import ClientBuffers
-from stratify.stream.classifier import classifier_head, grow_classifier
-from stratify.stream.config import StreamConfig
-from stratify.stream.events import Event, EventError, Identifier
-from stratify.stream.policies import SingleSampleUpdates, StreamPolicy
+from stratify.stream.classifier import classifier_head, widen_classifier
+from stratify.stream.config import StreamConfig, check_buffer_memory, check_model_memory
+from stratify.stream.events import (
+    Event,
+    EventError,
+    FeatureSchema,
+    Identifier,
+    check_features,
+    check_identifier,
+    check_label,
+)
+from stratify.stream.policies import (
+    PeriodicFedAvg,
+    SingleSampleUpdates,
+    StreamContext,
+    StreamPolicy,
+    Training,
+)
 from stratify.stream.prequential import Prequential
+from stratify.stream.scaling import RunningScaler
 
 #: held-out samples evaluated per forward pass
 EVAL_BATCH = 1000
 #: layers that compute differently in train and eval mode
 MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
+#: step losses kept on the device before they are summed (always after the same number of
+#: steps, so a resumed stream sums exactly as an uninterrupted one)
+PENDING_LOSSES = 1024
+
+
+class DivergenceError(TrainingError):
+    """The loss or the weights became non-finite; learning stopped (``--on-diverge stop``)."""
 
 
 @dataclass
 class StreamStats:
-    """Counters of a stream learner (the policy adds its own, e.g. transfers).
+    """Counters of a stream learner (the policy keeps its own, e.g. transfers).
 
     Parameters
     ----------
     events : int
-        Events ingested.
+        Labeled events learned.
     steps : int
-        Optimizer steps taken.
+        Optimizer steps taken (undone ones not counted).
     trained_samples : int
         Per-sample gradients computed (a single-sample step: one; a mini-batch: its size),
         the training work whatever the policy.
     loss_sum, loss_count : float, int
-        Summed training loss and the samples it covers (losses still on the device are
-        in ``pending_losses`` until :meth:`train_loss` reads them).
+        Summed training loss and the samples it covers since the last :meth:`train_loss`
+        (losses still on the device are in ``pending_losses``).
+    undone : int
+        Events whose updates were undone because they diverged (``--on-diverge skip``).
+    predicted : int
+        Unlabeled events predicted.
     """
 
     events: int = 0
@@ -72,17 +102,66 @@ class StreamStats:
     trained_samples: int = 0
     loss_sum: float = 0.0
     loss_count: int = 0
-    pending_losses: list[torch.Tensor] = field(default_factory=list)
+    undone: int = 0
+    predicted: int = 0
 
-    def train_loss(self) -> float | None:
-        """Mean training loss since the last call (``None`` without steps); resets it."""
+    def __post_init__(self) -> None:
+        self.pending_losses: list[torch.Tensor] = []
+
+    def add_losses(self, losses: list[torch.Tensor]) -> None:
+        for loss in losses:
+            self.pending_losses.append(loss)
+            if len(self.pending_losses) == PENDING_LOSSES:
+                self._sum_pending()
+
+    def _sum_pending(self) -> None:
         if self.pending_losses:
             self.loss_sum += float(torch.stack(self.pending_losses).sum())
             self.loss_count += len(self.pending_losses)
             self.pending_losses = []
+
+    def train_loss(self) -> float | None:
+        """Mean training loss since the last call (``None`` without steps); resets it."""
+        self._sum_pending()
         mean = self.loss_sum / self.loss_count if self.loss_count else None
         self.loss_sum, self.loss_count = 0.0, 0
         return mean
+
+    def state_dict(self) -> dict[str, Any]:
+        pending = self.pending_losses
+        return {
+            "events": self.events,
+            "steps": self.steps,
+            "trained_samples": self.trained_samples,
+            "loss_sum": self.loss_sum,
+            "loss_count": self.loss_count,
+            "pending_losses": torch.stack(pending).cpu() if pending else torch.zeros(0),
+            "undone": self.undone,
+            "predicted": self.predicted,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        for name in ("events", "steps", "trained_samples", "loss_count", "undone", "predicted"):
+            setattr(self, name, int(state[name]))
+        self.loss_sum = float(state["loss_sum"])
+        pending = state["pending_losses"]
+        if pending.dim() != 1:
+            raise ValueError("pending losses must be a vector")
+        self.pending_losses = list(pending.to(device, torch.float32).unbind())
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the model said about one sample: the row it predicts and every row's
+    probability (empty when the classifier has no class yet)."""
+
+    row: int
+    probabilities: torch.Tensor
+
+    def probability(self, row: int | None) -> float:
+        if row is None or row >= len(self.probabilities):
+            return 0.0
+        return float(self.probabilities[row])
 
 
 def make_stream_registry(config: StreamConfig) -> LabelRegistry:
@@ -100,11 +179,12 @@ class StreamLearner:
     Parameters
     ----------
     config : StreamConfig
-        The stream's settings (buffers, schedule, model, registry).
+        The stream's settings (buffers, schedule, model, registry, scaling).
     model : torch.nn.Module, optional
         A model to keep training, e.g. one pre-trained in batch mode (default: a
         ``config.model`` sized from the first event's features). Its ``head`` must be a
-        ``nn.Linear`` for the classifier to grow.
+        ``nn.Linear`` for the classifier to grow. A model trained on raw features wants
+        ``scale="none"``.
     classes : sequence, optional
         The labels ``model``'s classifier rows stand for, in row order.
     registry : LabelRegistry, optional
@@ -113,8 +193,16 @@ class StreamLearner:
     clients : sequence, optional
         The clients ``registry`` already holds.
     policy : StreamPolicy, optional
-        How to train (default: :class:`~stratify.stream.policies.SingleSampleUpdates`
-        with ``config``'s steps, chunk, selection, lr and momentum).
+        How to train (default: by ``config.algorithm``,
+        :class:`~stratify.stream.policies.SingleSampleUpdates` or
+        :class:`~stratify.stream.policies.PeriodicFedAvg` with ``config``'s settings).
+
+    Examples
+    --------
+    >>> learner = StreamLearner(StreamConfig(secure=False, device="cpu"))
+    >>> learner.learn_one({"size": 3.0, "ratio": 0.2}, "big")
+    >>> learner.predict_one({"size": 2.9, "ratio": 0.3})
+    'big'
     """
 
     def __init__(
@@ -127,6 +215,10 @@ class StreamLearner:
         clients: Sequence[Identifier] = (),
         policy: StreamPolicy | None = None,
     ) -> None:
+        if not isinstance(config, StreamConfig):
+            raise ConfigError(f"a StreamLearner needs a StreamConfig, got {type(config).__name__}")
+        if policy is not None and not isinstance(policy, StreamPolicy):
+            raise ConfigError(f"policy must be a StreamPolicy, got {type(policy).__name__}")
         self.config = config
         self.device = resolve_device(config.device)
         if self.device.type == "cpu":
@@ -137,9 +229,9 @@ class StreamLearner:
             raise ConfigError(
                 f"the registry holds {registered} clients but {len(clients)} were named"
             )
-        self.classes: list[Identifier] = list(classes)
+        self.classes: list[Identifier] = [check_label(label) for label in classes]
         self.class_of = {label: row for row, label in enumerate(self.classes)}
-        self.clients: list[Identifier] = list(clients)
+        self.clients: list[Identifier] = [check_identifier(c, "client") for c in clients]
         self.client_of = {client: index for index, client in enumerate(self.clients)}
         if len(self.class_of) != len(self.classes) or len(self.client_of) != len(self.clients):
             raise ConfigError("classes and clients must be distinct")
@@ -150,8 +242,12 @@ class StreamLearner:
         self.registrations: list[tuple[int, Identifier]] = []
         self.model: nn.Module = model  # type: ignore[assignment]  # set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
+        self.scaler: RunningScaler | None = None
+        self.schema: FeatureSchema | None = None
         self.input_shape: tuple[int, ...] | None = None
         self.mode_matters = True
+        #: the event at which training diverged (``--on-diverge stop``); learning is over
+        self.diverged: str | None = None
         if model is not None and config.input_shape is not None:
             self.start(config.input_shape)
 
@@ -166,13 +262,27 @@ class StreamLearner:
         """Rows of the classifier."""
         return classifier_head(self.model).out_features
 
+    def context(self) -> StreamContext:
+        """What the policy sees (:class:`~stratify.stream.policies.StreamContext`)."""
+        return StreamContext(self.model, self.buffers, self.rows, self.training_features)
+
     def start(self, input_shape: tuple[int, ...], rows: int | None = None) -> None:
-        """Build the model (unless given), the buffers and the policy for samples of
-        ``input_shape``; ``rows`` overrides the classifier's initial size (resume)."""
+        """Build the model (unless given), the buffers, the scaler and the policy for
+        samples of ``input_shape``; ``rows`` overrides the classifier's initial size.
+
+        Raises
+        ------
+        ConfigError
+            The model or the first client's buffer would not fit in memory, or the model
+            cannot take such samples.
+        """
         config = self.config
+        features = math.prod(input_shape)
+        check_buffer_memory(config.capacity, features)
         if self.model is None:
             if rows is None:
                 rows = config.num_classes or max(1, len(self.classes))
+            check_model_memory(config, tuple(input_shape), rows)
             torch.manual_seed(config.seed)
             model = build_model(
                 config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
@@ -202,56 +312,168 @@ class StreamLearner:
         self.buffers = ClientBuffers(
             config.capacity, self.input_shape, self.device, max_uses=config.max_uses
         )
+        if config.scale == "running":
+            self.scaler = RunningScaler(self.input_shape, self.device)
         for _ in self.clients:
             self.buffers.add_client()
         if self.registry.result is not None:
             self.buffers.add_placeholder(self.registry.result.num_placeholders - 1)
-        self.policy.setup(self)
+        self.policy.setup(self.context())
 
-    # -- one event ------------------------------------------------------------------------
+    # -- features -------------------------------------------------------------------------
 
-    def features(self, event: Event) -> torch.Tensor:
-        """The event's features on the device in the stream's sample shape.
-
-        The first event fixes the shape (``config.input_shape`` or its own); later
-        events must have as many features.
-        """
-        x = torch.as_tensor(event.x, dtype=torch.float32)
-        if not self.started:
-            shape = self.config.input_shape or tuple(x.shape)
-            if math.prod(shape) != x.numel():
-                raise EventError(
-                    f"{x.numel()} features do not fit --input-shape {','.join(map(str, shape))}"
-                )
-            self.start(shape)
-        assert self.input_shape is not None
-        expected = math.prod(self.input_shape)
-        if x.numel() != expected:
-            raise EventError(f"{x.numel()} features, the stream's samples have {expected}")
-        if not isinstance(event.x, np.ndarray) and not bool(torch.isfinite(x).all()):
-            raise EventError("the features hold NaN or infinity")
-        return x.reshape(self.input_shape).to(self.device)
-
-    def ingest(self, event: Event) -> bool:
-        """Test on the event, then learn from it; returns whether it was predicted right.
+    def features(self, x: object, fix_shape: bool = True) -> torch.Tensor | None:
+        """``x`` checked and shaped as the stream's samples, on the device (raw: not
+        standardised). The first event fixes the shape (``config.input_shape`` or its
+        own) and, for named features, the feature names; before it, with
+        ``fix_shape=False``, returns ``None`` (nothing to predict with yet).
 
         Raises
         ------
         EventError
-            The event cannot be ingested (wrong feature count, non-finite features, a
-            new client beyond ``max_clients``, a label beyond ``num_classes``, a label
-            the registry refuses); nothing was changed.
+            Not an array of finite numbers, or not as many features as the stream's.
         """
-        x = self.features(event)
-        client = self.client_of.get(event.client)
+        if isinstance(x, Event):
+            raise EventError("give the event's features (event.x), or call ingest(event)")
+        if isinstance(x, Mapping):
+            if self.schema is None and self.started:
+                raise EventError("the stream's features are a list, not named (an object)")
+            if self.schema is None:
+                schema = FeatureSchema.first(x, self.config.missing)
+                vector = schema.vector(x)
+                if not fix_shape:
+                    return None
+                self.schema = schema
+            else:
+                vector = self.schema.vector(x)
+        else:
+            if self.schema is not None:
+                raise EventError("the stream's features are named (an object), not a list")
+            vector = check_features(x)
+        if not self.started:
+            if not fix_shape:
+                return None
+            shape = self.config.input_shape or tuple(vector.shape)
+            if math.prod(shape) != vector.numel():
+                raise EventError(
+                    f"{vector.numel()} features do not fit --input-shape "
+                    f"{','.join(map(str, shape))}"
+                )
+            self.start(shape)
+        assert self.input_shape is not None
+        expected = math.prod(self.input_shape)
+        if vector.numel() != expected:
+            raise EventError(f"{vector.numel()} features, the stream's samples have {expected}")
+        return vector.reshape(self.input_shape).to(self.device)
+
+    def model_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw features as the model sees them at prediction: standardised by the
+        statistics of the events learned so far."""
+        return x if self.scaler is None else self.scaler.transform(x)
+
+    def training_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Buffered features as the model sees them in training (the same statistics)."""
+        return self.model_features(x)
+
+    # -- one event ------------------------------------------------------------------------
+
+    def ingest(self, event: Event, prediction: Prediction | None = None) -> bool:
+        """Test on a labeled event, then learn from it; returns whether it was predicted
+        right.
+
+        Parameters
+        ----------
+        event : Event
+            The event; its ``label`` must be given.
+        prediction : Prediction, optional
+            The prediction made when the event arrived without its label (a late label):
+            it is scored instead of predicting again.
+
+        Raises
+        ------
+        EventError
+            The event cannot be ingested (bad features or feature count, a missing or
+            mistyped label or client, a new client beyond ``max_clients``, a label beyond
+            ``num_classes``, a label the registry refuses); nothing was changed.
+        DivergenceError
+            The updates after it made the loss or the weights non-finite
+            (``--on-diverge stop``); learning is over.
+        """
+        if not isinstance(event, Event):
+            raise EventError(f"ingest takes an Event, got {type(event).__name__}")
+        return self._learn(event.x, event.label, event.client, event.line, prediction, test=True)
+
+    def learn_one(self, x: object, y: object, client: object = 0) -> None:
+        """Learn one labeled sample arriving at ``client``, without testing on it.
+
+        Parameters
+        ----------
+        x : list, dict, numpy.ndarray or torch.Tensor
+            Its features (the first sample fixes their number or names).
+        y : int, str or bool
+            Its label.
+        client : int or str
+            The client it arrived at.
+
+        Raises
+        ------
+        EventError, DivergenceError
+            As :meth:`ingest`.
+        """
+        self._learn(x, y, client, 0, None, test=False)
+
+    def predict(self, x: object) -> Prediction | None:
+        """The model's prediction for one sample, learning nothing (``None`` before the
+        first labeled event)."""
+        self.check_learning()
+        features = self.features(x, fix_shape=False)
+        if features is None or not self.classes:
+            return None
+        return self._predict(self.model_features(features))
+
+    def predict_one(self, x: object) -> Identifier | None:
+        """The label predicted for one sample (``None`` before the first labeled event)."""
+        prediction = self.predict(x)
+        if prediction is None:
+            return None
+        return self.classes[prediction.row] if prediction.row < len(self.classes) else None
+
+    def predict_proba_one(self, x: object) -> dict[Identifier, float]:
+        """Every known label's probability for one sample (``{}`` before the first
+        labeled event)."""
+        prediction = self.predict(x)
+        if prediction is None:
+            return {}
+        return {
+            label: float(prediction.probabilities[row]) for row, label in enumerate(self.classes)
+        }
+
+    def check_learning(self) -> None:
+        if self.diverged is not None:
+            raise DivergenceError(self.diverged)
+
+    def _learn(
+        self,
+        x: object,
+        label: object,
+        client_id: object,
+        line: int,
+        prediction: Prediction | None,
+        test: bool,
+    ) -> bool:
+        self.check_learning()
+        label = check_label(label)
+        client_id = check_identifier(client_id, "client")
+        raw = self.features(x)
+        assert raw is not None
+        client = self.client_of.get(client_id)
         if client is None:
             if len(self.clients) >= self.config.max_clients:
                 raise EventError(
-                    f"client {event.client!r} is new and --max-clients "
+                    f"client {client_id!r} is new and --max-clients "
                     f"{self.config.max_clients} clients are registered"
                 )
             client = len(self.clients)
-        label = event.label
         row = self.class_of.get(label)
         if row is None and self.config.num_classes is not None:
             if len(self.classes) >= self.config.num_classes:
@@ -259,22 +481,71 @@ class StreamLearner:
                     f"label {label!r} would be class {len(self.classes) + 1} of "
                     f"--num-classes {self.config.num_classes}"
                 )
-        correct = row is not None and self.predict(x) == row
+        if test and prediction is None and self.classes:
+            prediction = self._predict(self.model_features(raw))
         is_new_client = client == len(self.clients)
         placeholder = self.placeholder_of(client, label, is_new_client)
         # everything is checked: from here on the event is ingested
         if is_new_client:
-            self.clients.append(event.client)
-            self.client_of[event.client] = client
+            self.clients.append(client_id)
+            self.client_of[client_id] = client
             self.buffers.add_client()
         self.buffers.add_placeholder(placeholder)
-        self.prequential.record(correct)
         if row is None:
             row = self.add_class(label)
-        self.buffers.insert(client, x, row, placeholder, event.line)
+        correct = prediction is not None and prediction.row == row
+        if test:
+            self.prequential.record(
+                correct,
+                target=row,
+                predicted=prediction.row if prediction is not None else -1,
+                probability=prediction.probability(row) if prediction is not None else 0.0,
+            )
+        if self.scaler is not None:
+            self.scaler.update(raw)
+        self.buffers.insert(client, raw, row, placeholder, line)
         self.stats.events += 1
-        self.policy.after_arrival(self)
+        self.train(line)
         return correct
+
+    def train(self, line: int) -> None:
+        """Let the policy train, and check that the loss and the weights stayed finite."""
+        undo = self.config.on_diverge == "skip"
+        if undo:
+            saved = [parameter.detach().clone() for parameter in self.model.parameters()]
+            point = self.policy.save_point()
+        done: Training = self.policy.after_arrival(self.context())
+        if done.steps == 0 or self.finite(done):
+            self.stats.steps += done.steps
+            self.stats.trained_samples += done.trained_samples
+            self.stats.add_losses(done.losses)
+            self.stats.loss_sum += done.loss_sum
+            self.stats.loss_count += done.loss_count
+            return
+        if undo:
+            with torch.no_grad():
+                for parameter, value in zip(self.model.parameters(), saved):
+                    parameter.copy_(value)
+            self.policy.restore_point(point)
+            self.stats.undone += 1
+            return
+        where = f"event {self.stats.events}" + (f" (line {line})" if line else "")
+        scaled = "" if self.scaler is not None else " --scale none"
+        self.diverged = (
+            f"training diverged at {where}: the loss or the weights became non-finite "
+            f"with {self.policy.step_flags()}{scaled}; lower --lr"
+            f"{'' if self.scaler is not None else ', use --scale running'}, or give "
+            "--on-diverge skip to undo such updates and go on"
+        )
+        raise DivergenceError(self.diverged)
+
+    def finite(self, done: Training) -> bool:
+        """Whether the losses of ``done`` and every weight are finite (one device sync)."""
+        parameters = [p.detach() for p in self.model.parameters()]
+        total = torch.stack(torch._foreach_norm(parameters)).sum()
+        if done.losses:
+            total = total + torch.stack(done.losses).sum()
+        return math.isfinite(float(total)) and math.isfinite(done.loss_sum)
 
     def placeholder_of(self, client: int, label: Identifier, is_new_client: bool) -> int:
         """The placeholder of ``label`` at ``client``, registering it if it is new there."""
@@ -296,25 +567,26 @@ class StreamLearner:
         self.classes.append(label)
         self.class_of[label] = row
         if row >= self.rows:
-            self.policy.optimizer = grow_classifier(
-                self.model, self.policy.optimizer, row + 1, self.config.seed
-            )
+            replaced = widen_classifier(self.model, row + 1, self.config.seed)
+            self.policy.classifier_grown(self.context(), replaced)
         return row
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor) -> int:
-        """The classifier row the model predicts for one sample."""
-        if not self.mode_matters:
-            return int(self.model(x.unsqueeze(0)).argmax(dim=1))
-        self.model.eval()
-        row = int(self.model(x.unsqueeze(0)).argmax(dim=1))
-        self.model.train()
-        return row
+    def _predict(self, x: torch.Tensor) -> Prediction:
+        """The prediction for one sample as the model sees it."""
+        if self.mode_matters:
+            self.model.eval()
+        logits = self.model(x.unsqueeze(0))[0, : max(1, len(self.classes))]
+        if self.mode_matters:
+            self.model.train()
+        probabilities = torch.softmax(logits.float(), dim=0)
+        return Prediction(int(probabilities.argmax()), probabilities.cpu())
 
     @torch.no_grad()
     def test_accuracy(self, x_test: torch.Tensor, labels: Sequence[Identifier]) -> float | None:
-        """Accuracy on held-out samples; a label the stream has not brought yet counts as
-        wrong. ``None`` before the first event."""
+        """Accuracy on held-out samples (raw features, standardised as predictions are);
+        a label the stream has not brought yet counts as wrong. ``None`` before the first
+        event."""
         if self.input_shape is None:
             return None
         shape = self.input_shape
@@ -322,8 +594,8 @@ class StreamLearner:
         correct = 0
         self.model.eval()
         for start in range(0, len(targets), EVAL_BATCH):
-            batch = x_test[start : start + EVAL_BATCH].to(self.device)
-            predicted = self.model(batch.reshape(-1, *shape)).argmax(dim=1).cpu()
+            batch = x_test[start : start + EVAL_BATCH].to(self.device).reshape(-1, *shape)
+            predicted = self.model(self.model_features(batch)).argmax(dim=1).cpu()
             correct += int((predicted == targets[start : start + EVAL_BATCH]).sum())
         self.model.train()
         return correct / len(targets)
@@ -349,7 +621,10 @@ class StreamLearner:
             "steps": self.stats.steps,
             "trained_samples": self.stats.trained_samples,
             "prequential_accuracy": self.prequential.accuracy,
+            **self.prequential.metrics(self.classes),
             "train_loss": self.stats.train_loss(),
+            "undone_updates": self.stats.undone,
+            "predicted": self.stats.predicted,
             "buffered": self.buffers.size if started else 0,
             "evicted_full": self.buffers.evicted_full if started else 0,
             "evicted_used": self.buffers.evicted_used if started else 0,
@@ -358,7 +633,8 @@ class StreamLearner:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue: the model and policy (server side), the buffers,
-        label maps and registrations (client side), and the counters.
+        label maps and registrations (client side), the feature statistics and the
+        counters.
 
         The registry is kept as its sequence of registrations and replayed on load, so a
         learner continuing a registry it was given (``registry=``) cannot be restored.
@@ -369,13 +645,13 @@ class StreamLearner:
             "model": self.model.state_dict() if self.started else {},
             "classes": list(self.classes),
             "clients": list(self.clients),
+            "schema": list(self.schema.names) if self.schema is not None else None,
             "registrations": [[client, label] for client, label in self.registrations],
             "buffers": self.buffers.state_dict() if self.started else {},
+            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "policy": self.policy.state_dict() if self.started else {},
             "prequential": self.prequential.state_dict(),
-            "events": self.stats.events,
-            "steps": self.stats.steps,
-            "trained_samples": self.stats.trained_samples,
+            "stats": self.stats.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -395,21 +671,34 @@ class StreamLearner:
         self.class_of = {label: row for row, label in enumerate(self.classes)}
         self.clients = list(state["clients"])
         self.client_of = {client: index for index, client in enumerate(self.clients)}
+        if state["schema"] is not None:
+            self.schema = FeatureSchema(
+                [str(name) for name in state["schema"]], self.config.missing
+            )
         self.prequential.load_state_dict(state["prequential"])
-        self.stats.events = int(state["events"])
-        self.stats.steps = int(state["steps"])
-        self.stats.trained_samples = int(state["trained_samples"])
+        self.stats.load_state_dict(state["stats"], self.device)
         if not state["input_shape"]:
             return
         self.model = None  # type: ignore[assignment]  # rebuilt by start() at its saved size
         self.start(tuple(int(size) for size in state["input_shape"]), rows=int(state["rows"]))
         self.model.load_state_dict(state["model"])
         self.buffers.load_state_dict(state["buffers"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.policy.load_state_dict(state["policy"])
 
 
 def default_policy(config: StreamConfig) -> StreamPolicy:
-    """Single-sample Stratify updates with ``config``'s settings."""
+    """The policy of ``config.algorithm`` with ``config``'s settings."""
+    if config.algorithm == "fedavg-periodic":
+        return PeriodicFedAvg(
+            every=int(config.fedavg_option("retrain_every")),
+            local_epochs=int(config.fedavg_option("local_epochs")),
+            local_batch_size=int(config.fedavg_option("local_batch_size")),
+            lr=config.lr,
+            local_momentum=float(config.fedavg_option("local_momentum")),
+            seed=config.seed,
+        )
     return SingleSampleUpdates(
         steps_per_event=config.steps_per_event,
         chunk=config.chunk,

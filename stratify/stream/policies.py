@@ -6,15 +6,24 @@ schedules single-sample updates along the SLS over the placeholders the buffers 
 holding them. :class:`PeriodicFedAvg` is the baseline it is compared with: every few
 events, one FedAvg round (the engine's ``fedavg`` strategy, unchanged) over what the same
 buffers hold (docs/architecture.md, "Streaming").
+
+As a :class:`~stratify.method.Strategy` does, a policy sees a narrow
+:class:`StreamContext` (the model, the buffers, the features as the model sees them)
+and returns what it did (:class:`Training`); the learner keeps the counters. The policy
+owns its optimizer: when the classifier grows, :meth:`StreamPolicy.classifier_grown`
+tells it which parameters were replaced.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset
@@ -23,32 +32,94 @@ from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.registry import PlainRegistry
 from stratify.stratify import single_sample_sgd
+from stratify.stream.buffers import ClientBuffers
+from stratify.stream.classifier import carry_optimizer
 from stratify.stream.schedule import StreamSchedule
 
-if TYPE_CHECKING:  # the learner imports this module
-    from stratify.stream.learner import StreamLearner
+#: what ``--algorithm`` of ``stratify stream`` may be
+STREAM_ALGORITHMS = ("stratify", "fedavg-periodic")
+
+
+@dataclass
+class StreamContext:
+    """What a policy sees: the model it trains and the buffers it trains on.
+
+    Attributes
+    ----------
+    model : torch.nn.Module
+        The global model (the policy trains it in place).
+    buffers : ClientBuffers
+        The clients' buffers (read-only for the policy, except :meth:`ClientBuffers.use`).
+    rows : int
+        Rows of the classifier now.
+    transform : callable
+        Features as the model sees them (the running standardisation, or identity).
+    """
+
+    model: nn.Module
+    buffers: ClientBuffers
+    rows: int
+    transform: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Training:
+    """What a policy did after one arrival.
+
+    Attributes
+    ----------
+    steps : int
+        Optimizer steps taken.
+    trained_samples : int
+        Per-sample gradients computed.
+    losses : list of torch.Tensor
+        The loss of every single-sample step, still on the device.
+    loss_sum, loss_count : float, int
+        Losses already summed (a FedAvg round's), and the samples they cover.
+    transfers : int
+        Model transfers these steps made.
+    """
+
+    steps: int = 0
+    trained_samples: int = 0
+    losses: list[torch.Tensor] = field(default_factory=list)
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    transfers: int = 0
 
 
 class StreamPolicy(ABC):
-    """Training hooks a :class:`~stratify.stream.learner.StreamLearner` calls.
-
-    ``optimizer`` is the policy's SGD optimizer over the model, if it keeps one; the
-    learner replaces it when the classifier grows, carrying its state over.
-    """
+    """Training hooks a :class:`~stratify.stream.learner.StreamLearner` calls."""
 
     name: str = "policy"
-    optimizer: torch.optim.SGD | None = None
 
-    def setup(self, learner: StreamLearner) -> None:
+    def setup(self, context: StreamContext) -> None:
         """Called once the learner has its model and buffers."""
 
     @abstractmethod
-    def after_arrival(self, learner: StreamLearner) -> None:
-        """Train after an event was buffered (test-then-train: it was predicted first)."""
+    def after_arrival(self, context: StreamContext) -> Training:
+        """Train after an event was buffered (test-then-train: it was predicted first);
+        returns what was done."""
+
+    def classifier_grown(self, context: StreamContext, replaced: dict[int, torch.Tensor]) -> None:
+        """The classifier got new rows: ``replaced`` maps the ``id`` of every replaced
+        parameter to its successor (carry any state kept over the old ones)."""
+
+    def save_point(self) -> Any:
+        """The policy's training state, to be put back by :meth:`restore_point` when the
+        updates that follow are undone (``--on-diverge skip``)."""
+        return None
+
+    def restore_point(self, point: Any) -> None:
+        """Put back the state :meth:`save_point` returned."""
 
     def counters(self) -> dict[str, int]:
         """The policy's own counters for the metrics (e.g. transfers)."""
         return {}
+
+    def step_flags(self) -> str:
+        """The flags that set the step size, with their values, for a divergence message."""
+        return ""
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must carry."""
@@ -97,29 +168,62 @@ class SingleSampleUpdates(StreamPolicy):
         self.lr = lr
         self.momentum = momentum
         self.schedule = StreamSchedule(chunk, selection, np.random.default_rng([seed, 0x5C4ED]))
+        self.optimizer: torch.optim.SGD | None = None
 
-    def setup(self, learner: StreamLearner) -> None:
+    def setup(self, context: StreamContext) -> None:
         self.optimizer = torch.optim.SGD(
-            learner.model.parameters(), lr=self.lr, momentum=self.momentum, foreach=True
+            context.model.parameters(), lr=self.lr, momentum=self.momentum, foreach=True
         )
 
-    def after_arrival(self, learner: StreamLearner) -> None:
+    def after_arrival(self, context: StreamContext) -> Training:
         assert self.optimizer is not None  # setup ran
-        buffers = learner.buffers
+        buffers = context.buffers
+        done = Training()
+        transfers = self.schedule.transfers
         for _ in range(self.steps_per_event):
             placeholder, client = self.schedule.next_step(buffers.counts)
             if client < 0:
-                return
+                break
             slot = buffers.pick(client, placeholder)
-            learner.stats.pending_losses += single_sample_sgd(
-                learner.model, self.optimizer, buffers.x, buffers.y, [slot], self.lr
+            x = context.transform(buffers.x[slot : slot + 1])
+            done.losses += single_sample_sgd(
+                context.model, self.optimizer, x, buffers.y[slot : slot + 1], [0], self.lr
             )
-            learner.stats.steps += 1
-            learner.stats.trained_samples += 1
+            done.steps += 1
+            done.trained_samples += 1
             buffers.use(slot)
+        done.transfers = self.schedule.transfers - transfers
+        return done
+
+    def classifier_grown(self, context: StreamContext, replaced: dict[int, torch.Tensor]) -> None:
+        assert self.optimizer is not None  # setup ran
+        self.optimizer = carry_optimizer(self.optimizer, context.model, replaced)
+
+    def save_point(self) -> Any:
+        assert self.optimizer is not None  # setup ran
+        return {
+            id(parameter): state["momentum_buffer"].clone()
+            for parameter, state in self.optimizer.state.items()
+            if state.get("momentum_buffer") is not None
+        }
+
+    def restore_point(self, point: Any) -> None:
+        assert self.optimizer is not None  # setup ran
+        for parameter, state in self.optimizer.state.items():
+            saved = point.get(id(parameter))
+            if saved is None:
+                state.pop("momentum_buffer", None)
+            elif saved.shape == state["momentum_buffer"].shape:
+                state["momentum_buffer"].copy_(saved)
 
     def counters(self) -> dict[str, int]:
         return {"transfers": self.schedule.transfers, "skipped_entries": self.schedule.skipped}
+
+    def step_flags(self) -> str:
+        return (
+            f"--lr {self.lr:g} --momentum {self.momentum:g} "
+            f"--steps-per-event {self.steps_per_event}"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         assert self.optimizer is not None  # setup ran
@@ -179,33 +283,35 @@ class PeriodicFedAvg(StreamPolicy):
         self.rounds = 0
         self.transfers = 0
 
-    def setup(self, learner: StreamLearner) -> None:
-        if learner.buffers.max_uses is not None:
+    def setup(self, context: StreamContext) -> None:
+        if context.buffers.max_uses is not None:
             raise ConfigError(
                 "the periodic FedAvg baseline trains on every buffered sample each round; "
                 "--max-uses applies to single-sample updates only"
             )
 
-    def after_arrival(self, learner: StreamLearner) -> None:
+    def after_arrival(self, context: StreamContext) -> Training:
         self.since_round += 1
-        if self.since_round >= self.every:
-            self.since_round = 0
-            self.retrain(learner)
+        if self.since_round < self.every:
+            return Training()
+        self.since_round = 0
+        return self.retrain(context)
 
-    def retrain(self, learner: StreamLearner) -> None:
+    def retrain(self, context: StreamContext) -> Training:
         """One FedAvg round over every client that buffers samples."""
-        buffers = learner.buffers
+        buffers = context.buffers
         held = [buffers.client_slots(client) for client in range(buffers.num_clients)]
         held = [slots for slots in held if len(slots)]
         if not held:
-            return
+            return Training()
+        x = context.transform(buffers.x)
         dataset = Dataset(
             name="stream-buffers",
-            x_train=buffers.x,
+            x_train=x,
             y_train=buffers.y,
-            x_test=buffers.x[:0],
+            x_test=x[:0],
             y_test=buffers.y[:0],
-            num_classes=learner.rows,
+            num_classes=context.rows,
         )
         config = TrainConfig(
             dataset="stream-buffers",
@@ -222,18 +328,27 @@ class PeriodicFedAvg(StreamPolicy):
             dataset=dataset,
             federation=Federation(held, buffers.y.cpu().numpy()),
             registry=PlainRegistry(seed=self.seed),
-            model=learner.model,
+            model=context.model,
         ).engine
         self.rounds += 1
         stats = engine.run_epoch(self.rounds)
-        learner.stats.steps += stats.steps
-        learner.stats.trained_samples += stats.loss_count
-        learner.stats.loss_sum += stats.loss_sum
-        learner.stats.loss_count += stats.loss_count
         self.transfers += stats.transfers
+        return Training(
+            steps=stats.steps,
+            trained_samples=stats.loss_count,
+            loss_sum=stats.loss_sum,
+            loss_count=stats.loss_count,
+            transfers=stats.transfers,
+        )
 
     def counters(self) -> dict[str, int]:
         return {"transfers": self.transfers, "rounds": self.rounds}
+
+    def step_flags(self) -> str:
+        return (
+            f"--lr {self.lr:g} --local-momentum {self.options['local_momentum']:g} "
+            f"--local-epochs {self.options['local_epochs']}"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"since_round": self.since_round, "rounds": self.rounds, "transfers": self.transfers}

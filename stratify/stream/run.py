@@ -1,24 +1,36 @@
 """A stream run: events from a source into a :class:`StreamLearner`, and its run folder.
 
 Files written to ``--out`` (docs/architecture.md, "Streaming"): ``config.json``,
-``metrics.jsonl`` (one object every ``eval_every`` events), ``summary.json`` when the
-source ends, and ``checkpoint.pt`` every ``checkpoint_every`` events and at the end. A
-checkpoint records how many source lines it has consumed; ``--resume`` restores it and
-skips that many lines of the source, so no event is learned twice and every sample that
-was buffered at the checkpoint is buffered again. The folder is held, locked and written
-atomically as ``train``'s is (:class:`~stratify.runfolder.RunFolder`): a replacement
-(``--overwrite``) takes the old run's place at the first checkpoint.
+``metrics.jsonl`` (one line appended every ``eval_every`` events), ``summary.json`` (at
+every checkpoint and when the stream ends) and ``checkpoint.pt`` every
+``checkpoint_every`` events or ``checkpoint_seconds`` seconds, when the stream is
+stopped by SIGINT/SIGTERM, and at the end. The folder is held, locked and written as
+``train``'s is (:class:`~stratify.runfolder.RunFolder`); it is kept from its first
+metrics line on, so a folder holding metrics is never deleted.
+
+A checkpoint records how many source lines it has consumed and a fingerprint of the
+first and last of them. ``--resume`` restores it and then reads a source that either
+replays the stream from its first line (the consumed lines are skipped and checked
+against the fingerprint) or continues it (every line is new); by default the first
+lines of the source tell which, and a source that could be either is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import signal
+import sys
 import time
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any
 
-import numpy as np
 import torch
 
 from stratify.errors import ConfigError
@@ -29,16 +41,47 @@ from stratify.runfolder import (
     checkpoint_bytes,
     read_checkpoint,
     software_versions,
-    strict_json,
 )
 from stratify.stream.config import RESUMABLE_STREAM_CHANGES, StreamConfig
-from stratify.stream.events import EventError, load_test_set, parse_event, source_dir, source_lines
-from stratify.stream.learner import StreamLearner
+from stratify.stream.events import (
+    Event,
+    EventError,
+    Identifier,
+    LateLabel,
+    RawLine,
+    check_identifier,
+    check_source,
+    is_regular_file,
+    load_test_set,
+    open_source,
+    parse_line,
+    read_lines,
+    source_dir,
+    stdin_reader,
+)
+from stratify.stream.learner import Prediction, StreamLearner
+from stratify.stream.outputs import JsonLinesAppender, check_predictions_target
 
 #: checkpoint layout version
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 #: seconds between two progress callbacks (the live display)
 PROGRESS_SECONDS = 0.25
+#: consumed lines whose fingerprint a checkpoint keeps, at the start and at the end
+FINGERPRINT_LINES = 16
+#: what ``--source-position`` may be
+SOURCE_POSITIONS = ("detect", "replay", "continue")
+#: exit codes of a stream stopped by a signal (128 + its number)
+STOP_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+
+class StopReading(Exception):
+    """Raised by the signal handler while the stream waits for input."""
+
+
+def line_hash(raw: RawLine) -> str:
+    """The fingerprint of one source line (an over-long line: by its length)."""
+    data = raw.data if raw.data is not None else f"\0too long:{raw.length}".encode()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
 class StreamRun:
@@ -49,18 +92,25 @@ class StreamRun:
     config : StreamConfig
         The stream's configuration; ``source`` is required.
     resume : bool
-        Continue from ``config.out``'s checkpoint, skipping the lines it consumed.
+        Continue from ``config.out``'s checkpoint.
     overwrite : bool
-        Replace a run already in ``config.out``.
+        Replace a run already in ``config.out`` (and the ``--predictions`` file).
+    source_position : {"detect", "replay", "continue"}
+        With ``resume``: whether the source starts again from the stream's first line,
+        or continues after the last consumed one (default: tell from its first lines).
     on_record : callable, optional
         Called with every metrics record.
     on_reject : callable, optional
         Called with ``(line, reason)`` for every skipped event.
     on_progress : callable, optional
-        Called with :meth:`StreamLearner.status` plus ``events_per_second`` and
-        ``rejected``, a few times a second.
-    stdin : text stream, optional
-        What ``--source -`` reads (default: ``sys.stdin``).
+        Called with :meth:`status` a few times a second.
+    on_message : callable, optional
+        Called with a line of news (how a resumed source was read).
+    stdin : stream, optional
+        What ``--source -`` reads (default: ``sys.stdin``), binary or text.
+    handle_signals : bool
+        Stop cleanly on SIGINT and SIGTERM: finish the current event, write a checkpoint
+        and return; :attr:`stopped_by` names the signal (the command line does this).
     """
 
     def __init__(
@@ -68,28 +118,49 @@ class StreamRun:
         config: StreamConfig,
         resume: bool = False,
         overwrite: bool = False,
+        source_position: str = "detect",
         on_record: Callable[[dict[str, Any]], None] | None = None,
         on_reject: Callable[[int, str], None] | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
-        stdin: TextIO | None = None,
+        on_message: Callable[[str], None] | None = None,
+        stdin: Any = None,
+        handle_signals: bool = False,
     ) -> None:
+        if not isinstance(config, StreamConfig):
+            raise ConfigError(f"a StreamRun needs a StreamConfig, got {type(config).__name__}")
         if config.source is None:
             raise ConfigError("--source is required: a JSON Lines file, or - for standard input")
-        if config.source != "-" and not Path(config.source).is_file():
-            raise ConfigError(
-                f"--source {config.source}: no such file; give a JSON Lines file or -"
-            )
+        if config.source != "-":
+            check_source(config.source)
         if resume and config.out is None:
             raise ConfigError("--resume needs --out DIR pointing at the stream to continue")
+        if source_position not in SOURCE_POSITIONS:
+            raise ConfigError(
+                f"unknown --source-position {source_position!r}; choose one of "
+                f"{', '.join(SOURCE_POSITIONS)}"
+            )
+        if source_position != "detect" and not resume:
+            raise ConfigError("--source-position applies to --resume only")
+        if resume and overwrite:
+            raise ConfigError("--resume and --overwrite contradict each other; give one")
+        if config.predictions is not None:
+            check_predictions_target(config.predictions, not resume, overwrite)
         self.config = config
+        self.resuming = resume
+        self.overwrite = overwrite
+        self.source_position = source_position
         self.on_record = on_record or (lambda record: None)
         self.on_reject = on_reject or (lambda line, reason: None)
         self.on_progress = on_progress or (lambda status: None)
+        self.on_message = on_message or (lambda text: None)
         self.stdin = stdin
+        self.handle_signals = handle_signals
         self.folder: RunFolder | None = None
+        self.metrics: JsonLinesAppender | None = None
+        self.predictions: JsonLinesAppender | None = None
+        self.stopped_by: str | None = None
+        self.reading = False
         if config.out is not None:
-            if resume and overwrite:
-                raise ConfigError("--resume and --overwrite contradict each other; give one")
             mode = "resume" if resume else "overwrite" if overwrite else "new"
             self.folder = RunFolder.open(
                 config.out, RUN_FILES, mode=mode, checkpoint="checkpoint.pt"
@@ -102,42 +173,57 @@ class StreamRun:
 
     def _set_up(self, resume: bool) -> None:
         config = self.config
-        checkpoint = None
+        self.checkpoint_state: dict[str, Any] | None = None
         if resume:
             assert self.folder is not None  # --resume needs --out
             path = self.folder.path / "checkpoint.pt"
             checkpoint = read_checkpoint(path)
             if checkpoint.get("format") != CHECKPOINT_FORMAT:
                 raise ConfigError(
-                    f"--resume: {path} is not a stream checkpoint; start a new run with --overwrite"
+                    f"--resume: {path} is not a stream checkpoint of this version; start a "
+                    "new run with --overwrite"
                 )
             check_same_settings(
                 checkpoint.get("config"), config.comparable(), RESUMABLE_STREAM_CHANGES, path
             )
+            self.checkpoint_state = checkpoint
+        self.test_features: list[Any] = []
+        self.test_labels: list[Identifier] = []
         self.x_test: torch.Tensor | None = None
-        self.test_labels: list = []
         if config.test is not None:
-            features, self.test_labels = load_test_set(config.test)
-            self.x_test = torch.from_numpy(features)
+            self.test_features, self.test_labels = load_test_set(config.test, config.max_line_bytes)
         self.learner = StreamLearner(config)
-        self.records: list[dict[str, Any]] = []
         self.lines = 0
         self.rejected = 0
         self.ingest_seconds = 0.0
         self.timed_events = 0
-        if checkpoint is not None:
-            self.restore(checkpoint)
-        if self.folder is not None:
+        self.record_count = 0
+        self.best_test_accuracy: float | None = None
+        self.recent_records: deque[dict[str, Any]] = deque(maxlen=10)
+        self.first_hashes: list[str] = []
+        self.last_hashes: deque[str] = deque(maxlen=FINGERPRINT_LINES)
+        self.pending: OrderedDict[Identifier, dict[str, Any]] = OrderedDict()
+        self.dropped_pending = 0
+        self.metrics_bytes = 0
+        self.predictions_bytes = 0
+        self.checkpoint_predictions: str | None = None
+        self.begun = False
+        if self.checkpoint_state is not None:
+            self.restore(self.checkpoint_state)
+        if self.folder is not None and not resume:
             # only now that every part is built: a failed set-up leaves --out untouched
             self.folder.start()
             self.folder.write_json("config.json", self.config_record())
-            # metrics written after the checkpoint belong to events that will be read again
-            self.write_progress()
-        if self.x_test is not None and self.learner.started:
-            self.check_test_shape()
+        if self.learner.started:
+            self.prepare_test_set()
 
     def close(self) -> None:
-        """Release the run folder (a run that never checkpointed leaves nothing)."""
+        """Release the run folder and the appended files (a run that never wrote a
+        metrics line leaves nothing)."""
+        for appender in (self.metrics, self.predictions):
+            if appender is not None:
+                appender.close()
+        self.metrics = self.predictions = None
         if self.folder is not None:
             self.folder.close()
 
@@ -147,112 +233,368 @@ class StreamRun:
         """Put the learner and the counters back where the checkpoint left them."""
         try:
             self.learner.load_state_dict(checkpoint["learner"])
-            self.records = list(checkpoint["records"])
             self.lines = int(checkpoint["lines"])
+            self.first_hashes = [str(h) for h in checkpoint["first_hashes"]]
+            self.last_hashes.extend(str(h) for h in checkpoint["last_hashes"])
             self.rejected = int(checkpoint["rejected"])
             self.ingest_seconds = float(checkpoint["ingest_seconds"])
             self.timed_events = int(checkpoint["timed_events"])
+            self.record_count = int(checkpoint["record_count"])
+            best = checkpoint["best_test_accuracy"]
+            self.best_test_accuracy = None if best is None else float(best)
+            self.recent_records.extend(dict(record) for record in checkpoint["recent_records"])
+            self.metrics_bytes = int(checkpoint["metrics_bytes"])
+            self.predictions_bytes = int(checkpoint["predictions_bytes"])
+            self.checkpoint_predictions = checkpoint["predictions_path"]
+            self.dropped_pending = int(checkpoint["dropped_pending"])
+            for entry in checkpoint["pending"]:
+                self.pending[entry["id"]] = dict(entry)
         except (KeyError, ValueError, TypeError, RuntimeError, AttributeError) as error:
             raise ConfigError(
                 f"--resume: {self.folder_path('checkpoint.pt')} does not fit this stream "
                 f"({type(error).__name__}: {error}); start a new run with --overwrite"
             ) from None
 
-    def write_progress(self) -> None:
-        """``metrics.jsonl`` and ``summary.json`` for the events recorded so far, each
-        replaced whole."""
-        assert self.folder is not None  # run files are written only with --out
-        lines = "".join(strict_json(record) + "\n" for record in self.records)
-        self.folder.write_text("metrics.jsonl", lines)
-        self.folder.write_json("summary.json", self.summary())
-
     def checkpoint(self) -> None:
-        """Write ``checkpoint.pt``: the learner (its buffers are client data, see the
-        class docs) and how far the source has been read."""
+        """Write ``checkpoint.pt`` (the learner, whose buffers are client data, see the
+        class docs, and how far the source has been read) and ``summary.json``."""
         if self.folder is None:
             return
+        self.begin()
+        for appender in (self.metrics, self.predictions):
+            if appender is not None:
+                appender.sync()  # the sizes recorded below are on disk
         state = {
             "format": CHECKPOINT_FORMAT,
             "config": self.config.comparable(),
             "lines": self.lines,
+            "first_hashes": list(self.first_hashes),
+            "last_hashes": list(self.last_hashes),
             "rejected": self.rejected,
             "ingest_seconds": self.ingest_seconds,
             "timed_events": self.timed_events,
-            "records": self.records,
+            "record_count": self.record_count,
+            "best_test_accuracy": self.best_test_accuracy,
+            "recent_records": list(self.recent_records),
+            "metrics_bytes": self.metrics.size if self.metrics is not None else self.metrics_bytes,
+            "predictions_bytes": (
+                self.predictions.size if self.predictions is not None else self.predictions_bytes
+            ),
+            "predictions_path": self.predictions_path(),
+            "dropped_pending": self.dropped_pending,
+            "pending": list(self.pending.values()),
             "learner": self.learner.state_dict(),
         }
         self.folder.write_bytes("checkpoint.pt", checkpoint_bytes(state))
-        self.write_progress()
+        self.folder.write_json("summary.json", self.summary())
         self.folder.commit()
+        self.last_checkpoint = time.monotonic()
+
+    def begin(self) -> None:
+        """Before the first new line is learned: (on resume) write the configuration and
+        cut the appended files back to the checkpoint; open them."""
+        if self.begun:
+            return
+        self.begun = True
+        if self.folder is not None and self.resuming:
+            self.folder.start()
+            self.folder.write_json("config.json", self.config_record())
+        if self.folder is not None and (self.resuming or self.record_count):
+            self.open_metrics()
+        predictions = self.config.predictions
+        if predictions is not None:
+            # the size in the checkpoint is that of the file the checkpoint wrote to
+            same_file = self.resuming and self.checkpoint_predictions == self.predictions_path()
+            size = self.predictions_bytes if same_file else (0 if self.overwrite else None)
+            self.predictions = JsonLinesAppender(
+                None if predictions == "-" else Path(predictions),
+                size=size,
+                what=f"--predictions {predictions}",
+            )
+
+    def predictions_path(self) -> str | None:
+        """``--predictions`` as an absolute path (``-`` and ``None`` as they are)."""
+        path = self.config.predictions
+        return path if path in (None, "-") else os.path.abspath(path)
+
+    def open_metrics(self) -> None:
+        assert self.folder is not None
+        self.folder.commit()  # a folder holding metrics is kept
+        self.metrics = JsonLinesAppender(
+            self.folder.location / "metrics.jsonl",
+            size=self.metrics_bytes,
+            what=str(self.folder.path / "metrics.jsonl"),
+        )
 
     def folder_path(self, name: str) -> str:
         return str(self.folder.path / name) if self.folder is not None else name
 
     def config_record(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self.config),
-            "versions": software_versions(),
-        }
+        return {**dataclasses.asdict(self.config), "versions": software_versions()}
 
-    def check_test_shape(self) -> None:
-        assert self.x_test is not None and self.learner.input_shape is not None
-        features = int(np.prod(self.learner.input_shape))
-        if self.x_test[0].numel() != features:
-            raise ConfigError(
-                f"--test samples have {self.x_test[0].numel()} features, the stream's have "
-                f"{features}"
-            )
+    def prepare_test_set(self) -> None:
+        """Turn the held-out samples into one tensor of the stream's features (once the
+        first event has fixed their number, or their names)."""
+        if not self.test_features or self.x_test is not None:
+            return
+        rows = []
+        for number, features in enumerate(self.test_features, start=1):
+            try:
+                vector = self.learner.features(features, fix_shape=False)
+            except EventError as error:
+                raise ConfigError(f"--test {self.config.test} sample {number}: {error}") from None
+            assert vector is not None
+            rows.append(vector.cpu())
+        self.x_test = torch.stack(rows)
 
     # -- the stream -----------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Read the source to its end; returns the summary. Releases the run folder."""
+        """Read the source to its end (or to a stop signal); returns the summary.
+        Releases the run folder."""
+        previous: dict[signal.Signals, Any] = {}
+        if self.handle_signals:
+            for number in STOP_SIGNALS:
+                previous[number] = signal.signal(number, self._on_signal)
         try:
             return self._run()
         finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
             self.close()
 
+    def _on_signal(self, number: int, frame: FrameType | None) -> None:
+        self.stopped_by = STOP_SIGNALS.get(signal.Signals(number), str(number))
+        if self.reading:
+            raise StopReading
+
+    def _source(self) -> Iterator[RawLine]:
+        source = self.config.source or "-"
+        if source == "-":
+            read = stdin_reader(self.stdin if self.stdin is not None else sys.stdin)
+            yield from read_lines(read, self.config.max_line_bytes)
+            return
+        handle = open_source(source)
+        with handle:
+            yield from read_lines(handle.read, self.config.max_line_bytes)
+
+    def _next(self, lines: Iterator[RawLine]) -> RawLine | None:
+        """The next source line, or ``None`` at the end or on a stop signal."""
+        if self.stopped_by is not None:
+            return None
+        self.reading = True
+        try:
+            return next(lines, None)
+        except StopReading:
+            return None
+        finally:
+            self.reading = False
+
     def _run(self) -> dict[str, Any]:
-        config = self.config
-        base_dir = source_dir(config.source or "-")
+        self.last_checkpoint = time.monotonic()
+        lines = self._source()
+        offset, skip = self.position(lines)
+        if self.stopped_by is None:
+            lines = itertools.chain(self.lookahead, lines)
         learner = self.learner
         last_progress = time.perf_counter()
         recorded_events = learner.stats.events
-        for number, text in source_lines(config.source or "-", self.stdin):
-            if number <= self.lines:
-                continue  # consumed before the checkpoint this run resumed from
+        regular = is_regular_file(self.config.source or "-")
+        while True:
+            raw = self._next(lines)
+            if raw is None:
+                break
+            if raw.number <= skip:
+                self.check_replayed(raw)
+                continue
+            number = offset + raw.number
+            if not raw.complete and regular and not looks_complete(raw):
+                self.on_reject(
+                    number,
+                    "the last line has no newline yet and is incomplete; not consumed (a "
+                    "--resume reads it once it is complete)",
+                )
+                break
+            self.begin()
             start = time.perf_counter()
             was_started = learner.started
-            accepted = False
-            try:
-                event = parse_event(text, number, base_dir)
-                if event is not None:
-                    learner.ingest(event)
-                    accepted = True
-            except EventError as error:
-                self.rejected += 1
-                self.on_reject(number, str(error))
+            learned = self.consume(raw, number)
             self.lines = number
+            if len(self.first_hashes) < FINGERPRINT_LINES:
+                self.first_hashes.append(line_hash(raw))
+            self.last_hashes.append(line_hash(raw))
             now = time.perf_counter()
             if was_started:
                 self.ingest_seconds += now - start
-                self.timed_events += accepted
-            elif learner.started and self.x_test is not None:
-                self.check_test_shape()
-            if accepted:
+                self.timed_events += learned
+            elif learner.started:
+                self.prepare_test_set()
+            if learned:
                 events = learner.stats.events
-                if events % config.eval_every == 0:
+                if events % self.config.eval_every == 0:
                     self.record()
                     recorded_events = events
-                if events % config.checkpoint_every == 0:
+                if events % self.config.checkpoint_every == 0:
                     self.checkpoint()
+            if time.monotonic() - self.last_checkpoint >= self.config.checkpoint_seconds:
+                self.checkpoint()
             if now - last_progress >= PROGRESS_SECONDS:
                 last_progress = now
                 self.on_progress(self.status())
-        if learner.stats.events > recorded_events or not self.records:
+        if self.stopped_by is None and (
+            learner.stats.events > recorded_events or not self.record_count
+        ):
+            self.begin()
             self.record()
         self.checkpoint()
         return self.summary()
+
+    def consume(self, raw: RawLine, number: int) -> bool:
+        """Parse and ingest one line; returns whether a labeled event was learned. A
+        line that is no event is reported with its number and skipped."""
+        try:
+            if raw.data is None:
+                raise EventError(
+                    f"longer than --max-line-bytes ({self.config.max_line_bytes:,} bytes)"
+                )
+            item = parse_line(raw.data, number, source_dir(self.config.source or "-"))
+            if item is None:
+                return False
+            if isinstance(item, LateLabel):
+                return self.late_label(item)
+            if item.label is None:
+                self.predict(item)
+                return False
+            self.learner.ingest(item)
+            return True
+        except EventError as error:
+            self.rejected += 1
+            self.on_reject(number, str(error))
+            return False
+
+    def predict(self, event: Event) -> None:
+        """An event without a label: its prediction goes to ``--predictions``; with an id
+        it is kept (bounded by ``--max-pending``) for a late label."""
+        if self.predictions is None:
+            raise EventError("no label: give --predictions FILE to have unlabeled events predicted")
+        check_identifier(event.client, "client")
+        if event.id is not None and event.id in self.pending:
+            raise EventError(f"id {event.id!r} is already waiting for its label")
+        prediction = self.learner.predict(event.x)
+        self.learner.stats.predicted += 1
+        label = None if prediction is None else self.learner.classes[prediction.row]
+        self.predictions.append(
+            {
+                "line": event.line,
+                "id": event.id,
+                "client": event.client,
+                "prediction": label,
+                "probability": None
+                if prediction is None
+                else prediction.probability(prediction.row),
+            }
+        )
+        if event.id is None:
+            return
+        if len(self.pending) >= self.config.max_pending:
+            self.pending.popitem(last=False)
+            self.dropped_pending += 1
+        self.pending[event.id] = {
+            "id": event.id,
+            "client": event.client,
+            "x": event.x,
+            "line": event.line,
+            "row": -1 if prediction is None else prediction.row,
+            "probabilities": torch.zeros(0) if prediction is None else prediction.probabilities,
+        }
+
+    def late_label(self, item: LateLabel) -> bool:
+        """The label of an earlier unlabeled event: scored against the prediction made
+        then, and learned."""
+        entry = self.pending.get(item.id)
+        if entry is None:
+            raise EventError(f"no unlabeled event with id {item.id!r} is waiting for its label")
+        prediction = None
+        if entry["row"] >= 0:
+            prediction = Prediction(int(entry["row"]), entry["probabilities"])
+        event = Event(entry["client"], item.label, entry["x"], int(entry["line"]), item.id)
+        self.learner.ingest(event, prediction=prediction)
+        del self.pending[item.id]
+        return True
+
+    # -- where a resumed source starts ------------------------------------------------------
+
+    def position(self, lines: Iterator[RawLine]) -> tuple[int, int]:
+        """``(offset, skip)``: the stream's number of the source's line 0, and how many
+        source lines were consumed before (a replay). Reads the source's first lines
+        into :attr:`lookahead` to tell a replay from a continuation."""
+        self.lookahead: list[RawLine] = []
+        consumed = self.lines
+        if not self.resuming or consumed == 0:
+            return 0, 0
+        mode = self.source_position
+        if mode == "continue":
+            self.on_message(
+                f"continuing the stream: the source's line 1 is the stream's line {consumed + 1}"
+            )
+            return consumed, 0
+        if mode == "replay":
+            self.on_message(f"the source replays the stream: skipping its first {consumed} lines")
+            return 0, consumed
+        wanted = min(FINGERPRINT_LINES, consumed)
+        while len(self.lookahead) < wanted:
+            raw = self._next(lines)
+            if raw is None:
+                break
+            self.lookahead.append(raw)
+        if self.stopped_by is not None or not self.lookahead:
+            return 0, consumed
+        replays = all(
+            line_hash(raw) == expected for raw, expected in zip(self.lookahead, self.first_hashes)
+        )
+        if not replays:
+            self.on_message(
+                f"the source continues the stream (its first lines are new): its line 1 is "
+                f"the stream's line {consumed + 1}"
+            )
+            return consumed, 0
+        repeating = (
+            consumed >= 2 * wanted
+            and list(self.last_hashes)[-wanted:] == self.first_hashes[:wanted]
+        )
+        if len(self.lookahead) < wanted or repeating:
+            why = (
+                f"its {len(self.lookahead)} lines are the stream's first ones"
+                if len(self.lookahead) < wanted
+                else "the stream repeats its first lines"
+            )
+            raise ConfigError(
+                f"--resume: cannot tell whether --source replays the stream from its first "
+                f"line or continues it after line {consumed} ({why}); give "
+                "--source-position replay or --source-position continue"
+            )
+        self.on_message(f"the source replays the stream: skipping its first {consumed} lines")
+        return 0, consumed
+
+    def check_replayed(self, raw: RawLine) -> None:
+        """A replayed line must be the one consumed before (where the fingerprint has it)."""
+        consumed = self.lines
+        index = raw.number - 1
+        expected = None
+        if index < len(self.first_hashes):
+            expected = self.first_hashes[index]
+        last = list(self.last_hashes)
+        position = raw.number - (consumed - len(last)) - 1
+        if 0 <= position < len(last):
+            expected = last[position]
+        if expected is not None and line_hash(raw) != expected:
+            raise ConfigError(
+                f"--resume: line {raw.number} of --source differs from the line "
+                f"{raw.number} consumed before; this source does not replay the stream "
+                "(give --source-position continue if it continues it)"
+            )
+
+    # -- reporting ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         """What the live display shows."""
@@ -271,41 +613,72 @@ class StreamRun:
         return self.timed_events / self.ingest_seconds
 
     def record(self) -> dict[str, Any]:
-        """A metrics line: the learner's counters, the held-out accuracy, the pace."""
+        """A metrics line: the learner's counters, the held-out accuracy, the pace;
+        appended to ``metrics.jsonl``."""
+        test_accuracy = None
+        if self.x_test is not None:
+            test_accuracy = self.learner.test_accuracy(self.x_test, self.test_labels)
         record = {
             "line": self.lines,
             **self.learner.snapshot(),
             "rejected": self.rejected,
-            "test_accuracy": (
-                self.learner.test_accuracy(self.x_test, self.test_labels)
-                if self.x_test is not None
-                else None
-            ),
+            "pending": len(self.pending),
+            "dropped_pending": self.dropped_pending,
+            "test_accuracy": test_accuracy,
             "events_per_second": self.events_per_second(),
             "ingest_seconds": round(self.ingest_seconds, 4),
         }
-        self.records.append(record)
+        if test_accuracy is not None:
+            self.best_test_accuracy = max(self.best_test_accuracy or 0.0, test_accuracy)
+        self.record_count += 1
+        self.recent_records.append(record)
         if self.folder is not None:
-            self.write_progress()
+            if self.metrics is None:
+                self.open_metrics()
+            assert self.metrics is not None
+            self.metrics.append(record)
         self.on_record(record)
         return record
 
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The last (at most 10) metrics records."""
+        return list(self.recent_records)
+
     def summary(self) -> dict[str, Any]:
         """The stream so far (``null`` figures before the first record)."""
-        last = self.records[-1] if self.records else {}
-        tested = [r["test_accuracy"] for r in self.records if r["test_accuracy"] is not None]
+        last = self.recent_records[-1] if self.recent_records else {}
+        stats = self.learner.stats
         return {
-            "events": last.get("events", 0),
+            "events": stats.events,
             "lines": self.lines,
             "rejected": self.rejected,
-            "steps": last.get("steps", 0),
-            "clients": last.get("clients", 0),
-            "classes": last.get("classes", 0),
+            "predicted": stats.predicted,
+            "steps": stats.steps,
+            "undone_updates": stats.undone,
+            "clients": len(self.learner.clients),
+            "classes": len(self.learner.classes),
             "final_window_accuracy": last.get("window_accuracy"),
             "prequential_accuracy": last.get("prequential_accuracy"),
+            "macro_f1": last.get("macro_f1"),
+            "log_loss": last.get("log_loss"),
+            "majority_accuracy": last.get("majority_accuracy"),
             "final_test_accuracy": last.get("test_accuracy"),
-            "best_test_accuracy": max(tested) if tested else None,
+            "best_test_accuracy": self.best_test_accuracy,
             "transfers": last.get("transfers"),
             "events_per_second": self.events_per_second(),
             "ingest_seconds": round(self.ingest_seconds, 4),
+            "stopped_by": self.stopped_by,
         }
+
+
+def looks_complete(raw: RawLine) -> bool:
+    """Whether a last line without its newline holds a whole JSON value (a writer still
+    writing it leaves it unreadable)."""
+    if raw.data is None:
+        return False
+    try:
+        json.loads(raw.data)
+    except (ValueError, RecursionError):
+        return False
+    return True

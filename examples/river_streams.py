@@ -1,0 +1,140 @@
+"""Real tabular streams against an online-learning library: the classification datasets
+that ship inside the ``river`` package, in their original order, spread over 10 clients.
+
+Two uses (``pip install river``, or ``pip install -e '.[compare]'``)::
+
+    # a producer for a pipeline: one JSON event per line on standard output
+    python examples/river_streams.py produce Phishing \
+        | stratify stream --source - --out runs/phishing
+
+    # the README's table: Stratify and river's standard models, prequential accuracy and events/s
+    python examples/river_streams.py compare --datasets Phishing Bananas ImageSegments Shuttle
+
+Every learner sees the same events in the same order and is scored test-then-train
+(each event predicted before it is learned): river with ``evaluate.progressive_val_score``
+and its ``Accuracy``, Stratify with its own ``prequential_accuracy``. Events/s is wall time
+over the whole stream: river's includes reading its CSV, Stratify's reading and parsing
+the JSON Lines file (the command line's path), without the process start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CLIENTS = 10
+
+
+def river_dataset(name: str) -> Any:
+    from river import datasets
+
+    return getattr(datasets, name)()
+
+
+def events(name: str) -> Iterator[dict[str, Any]]:
+    """The dataset's samples as stream events: client ``i mod 10``, named features."""
+    for number, (x, y) in enumerate(river_dataset(name)):
+        yield {"client": f"site-{number % CLIENTS}", "label": y, "x": x}
+
+
+def produce(name: str) -> None:
+    try:
+        for event in events(name):
+            sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the consumer stopped reading: so do we
+        sys.stderr.close()
+
+
+def river_models(classes: int) -> dict[str, Any]:
+    """river's standard classifiers, with the defaults of its documentation."""
+    from river import forest, linear_model, multiclass, naive_bayes, preprocessing, tree
+
+    logistic: Any = linear_model.LogisticRegression()
+    if classes > 2:
+        logistic = multiclass.OneVsRestClassifier(logistic)
+    return {
+        "river LogisticRegression (StandardScaler)": preprocessing.StandardScaler() | logistic,
+        "river GaussianNB": naive_bayes.GaussianNB(),
+        "river HoeffdingTree": tree.HoeffdingTreeClassifier(),
+        "river ARF (10 trees)": forest.ARFClassifier(n_models=10, seed=0),
+    }
+
+
+def score_river(name: str, model: Any) -> tuple[float, float]:
+    from river import evaluate, metrics
+
+    start = time.perf_counter()
+    accuracy = evaluate.progressive_val_score(river_dataset(name), model, metrics.Accuracy())
+    seconds = time.perf_counter() - start
+    return accuracy.get(), river_dataset(name).n_samples / seconds
+
+
+def score_stratify(source: Path, out: Path, **options: Any) -> tuple[dict[str, Any], float]:
+    from stratify.stream import StreamConfig
+    from stratify.stream.run import StreamRun
+
+    config = StreamConfig(source=str(source), out=str(out), secure=False, device="cpu", **options)
+    start = time.perf_counter()
+    summary = StreamRun(config).run()
+    return summary, summary["events"] / (time.perf_counter() - start)
+
+
+def compare(names: list[str], folder: Path) -> list[str]:
+    rows = ["| stream (events, classes) | learner | prequential accuracy | events/s |",
+            "|---|---|---|---|"]  # fmt: skip
+    for name in names:
+        source = folder / f"{name}.jsonl"
+        with source.open("w") as handle:
+            for event in events(name):
+                handle.write(json.dumps(event) + "\n")
+        learners: list[tuple[str, float, float]] = []
+        for label, options in [
+            ("Stratify (defaults)", {}),
+            ("Stratify, 4 updates per event", {"steps_per_event": 4}),
+            ("Stratify, --scale none", {"scale": "none", "on_diverge": "skip"}),
+        ]:
+            out = folder / f"{name}-{len(learners)}"
+            summary, speed = score_stratify(source, out, **options)
+            learners.append((label, summary["prequential_accuracy"], speed))
+            if not learners[1:]:
+                majority = summary["majority_accuracy"]
+                classes = summary["classes"]
+        for label, model in river_models(classes).items():
+            accuracy, speed = score_river(name, model)
+            learners.append((label, accuracy, speed))
+        learners.append(("majority class so far", majority, float("nan")))
+        events_count = sum(1 for _ in source.open())
+        for label, accuracy, speed in learners:
+            shown = "–" if speed != speed else f"{speed:,.0f}"
+            stream = f"{name} ({events_count:,}, {classes})"
+            rows.append(f"| {stream} | {label} | {100 * accuracy:.2f}% | {shown} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    producer = commands.add_parser("produce", help="print a dataset as JSON Lines events")
+    producer.add_argument("dataset", help="a river dataset, e.g. Phishing")
+    comparison = commands.add_parser("compare", help="the README's table")
+    comparison.add_argument(
+        "--datasets", nargs="+", default=["Phishing", "Bananas", "ImageSegments", "Shuttle"]
+    )
+    args = parser.parse_args(argv)
+    if args.command == "produce":
+        produce(args.dataset)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        compare(args.datasets, Path(folder))
+
+
+if __name__ == "__main__":
+    main()
