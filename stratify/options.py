@@ -124,6 +124,28 @@ def resolve_inherited(cls: type) -> None:
             cls.__annotations__ = {**vars(cls).get("__annotations__", {}), name: parent.type}
 
 
+def option_default(cls: type, name: str, mode: str | None = None) -> Any:
+    """The default of option ``name`` of the dataclass ``cls``, as declared there.
+
+    Commands that restate a library setting (the benchmarks' ``--chunk``, ``--clients``)
+    take their default from here, so it is written once.
+
+    Parameters
+    ----------
+    cls : type
+        A dataclass whose fields are made with :func:`option` (``TrainConfig``, a
+        method's options class).
+    name : str
+        The field's name.
+    mode : str, optional
+        For a default that depends on the mode (``per_mode``): the mode's value.
+    """
+    field = cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
+    if field.default is None and mode is not None:
+        return field.metadata["per_mode"].get(mode)
+    return field.default
+
+
 def value_type(value: Any) -> type:
     return bool if isinstance(value, bool) else value.__class__
 

@@ -420,6 +420,12 @@ def _image_channels(name: str, input_shape: tuple[int, ...], min_side: int) -> i
     return input_shape[0]
 
 
+def default_model(input_shape: tuple[int, ...]) -> str:
+    """The model a run trains when none is given: ``cnn`` for ``(C, H, W)`` images,
+    ``mlp`` for the rest (tabular features)."""
+    return "cnn" if len(input_shape) == 3 else "mlp"
+
+
 def default_norm(model: str) -> str:
     """The norm a model is built with when none is given: ``bn`` for the ResNets, ``none``
     for the norm-free ``cnn`` and ``mlp``."""
