@@ -35,6 +35,7 @@ from stratify.cli.bench_training import (
 from stratify.cli.common import (
     DATA_DIR,
     DATASET_OPTION,
+    Choice,
     check_output_file,
     checked,
     parse_options,
@@ -47,7 +48,7 @@ from stratify.data.partition import parse_partition_spec
 from stratify.engine import Engine
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
-from stratify.nn.models import default_model
+from stratify.nn.models import MODELS, NORMS, check_model_norm, default_model
 from stratify.options import option_default
 from stratify.selection import SELECTIONS
 from stratify.stratify import (
@@ -98,6 +99,7 @@ LR = click.option(
 MODEL = click.option(
     "--model",
     "model_name",
+    type=Choice(tuple(MODELS)),
     default=None,
     help="[default: the library's: cnn for images, mlp for tabular data]",
 )
@@ -260,6 +262,7 @@ def steps(
         check_positive_int(value, flag)
     check_positive_int(workers, "--workers")
     check_fits_in_memory(steps * STEPS_BYTES_PER_STEP, f"--steps {steps:,}", "time fewer steps")
+    check_model_norm(model_name, None, "single-sample")  # before the data is loaded
     default = BackendSettings.current()  # torch's own, before the engine changes them
     device = resolve_device(device)
     data = load_dataset(dataset, data_dir=data_dir, device=device)
@@ -457,7 +460,12 @@ def plan(
 @bench.command("batch")
 @split_options()
 @MODEL
-@click.option("--norm", default=None, help="[default: the model's own, see train --help]")
+@click.option(
+    "--norm",
+    type=Choice(tuple(NORMS)),
+    default=None,
+    help="[default: the model's own, see train --help]",
+)
 @click.option(
     "--batch-labels",
     default=option_default(StratifyOptions, "batch_labels"),
@@ -491,6 +499,7 @@ def batch(
     """Batch mode's overhead: one epoch of global batches against a plain centralised loop
     over the same batches, from the same weights (checked to end alike)."""
     check_positive_int(repeat, "--repeat")
+    check_model_norm(model_name, norm, "batch")  # before the data is loaded
     set_threads(threads)
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
     engine = batch_engine(
