@@ -2,7 +2,9 @@
 
 Every loader returns a :class:`Dataset`; ``load_dataset(name, ...)`` dispatches on the
 registry ``DATASETS``. Nothing is downloaded: loaders read local files and raise
-:class:`~stratify.errors.DatasetError` naming the files and layout they expect.
+:class:`~stratify.errors.DatasetError` naming the files and layout they expect
+(:mod:`stratify.data.sources` lists them and downloads those that can be fetched:
+``stratify data list``, ``stratify data download``).
 
 Names, the files each reads under ``--data-dir``, and its domains (if any):
 
