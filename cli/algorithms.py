@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import click
 from rich.console import Console
@@ -19,7 +20,7 @@ from stratify.options import flag
 DEFAULT_NOTE = re.compile(r"\[default: (.+?)\]")
 
 
-def by_mode(values: dict[str, object]) -> str:
+def by_mode(values: Mapping[str, object]) -> str:
     """``"10 (batch), 1 (single-sample)"``, or the one value where every mode agrees."""
     if len({repr(value) for value in values.values()}) == 1:
         return str(next(iter(values.values())))
