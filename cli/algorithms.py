@@ -1,6 +1,13 @@
-"""`stratify algorithms`: every available method, its modes and its options with defaults."""
+"""`stratify algorithms`: every available method, its modes and its options with defaults.
+
+``--markdown`` prints the same as the README's defaults table (between its
+``algorithms --markdown`` markers; a test keeps the two equal).
+"""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Mapping
 
 import click
 from rich.console import Console
@@ -9,6 +16,49 @@ from rich.table import Table
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.options import flag
 
+#: a help text's note on a default resolved later, e.g. "[default: round(N/|L|)]"
+DEFAULT_NOTE = re.compile(r"\[default: (.+?)\]")
+
+
+def by_mode(values: Mapping[str, object]) -> str:
+    """``"10 (batch), 1 (single-sample)"``, or the one value where every mode agrees."""
+    if len({repr(value) for value in values.values()}) == 1:
+        return str(next(iter(values.values())))
+    return ", ".join(f"{value} ({mode})" for mode, value in values.items())
+
+
+def option_defaults(name: str) -> list[tuple[str, str]]:
+    """``(flag, default)`` of each option of algorithm ``name``, as each of its modes
+    resolves it, then its ``--lr`` (where its paper fixes one) and ``--lr-schedule``.
+
+    A default left unset is the help text's ``[default: …]`` note, or ``"unset"``; an
+    option of fewer modes than the method's says which (``"5 (single-sample)"``).
+    """
+    cls = strategy_class(name)
+    resolved = {mode: cls.options_class().for_mode(mode) for mode in cls.modes}
+    entries = []
+    for entry in cls.options_class.option_fields():
+        values = {
+            mode: getattr(resolved[mode], entry.name)
+            for mode in entry.metadata["modes"]
+            if mode in resolved
+        }
+        if all(value is None for value in values.values()):
+            note = DEFAULT_NOTE.search(entry.metadata["help"])
+            shown = note.group(1) if note else "unset"
+        else:
+            shown = by_mode(values)
+            if len(values) < len(cls.modes) and "(" not in shown:
+                shown += f" ({', '.join(values)})"
+        entries.append((flag(entry.name), shown))
+    strategy = cls()
+    rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
+    if any(rate is not None for rate in rates.values()):
+        entries.append(("--lr", by_mode(rates)))
+    schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
+    entries.append(("--lr-schedule", by_mode(schedules)))
+    return entries
+
 
 def describe(name: str) -> tuple[str, str, str]:
     """``(description, modes, options)`` of algorithm ``name``, as table cells."""
@@ -16,46 +66,39 @@ def describe(name: str) -> tuple[str, str, str]:
         cls = strategy_class(name)
     except ImportError as error:  # a registered module that cannot be imported
         return f"(unavailable: {error})", "", ""
-    # defaults as each mode resolves them (e.g. FedAvg's local epochs: 10 batch, 1 single)
-    resolved = {mode: cls.options_class().for_mode(mode) for mode in cls.modes}
-    options = []
-    for entry in cls.options_class.option_fields():
-        values = {
-            mode: getattr(resolved[mode], entry.name)
-            for mode in entry.metadata["modes"]
-            if mode in resolved
-        }
-        if len({repr(value) for value in values.values()}) > 1:
-            shown = ", ".join(f"{value} ({mode})" for mode, value in values.items())
-            options.append(f"{flag(entry.name)} {shown}")
-            continue
-        value = next(iter(values.values()))
-        text = flag(entry.name) if value is None else f"{flag(entry.name)} {value}"
-        options.append(text if len(values) == len(cls.modes) else f"{text} ({', '.join(values)})")
-    strategy = cls()
-    schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
-    if len(set(schedules.values())) == 1:
-        schedule = f"--lr-schedule {next(iter(schedules.values()))}"
-    else:
-        schedule = "--lr-schedule " + ", ".join(f"{s} ({m})" for m, s in schedules.items())
-    rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
-    if any(rate is not None for rate in rates.values()):
-        if len(set(rates.values())) == 1:
-            options.append(f"--lr {next(iter(rates.values()))}")
-        else:
-            options.append("--lr " + ", ".join(f"{r} ({m})" for m, r in rates.items()))
     # one option per line: a flag and its default never wrap apart
-    return cls.description, ", ".join(cls.modes), "\n".join([*options, schedule])
+    options = "\n".join(f"{option} {default}" for option, default in option_defaults(name))
+    return cls.description, ", ".join(cls.modes), options
+
+
+def markdown_table() -> str:
+    """Every algorithm's modes and option defaults as a Markdown table (the README's)."""
+    lines = ["| name | modes | options (defaults) |", "|---|---|---|"]
+    for name in ALGORITHMS:
+        cls = strategy_class(name)
+        options = "<br>".join(
+            f"`{option}` {default}" for option, default in option_defaults(name)
+        ).replace("|", "\\|")
+        lines.append(f"| `{name}` | {', '.join(cls.modes)} | {options} |")
+    return "\n".join(lines) + "\n"
 
 
 @click.command("algorithms")
-def algorithms() -> None:
+@click.option(
+    "--markdown",
+    is_flag=True,
+    help="Print the modes and option defaults as a Markdown table (the README's).",
+)
+def algorithms(markdown: bool) -> None:
     """List the available algorithms (`--algorithm NAME` of `stratify train`)."""
+    if markdown:
+        click.echo(markdown_table(), nl=False)
+        return
     table = Table(title="algorithms (stratify train --algorithm NAME)")
     table.add_column("name", style="bold", no_wrap=True)
     table.add_column("description")
     table.add_column("modes")
-    table.add_column("options [default]")
+    table.add_column("options (defaults)")
     for name in ALGORITHMS:
         table.add_row(name, *describe(name))
     Console().print(table)

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from stratify.backend import resolve_device
+from stratify.backend import DEVICES, resolve_device
 from stratify.cli.bench_plan import PlanCell, run_cell
 from stratify.cli.bench_steps import (
     MATCH_TOLERANCE,
@@ -35,6 +35,7 @@ from stratify.cli.bench_training import (
 from stratify.cli.common import (
     DATA_DIR,
     DATASET_OPTION,
+    Choice,
     check_output_file,
     checked,
     parse_options,
@@ -47,8 +48,15 @@ from stratify.data.partition import parse_partition_spec
 from stratify.engine import Engine
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
+from stratify.nn.models import MODELS, NORMS, check_model_norm, default_model
+from stratify.options import option_default
 from stratify.selection import SELECTIONS
-from stratify.stratify import BATCH_PATHS, SINGLE_SAMPLE_BYTES_PER_STEP, Stratify
+from stratify.stratify import (
+    BATCH_PATHS,
+    SINGLE_SAMPLE_BYTES_PER_STEP,
+    Stratify,
+    StratifyOptions,
+)
 from stratify.validation import check_fits_in_memory, check_positive, check_positive_int
 
 #: bytes ``bench steps`` holds per step at least: the step list as int64 (8 B) and as a
@@ -73,14 +81,38 @@ THREADS = click.option(
 )
 
 
-def split_options(dataset: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+#: the library's defaults the benchmarks share with `stratify train`
+TRAIN_DEFAULTS = {
+    name: option_default(TrainConfig, name) for name in ("dataset", "clients", "device")
+}
+
+#: ``--lr`` of the benchmarks that train: the library's rate when not given
+LR = click.option(
+    "--lr",
+    type=float,
+    default=None,
+    callback=checked(check_positive),
+    help="Base learning rate [default: the library's for the dataset, as stratify train].",
+)
+
+#: ``--model`` of the benchmarks that build a model: the library's when not given
+MODEL = click.option(
+    "--model",
+    "model_name",
+    type=Choice(tuple(MODELS)),
+    default=None,
+    help="[default: the library's: cnn for images, mlp for tabular data]",
+)
+
+
+def split_options(dataset: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The options every benchmark that splits a dataset takes: ``--dataset`` (default
-    ``dataset``), ``--data-dir``, ``--partition`` and ``--clients``."""
+    ``dataset``, else the library's), ``--data-dir``, ``--partition`` and ``--clients``."""
     options = (
-        click.option("--dataset", default=dataset, show_default=True),
+        click.option("--dataset", default=dataset or TRAIN_DEFAULTS["dataset"], show_default=True),
         DATA_DIR,
         click.option("--partition", "spec", default="dirichlet:0.5", show_default=True),
-        click.option("--clients", default=10, show_default=True, type=int),
+        click.option("--clients", default=TRAIN_DEFAULTS["clients"], show_default=True, type=int),
     )
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,7 +145,7 @@ def parse_int_list(text: str, flag: str) -> list[int]:
 
 
 def build_engine(
-    dataset: Dataset, clients: int, spec: str, seed: int, chunk: int, model_name: str, lr: float
+    dataset: Dataset, clients: int, spec: str, seed: int, chunk: int, model_name: str
 ) -> Engine:
     """A single-sample Stratify engine on ``dataset`` (plain registry: no CKKS set-up cost)."""
     config = TrainConfig(
@@ -121,7 +153,6 @@ def build_engine(
         partition=spec,
         clients=clients,
         model=model_name,
-        lr=lr,
         seed=seed,
         secure=False,
         options={"chunk": chunk},
@@ -153,7 +184,8 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
     results: list[dict[str, Any]] = []
     for chunk in chunk_sizes:
         counts = []
-        engine = build_engine(data, clients, spec, 0, chunk, "mlp", 0.01)
+        # planning only: the cheapest model, never trained
+        engine = build_engine(data, clients, spec, 0, chunk, "mlp")
         stratify = engine.strategy
         assert isinstance(stratify, Stratify)
         for seed in range(seeds):
@@ -177,8 +209,8 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
 
 
 @bench.command("steps")
-@split_options(dataset="digits")
-@click.option("--model", "model_name", default="cnn", show_default=True)
+@split_options()
+@MODEL
 @click.option("--steps", default=4096, show_default=True, type=int, help="Steps of every loop.")
 @click.option(
     "--check-every",
@@ -187,7 +219,7 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
     type=int,
     help="Steps between two weight checks against the reference loop.",
 )
-@click.option("--lr", default=0.01, show_default=True, type=float)
+@LR
 @click.option(
     "--compile",
     "compile_mode",
@@ -203,7 +235,10 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> Non
     "--workers", default=1, show_default=True, type=int, help="Single-thread worker processes."
 )
 @click.option(
-    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
+    "--device",
+    type=click.Choice(DEVICES),
+    default=TRAIN_DEFAULTS["device"],
+    show_default=True,
 )
 @JSON_OUTPUT
 def steps(
@@ -226,8 +261,8 @@ def steps(
     for value, flag in ((steps, "--steps"), (check_every, "--check-every"), (seeds, "--seeds")):
         check_positive_int(value, flag)
     check_positive_int(workers, "--workers")
-    check_positive(lr, "--lr")
     check_fits_in_memory(steps * STEPS_BYTES_PER_STEP, f"--steps {steps:,}", "time fewer steps")
+    check_model_norm(model_name, None, "single-sample")  # before the data is loaded
     default = BackendSettings.current()  # torch's own, before the engine changes them
     device = resolve_device(device)
     data = load_dataset(dataset, data_dir=data_dir, device=device)
@@ -240,6 +275,8 @@ def steps(
         lr=lr,
         compile_mode=compile_mode,
     )
+    lr = engine.base_lr  # the library's when --lr is not given
+    model_name = model_name or default_model(data.input_shape)
     samples = bench_samples(engine, steps)
     loops, compile_seconds, weights_match = checked_comparison(
         engine, samples, check_every=check_every, lr=lr, default=default
@@ -273,7 +310,8 @@ def steps(
     result["compile_seconds"] = compile_seconds
 
     table = Table(
-        title=f"single-sample steps/s · {dataset} · {model_name} · {device} · {steps} steps"
+        title=f"single-sample steps/s · {dataset} · {model_name} · lr {lr:g} · {device} · "
+        f"{steps} steps"
     )
     for column in ("loop", "settings", "steps/s", "vs default", "max |Δw|", "Δw / moved"):
         table.add_column(column, justify="left" if column in ("loop", "settings") else "right")
@@ -333,8 +371,15 @@ def steps(
     default=None,
     help="Dirichlet splits: smallest client size [default: min(10, N/2n), NIID-Bench's].",
 )
-@click.option("--chunk", default=5, show_default=True, type=int)
-@click.option("--selection", type=click.Choice(SELECTIONS), default="uniform", show_default=True)
+@click.option(
+    "--chunk", default=option_default(StratifyOptions, "chunk"), show_default=True, type=int
+)
+@click.option(
+    "--selection",
+    type=click.Choice(SELECTIONS),
+    default=option_default(StratifyOptions, "selection"),
+    show_default=True,
+)
 @click.option(
     "--train/--no-train",
     default=True,
@@ -413,12 +458,27 @@ def plan(
 
 
 @bench.command("batch")
-@split_options(dataset="digits")
-@click.option("--model", "model_name", default="cnn", show_default=True)
-@click.option("--norm", default=None, help="[default: the model's own, see train --help]")
-@click.option("--batch-labels", default=64, show_default=True, type=int)
-@click.option("--batch-path", type=click.Choice(BATCH_PATHS), default="fused", show_default=True)
-@click.option("--lr", default=0.01, show_default=True, type=float)
+@split_options()
+@MODEL
+@click.option(
+    "--norm",
+    type=Choice(tuple(NORMS)),
+    default=None,
+    help="[default: the model's own, see train --help]",
+)
+@click.option(
+    "--batch-labels",
+    default=option_default(StratifyOptions, "batch_labels"),
+    show_default=True,
+    type=int,
+)
+@click.option(
+    "--batch-path",
+    type=click.Choice(BATCH_PATHS),
+    default=option_default(StratifyOptions, "batch_path"),
+    show_default=True,
+)
+@LR
 @click.option("--repeat", default=3, show_default=True, type=int, help="Runs of each; medians.")
 @THREADS
 @JSON_OUTPUT
@@ -439,7 +499,7 @@ def batch(
     """Batch mode's overhead: one epoch of global batches against a plain centralised loop
     over the same batches, from the same weights (checked to end alike)."""
     check_positive_int(repeat, "--repeat")
-    check_positive(lr, "--lr")
+    check_model_norm(model_name, norm, "batch")  # before the data is loaded
     set_threads(threads)
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
     engine = batch_engine(
@@ -452,7 +512,10 @@ def batch(
         batch_path=batch_path,
         lr=lr,
     )
+    lr = engine.base_lr  # the library's when --lr is not given
+    model_name = model_name or default_model(data.input_shape)
     result = compare_batch_mode(engine, repeat, lr)
+    result["lr"] = lr
     result["overhead"] = result["engine_s"] / result["plain_s"] - 1
     result["overhead_with_planning"] = (result["engine_s"] + result["plan_s"]) / result[
         "plain_s"
@@ -460,7 +523,7 @@ def batch(
     result["weights_match"] = result["difference_share"] <= MATCH_TOLERANCE
     table = Table(
         title=f"batch mode · {dataset} · {model_name} · B = {batch_labels} · {batch_path} path · "
-        f"{result['batches']} global batches · median of {repeat}"
+        f"lr {lr:g} · {result['batches']} global batches · median of {repeat}"
     )
     for column in ("loop", "seconds / epoch", "samples/s", "vs plain"):
         table.add_column(column, justify="left" if column == "loop" else "right")
@@ -494,7 +557,7 @@ def batch(
 
 
 @bench.command("rounds")
-@split_options(dataset="digits")
+@split_options()
 @click.option("--algorithms", default="fedavg,fedprox", show_default=True)
 @click.option("--rounds", default=3, show_default=True, type=int)
 @click.option(

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from stratify.cli.common import check_output_file, checked, write_output
 from stratify.errors import ConfigError, RegistryError
-from stratify.registry.ckks import CKKSRegistry, same_result
+from stratify.registry.ckks import PROTOCOLS, CKKSRegistry, same_result
 from stratify.registry.ckks.encoding import CKKSParameters
 from stratify.registry.plain import PlainRegistry
 from stratify.validation import check_positive_int, check_seed
@@ -223,7 +223,7 @@ def table_iv(rows: list[dict], protocol: str) -> Table:
 )
 @click.option(
     "--protocol",
-    type=click.Choice(["naive", "packed", "both"]),
+    type=click.Choice([*PROTOCOLS, "both"]),
     default="both",
     show_default=True,
     help="CKKS protocol(s) to time.",
@@ -267,7 +267,7 @@ def bench_privacy(
             f"--classes takes at most {MAX_CLASSES} (the slots of one ciphertext, the packed "
             f"protocol's limit on unique labels), got {max(class_counts)}"
         )
-    protocols = ["naive", "packed"] if protocol == "both" else [protocol]
+    protocols = list(PROTOCOLS) if protocol == "both" else [protocol]
     jobs = [(c, k, p) for c in class_counts for k in client_counts for p in protocols]
 
     # the results table needs ~90 columns; rich assumes 80 when writing to a pipe or file

@@ -79,13 +79,14 @@ def bench_engine(
     *,
     spec: str,
     clients: int,
-    model_name: str,
+    model_name: str | None,
     seed: int,
-    lr: float,
+    lr: float | None,
     compile_mode: str,
-    chunk: int = 5,
 ) -> Engine:
-    """A single-sample Stratify engine on ``data`` (plain registry: no CKKS set-up cost)."""
+    """A single-sample Stratify engine on ``data`` (plain registry: no CKKS set-up cost);
+    ``None`` for the model or the rate takes the library's; the schedule is constant, as
+    the eager loops it is compared with."""
     config = TrainConfig(
         dataset=data.name,
         partition=spec,
@@ -95,7 +96,7 @@ def bench_engine(
         lr_schedule="constant",
         seed=seed,
         secure=False,
-        options={"chunk": chunk, "compile": compile_mode},
+        options={"compile": compile_mode},
     )
     return build_experiment(config, dataset=data).engine
 

@@ -47,11 +47,11 @@ def batch_engine(
     *,
     spec: str,
     clients: int,
-    model_name: str,
+    model_name: str | None,
     norm: str | None,
     batch_labels: int,
     batch_path: str,
-    lr: float,
+    lr: float | None,
 ) -> Engine:
     config = TrainConfig(
         dataset=data.name,
@@ -61,7 +61,6 @@ def batch_engine(
         model=model_name,
         norm=norm,
         lr=lr,
-        lr_schedule="constant",
         seed=0,
         secure=False,
         options={"batch_labels": batch_labels, "batch_path": batch_path},

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.board import RunBoard
-from stratify.cli.common import DATASET_OPTION, parse_options
+from stratify.cli.common import DATASET_OPTION, Choice, parse_options
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, StratifyError
 from stratify.options import flag
@@ -52,7 +52,8 @@ def metavar(entry: dataclasses.Field) -> str:
 
 
 def config_option(entry: dataclasses.Field) -> Callable:
-    """The click option of a :class:`TrainConfig` field, with its help and default."""
+    """The click option of a :class:`TrainConfig` field, with its help and default; a field
+    with choices is a click choice, refused before the command runs."""
     name = flag(entry.name)
     meta = entry.metadata
     if meta["type"] is bool:
@@ -61,6 +62,7 @@ def config_option(entry: dataclasses.Field) -> Callable:
         )
     return click.option(
         name,
+        type=Choice(meta["choices"]) if meta["choices"] else None,
         default=entry.default,
         show_default=entry.default is not None,
         metavar=metavar(entry),

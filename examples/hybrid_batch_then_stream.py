@@ -9,7 +9,9 @@ continues the pre-training's label registry, so every placeholder keeps its numb
 Prints the test accuracy before and after the stream.
 
     python examples/hybrid_batch_then_stream.py
-    python examples/hybrid_batch_then_stream.py --dataset mnist-10k --data-dir ../shared/data
+    python examples/hybrid_batch_then_stream.py --dataset mnist-10k --data-dir DIR
+
+DIR holds mnist-10k's files: ``stratify data download mnist-10k --dir DIR`` puts them there.
 """
 
 from __future__ import annotations

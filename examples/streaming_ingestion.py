@@ -7,10 +7,12 @@ The stream holds every training sample of the dataset exactly once (see
 accuracy over time, and ends with ``final_accuracy=<test accuracy at the end>``.
 
     python examples/streaming_ingestion.py --quick
-    python examples/streaming_ingestion.py --dataset mnist-10k --data-dir ../shared/data
-    python examples/streaming_ingestion.py --dataset mnist-10k --data-dir ../shared/data \\
+    python examples/streaming_ingestion.py --dataset mnist-10k --data-dir DIR
+    python examples/streaming_ingestion.py --dataset mnist-10k --data-dir DIR \\
         --learner fedavg-periodic --retrain-every 50 --local-epochs 2 --local-batch-size 10
     python examples/streaming_ingestion.py --quick --write-jsonl /tmp/drift   # for the CLI
+
+DIR holds mnist-10k's files: ``stratify data download mnist-10k --dir DIR`` puts them there.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 from stratify.algorithms import ALGORITHMS, build_strategy
 from stratify.backend import DEVICES
 from stratify.method import LR_SCHEDULES
+from stratify.nn.models import MODELS, NORMS, check_model_norm
 from stratify.options import MODES, RunSettings, option
 from stratify.validation import (
     check_positive,
@@ -82,7 +83,8 @@ class TrainConfig(RunSettings):
     )
     model: str | None = option(
         None,
-        "cnn | mlp | resnet9 | resnet18 | resnet20 [default: cnn for images, mlp for tabular].",
+        "Model [default: cnn for images, mlp for tabular].",
+        choices=tuple(MODELS),
         cli_type=str,
     )
     mlp_hidden: tuple[int, ...] | None = option(
@@ -93,8 +95,9 @@ class TrainConfig(RunSettings):
     )
     norm: str | None = option(
         None,
-        "bn | gn | sumbn | sumbn-client-mean | none [default: bn for the ResNets; cnn and mlp "
-        "have no norm layers, so none is their only norm].",
+        "Norm layers of the ResNets [default: bn; cnn and mlp have no norm layers, so none "
+        "is their only norm].",
+        choices=tuple(NORMS),
         cli_type=str,
     )
     seed: int = option(
@@ -119,6 +122,9 @@ class TrainConfig(RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # like the choices above, checked before any data is loaded: the default model
+        # (cnn or mlp) has no norm layers, so a norm is refused even without --model
+        check_model_norm(self.model, self.norm, self.mode)
         # the method's options are checked now, before any data is loaded, and kept typed
         given = {key: value for key, value in self.options.items() if value is not None}
         checked = build_strategy(self.algorithm, given, self.mode).options

@@ -27,7 +27,7 @@ from stratify.engine import Engine
 from stratify.errors import ConfigError
 from stratify.federation import Federation
 from stratify.method import Strategy
-from stratify.nn.models import build_model
+from stratify.nn.models import build_model, default_model
 from stratify.nn.norm import has_batch_norm
 from stratify.registry import make_registry
 from stratify.registry.base import LabelRegistry, RegistryResult
@@ -111,7 +111,7 @@ def build_experiment(
         lr = strategy.lr_for(config.mode) or default_lr(config.dataset)
     lr_schedule = config.lr_schedule or strategy.lr_schedule_for(config.mode)
     if model is None:
-        model_name = config.model or ("cnn" if len(dataset.input_shape) == 3 else "mlp")
+        model_name = config.model or default_model(dataset.input_shape)
         if model_name == "mlp" and config.mlp_hidden is not None:
             check_mlp_fits_in_memory(dataset.input_shape, config.mlp_hidden, dataset.num_classes)
         torch.manual_seed(config.seed)

@@ -1,9 +1,11 @@
-"""Method options as dataclasses: one class per method, inheriting, validated on creation.
+"""Options as dataclasses: one class per method and per dataset loader, inheriting,
+validated on creation.
 
 A field made with :func:`option` carries its help text, its check, its choices and the
-modes it applies to; :class:`StrategyOptions` validates every field in ``__post_init__``,
-and the ``train`` command generates its flags from these fields, so a default and its
-help are written once (docs/architecture.md, "Options").
+modes it applies to; :class:`StrategyOptions` (a method's) and :class:`DatasetOptions` (a
+loader's, ``-o KEY=VALUE``) validate every field in ``__post_init__``, and the ``train``
+command generates its flags from these fields, so a default and its help are written once
+(docs/architecture.md, "Options").
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from stratify.errors import ConfigError
-from stratify.validation import check_choice
+from stratify.validation import Typed, check_choice
 
 MODES = ("single-sample", "batch")
 
@@ -75,6 +77,46 @@ def option(
             "envvar": envvar,
             "per_mode": dict(per_mode or {}),
         },
+    )
+
+
+def dataset_option(
+    default: Any,
+    help: str,
+    *,
+    kind: type | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: Sequence[str] | None = None,
+) -> Any:
+    """A field of a dataset loader's :class:`DatasetOptions` (``-o KEY=VALUE``): an
+    :func:`option` whose check is :class:`~stratify.validation.Typed`, which converts text
+    from the command line and typed Python values alike.
+
+    Parameters
+    ----------
+    default : object
+        Value when the option is not given; ``None`` only for "not set".
+    help : str
+        One sentence on what the option does.
+    kind : type, optional
+        ``int``, ``float``, ``bool``, ``str``, or ``tuple`` (of floats); inferred from the
+        default when omitted.
+    minimum, maximum : float, optional
+        Inclusive bounds of a number, or of every number of a tuple.
+    choices : sequence of str, optional
+        The allowed values of a ``str`` option.
+    """
+    if kind is None:
+        kind = value_type(default)
+    names = tuple(choices) if choices is not None else ()
+    example = tuple(default) if kind is tuple and default is not None else ()
+    return option(
+        default,
+        help,
+        check=Typed(kind, minimum, maximum, names, example),
+        choices=choices,
+        cli_type=kind,
     )
 
 
@@ -148,27 +190,84 @@ def option_of(owner: type, name: str, **changes: Any) -> Any:
     return option(changes.get("default", source.default), **arguments)
 
 
+def option_default(cls: type, name: str, mode: str | None = None) -> Any:
+    """The default of option ``name`` of the dataclass ``cls``, as declared there.
+
+    Commands that restate a library setting (the benchmarks' ``--chunk``, ``--clients``)
+    take their default from here, so it is written once.
+
+    Parameters
+    ----------
+    cls : type
+        A dataclass whose fields are made with :func:`option` (``TrainConfig``, a
+        method's options class).
+    name : str
+        The field's name.
+    mode : str, optional
+        For a default that depends on the mode (``per_mode``): the mode's value.
+    """
+    field = cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
+    if field.default is None and mode is not None:
+        return field.metadata["per_mode"].get(mode)
+    return field.default
+
+
 def value_type(value: Any) -> type:
     return bool if isinstance(value, bool) else value.__class__
+
+
+def check_value(field: dataclasses.Field, value: Any, name: str) -> Any:
+    """``value`` of the :func:`option` field ``field`` through its check, then its choices;
+    ``name`` is how the user spells the option (``--chunk``, or ``base`` for ``-o``)."""
+    check = field.metadata["check"]
+    if check is not None:
+        value = check(value, name)
+    if field.metadata["choices"]:
+        value = check_choice(value, name, field.metadata["choices"])
+    return value
 
 
 def validate_fields(instance: Any) -> None:
     """Check every field of dataclass ``instance`` made with :func:`option`, in place.
 
     ``None`` means "not given" and is left for later resolution; any other value goes
-    through the field's choices and check, and is stored in its checked type.
+    through the field's check and choices, and is stored in its checked type. A
+    class with a ``spell`` method names its options that way in messages, else as flags.
     """
+    spell = getattr(instance, "spell", flag)
     for field in dataclasses.fields(instance):
         value = getattr(instance, field.name)
         if value is None or "help" not in field.metadata:
             continue
-        name = flag(field.name)
-        if field.metadata["choices"]:
-            value = check_choice(value, name, field.metadata["choices"])
-        check = field.metadata["check"]
-        if check is not None:
-            value = check(value, name)
-        setattr(instance, field.name, value)
+        setattr(instance, field.name, check_value(field, value, spell(field.name)))
+
+
+class OptionFields:
+    """Base of the dataclasses made of :func:`option` fields that a user fills in by name: a
+    method's options (:class:`StrategyOptions`) and a loader's (:class:`DatasetOptions`).
+
+    A subclass may change an inherited field's default with :func:`inherit`; instances
+    are validated on creation.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        resolve_inherited(cls)
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+
+    @classmethod
+    def spell(cls, name: str) -> str:
+        """How the user writes option ``name``, for messages."""
+        return flag(name)
+
+    @classmethod
+    def option_fields(cls) -> list[dataclasses.Field]:
+        return [field for field in dataclasses.fields(cls) if "help" in field.metadata]  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
 class RunSettings:
@@ -197,17 +296,10 @@ class RunSettings:
 
 
 @dataclasses.dataclass
-class StrategyOptions:
+class StrategyOptions(OptionFields):
     """Base of every method's options; subclasses add fields made with :func:`option`."""
 
     algorithm: ClassVar[str] = "strategy"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        resolve_inherited(cls)
-
-    def __post_init__(self) -> None:
-        validate_fields(self)
 
     def for_mode(self: OptionsT, mode: str) -> OptionsT:
         """These options with the defaults that depend on ``mode`` filled in.
@@ -222,10 +314,6 @@ class StrategyOptions:
             if getattr(self, field.name) is None and mode in field.metadata["per_mode"]
         }
         return dataclasses.replace(self, **resolved) if resolved else self
-
-    @classmethod
-    def option_fields(cls) -> list[dataclasses.Field]:
-        return [field for field in dataclasses.fields(cls) if "help" in field.metadata]
 
     @classmethod
     def from_values(
@@ -251,5 +339,14 @@ class StrategyOptions:
                 raise ConfigError(f"{flag(key)} applies to --mode {' or '.join(modes)}, not {mode}")
         return cls(**given).for_mode(mode)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+
+@dataclasses.dataclass
+class DatasetOptions(OptionFields):
+    """Base of a dataset loader's options (``-o KEY=VALUE``); subclasses add fields made
+    with :func:`dataset_option` (or :func:`inherit`), and the loader declares the class
+    (:func:`~stratify.data.datasets.base.dataset_loader`), which checks the given values
+    before any file is read. A loader without options declares this class itself."""
+
+    @classmethod
+    def spell(cls, name: str) -> str:
+        return name  # -o name=value

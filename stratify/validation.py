@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -124,6 +126,152 @@ def check_choice(value: object, flag: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ConfigError(f"unknown {flag} {value!r}; choose one of {', '.join(choices)}")
     return str(value)
+
+
+# --------------------------------------------------------------------------------------
+# KEY=VALUE options (a dataset loader's, ``-o KEY=VALUE``): typed Python values or text.
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("a truth value is not a count")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, str):
+        return int(value.strip())
+    raise TypeError(f"{type(value).__name__} is not an integer")
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("a truth value is not a number")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        number = float(value)
+    elif isinstance(value, str):
+        number = float(value.strip())
+    else:
+        raise TypeError(f"{type(value).__name__} is not a number")
+    if not math.isfinite(number):
+        raise ValueError("not finite")
+    return number
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError("not a truth value")
+
+
+def _to_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{type(value).__name__} is not text")
+    return value
+
+
+def _to_floats(value: Any) -> tuple[float, ...]:
+    if isinstance(value, str):
+        # the CLI's "-o angles=0,15,30" arrives as one string
+        return tuple(_to_float(part) for part in value.split(",") if part.strip())
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return tuple(_to_float(part) for part in np.ravel(np.asarray(value, dtype=object)))
+    return (_to_float(value),)  # one number given as a plain number
+
+
+#: kind -> (converter, the noun of its values)
+_CONVERTERS: dict[type, tuple[Callable[[Any], Any], str]] = {
+    int: (_to_int, "a whole number"),
+    float: (_to_float, "a number"),
+    bool: (_to_bool, "true or false"),
+    str: (_to_str, "text"),
+    tuple: (_to_floats, "a list of numbers"),
+}
+
+
+@dataclass(frozen=True)
+class Typed:
+    """The check of a ``KEY=VALUE`` option: ``Typed(kind, ...)(value, key)`` returns
+    ``value`` (typed, or text from the command line) converted to ``kind``, in range.
+
+    Parameters
+    ----------
+    kind : type
+        ``int``, ``float``, ``bool``, ``str``, or ``tuple`` for a tuple of floats
+        (comma-separated on the command line).
+    minimum, maximum : float, optional
+        Inclusive bounds of a number, or of every number of a tuple.
+    choices : tuple of str
+        The allowed values of a ``str`` option, named when a value of another type is
+        refused (the field's ``choices`` refuse other text).
+    example : tuple of float
+        For a tuple: the value suggested when an empty one is refused.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the key, the value and what is valid, e.g. ``option n_train=2.5 is
+        not a whole number; n_train must be a whole number >= 1``.
+    """
+
+    kind: type
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    example: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in _CONVERTERS:
+            raise TypeError(f"unsupported option kind {self.kind!r}")
+
+    def bounds(self) -> str:
+        """The allowed range as text, e.g. ``"in [0, 1]"`` or ``">= 1"`` (empty: unbounded)."""
+        low, high = self.minimum, self.maximum
+        if low is not None and high is not None:
+            return f"in [{low:g}, {high:g}]"
+        if low is not None:
+            return f">= {low:g}"
+        if high is not None:
+            return f"<= {high:g}"
+        return ""
+
+    def describe(self) -> str:
+        """What values are valid, e.g. ``"a whole number >= 1"``."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        noun = "comma-separated numbers" if self.kind is tuple else _CONVERTERS[self.kind][1]
+        return f"{noun} {self.bounds()}".strip()
+
+    def __call__(self, value: object, key: str) -> Any:
+        convert, noun = _CONVERTERS[self.kind]
+        try:
+            converted = convert(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"option {key}={value!r} is not {noun}; {key} must be {self.describe()}"
+            ) from None
+        numbers = converted if self.kind is tuple else (converted,)
+        if self.kind is tuple and not numbers:
+            example = ",".join(f"{number:g}" for number in self.example) or "0"
+            raise ConfigError(
+                f"option {key} is empty; give at least one number, e.g. {key}={example}"
+            )
+        if self.kind in (int, float, tuple):
+            for number in numbers:
+                if (self.minimum is not None and number < self.minimum) or (
+                    self.maximum is not None and number > self.maximum
+                ):
+                    raise ConfigError(
+                        f"option {key}={number!r} is out of range; {key} must be {self.bounds()}"
+                    )
+        return converted
 
 
 def check_widths(value: object, flag: str) -> tuple[int, ...]:

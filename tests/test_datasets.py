@@ -518,10 +518,14 @@ def test_every_loader_declares_its_options():
         "binary_labels",
     ]
     correlation = dataset_options("colored-mnist")["correlation"]
-    assert correlation.kind is float and correlation.default == 0.9
-    assert correlation.describe() == "a number in [0, 1]"
-    assert dataset_options("synthetic")["num_classes"].describe() == "a whole number >= 1"
-    assert dataset_options("pacs")["test_domain"].choices == datasets.PACS_DOMAINS
+    assert correlation.metadata["type"] is float and correlation.default == 0.9
+    assert correlation.metadata["check"].describe() == "a number in [0, 1]"
+    described = dataset_options("synthetic")["num_classes"].metadata["check"].describe()
+    assert described == "a whole number >= 1"
+    assert dataset_options("pacs")["test_domain"].metadata["choices"] == datasets.PACS_DOMAINS
+    # an inherited option with its own default (digits-dg's 32-pixel images)
+    assert dataset_options("pacs")["image_size"].default == 64
+    assert dataset_options("digits-dg")["image_size"].default == 32
     with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
         dataset_options("nope")
 

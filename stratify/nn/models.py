@@ -52,6 +52,9 @@ NORMS: dict[str, str] = {
 #: Models without norm layers: their only norm is "none".
 NORM_FREE_MODELS = ("cnn", "mlp")
 
+#: Norms that normalise with the statistics of the batch, which one sample cannot give.
+BATCH_STATISTICS_NORMS = ("bn", "sumbn", "sumbn-client-mean")
+
 #: Smallest image side the ResNets take: ResNet-9's three max-pools halve it to 1.
 MIN_RESNET_SIDE = 8
 
@@ -420,10 +423,52 @@ def _image_channels(name: str, input_shape: tuple[int, ...], min_side: int) -> i
     return input_shape[0]
 
 
+def default_model(input_shape: tuple[int, ...]) -> str:
+    """The model a run trains when none is given: ``cnn`` for ``(C, H, W)`` images,
+    ``mlp`` for the rest (tabular features)."""
+    return "cnn" if len(input_shape) == 3 else "mlp"
+
+
 def default_norm(model: str) -> str:
     """The norm a model is built with when none is given: ``bn`` for the ResNets, ``none``
     for the norm-free ``cnn`` and ``mlp``."""
     return "none" if model in NORM_FREE_MODELS else "bn"
+
+
+def check_model_norm(name: str | None, norm: str | None, mode: str | None = None) -> None:
+    """Refuse a norm that model ``name`` cannot take, before anything is built or loaded.
+
+    Parameters
+    ----------
+    name : str or None
+        One of :data:`MODELS`; ``None`` stands for the default model (:func:`default_model`:
+        ``cnn`` or ``mlp``, whichever the data needs; both are norm-free).
+    norm : str or None
+        One of :data:`NORMS`; ``None``: the model's own (:func:`default_norm`).
+    mode : str, optional
+        ``"single-sample"`` also refuses the norms of :data:`BATCH_STATISTICS_NORMS`.
+
+    Raises
+    ------
+    stratify.errors.ConfigError
+        A norm on a norm-free model, or batch statistics in single-sample mode.
+    """
+    resnets = ", ".join(model for model in MODELS if model not in NORM_FREE_MODELS)
+    if norm not in (None, "none") and (name is None or name in NORM_FREE_MODELS):
+        which = f"model {name!r}" if name else "the default model (cnn for images, mlp otherwise)"
+        raise ConfigError(
+            f"{which} has no normalisation layers, so norm {norm!r} cannot apply; "
+            f"use a ResNet ({resnets}) or norm 'none'"
+        )
+    if name is None or mode != "single-sample":
+        return
+    resolved = default_norm(name) if norm is None else norm
+    if resolved in BATCH_STATISTICS_NORMS:
+        raise ConfigError(
+            f"model {name!r} with norm {resolved!r} normalises with batch statistics, which one "
+            "sample cannot give; in --mode single-sample use --norm gn (or none), or use "
+            "--mode batch"
+        )
 
 
 def build_model(
@@ -475,12 +520,7 @@ def build_model(
     num_classes = int(num_classes)
     if not input_shape or any(size < 1 for size in input_shape):
         raise ConfigError(f"model {name!r} got an empty input shape {input_shape}")
-    if name in NORM_FREE_MODELS and norm != "none":
-        raise ConfigError(
-            f"model {name!r} has no normalisation layers, so norm {norm!r} cannot apply; "
-            f"use a ResNet ({', '.join(m for m in MODELS if m.startswith('resnet'))}) "
-            f"or norm 'none'"
-        )
+    check_model_norm(name, norm)
     if hidden is not None and name != "mlp":
         raise ConfigError(f"--mlp-hidden applies to --model mlp, not {name!r}")
     if name == "cnn":

@@ -2,7 +2,9 @@
 
 Every loader returns a :class:`Dataset`; ``load_dataset(name, ...)`` dispatches on the
 registry ``DATASETS``. Nothing is downloaded: loaders read local files and raise
-:class:`~stratify.errors.DatasetError` naming the files and layout they expect.
+:class:`~stratify.errors.DatasetError` naming the files and layout they expect
+(:mod:`stratify.data.sources` lists them and downloads those that can be fetched:
+``stratify data list``, ``stratify data download``).
 
 Names, the files each reads under ``--data-dir``, and its domains (if any):
 
@@ -24,8 +26,9 @@ Images are normalised float32 ``(N, C, H, W)``; covtype is standardised ``(N, 54
 Fixed train/test splits never depend on ``seed``; the derived datasets draw their
 angles and colours with it. Labels are checked to lie in ``[0, num_classes)``.
 
-Each loader declares its options (:func:`dataset_options`); an undeclared key, a value
-of the wrong type or out of range is refused before any file is read.
+Each loader declares its options as a :class:`~stratify.options.DatasetOptions` dataclass
+(:func:`dataset_options` lists them); an undeclared key, a value of the wrong type or out
+of range is refused before any file is read.
 
 Modules: :mod:`.base` (the :class:`Dataset`, options, shared helpers), :mod:`.builtin`
 (digits, synthetic), :mod:`.mnist`, :mod:`.cifar`, :mod:`.tabular` (covtype),
@@ -35,9 +38,11 @@ colored-mnist).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from stratify.data.datasets.base import Dataset, DatasetLoader, Option, check_labels
+from stratify.data.datasets.base import Dataset, DatasetLoader, check_labels
 from stratify.data.datasets.builtin import load_digits, load_synthetic
 from stratify.data.datasets.cifar import (
     CIFAR10_MEAN,
@@ -105,7 +110,6 @@ __all__ = [
     "ROTATION_ANGLES",
     "Dataset",
     "DatasetLoader",
-    "Option",
     "check_labels",
     "colour_for_labels",
     "dataset_options",
@@ -155,11 +159,13 @@ def _loader(name: str) -> DatasetLoader:
     return DATASETS[name]
 
 
-def dataset_options(name: str) -> dict[str, Option]:
+def dataset_options(name: str) -> dict[str, dataclasses.Field]:
     """The options dataset ``name`` declares, in declaration order (empty if none).
 
-    Each :class:`Option` has its ``kind``, ``default``, ``help`` and, via
-    :meth:`Option.describe`, the valid values, e.g. for listing them in a CLI.
+    Each is a field of the loader's :class:`~stratify.options.DatasetOptions` made with
+    :func:`~stratify.options.dataset_option`: its ``default``, and in its ``metadata`` the
+    ``help``, the ``choices`` and the ``check`` (a :class:`~stratify.validation.Typed`,
+    whose ``describe()`` says what values are valid), e.g. for listing them in a CLI.
 
     Raises
     ------

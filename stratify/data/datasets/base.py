@@ -1,7 +1,9 @@
 """What every loader shares: the :class:`Dataset` tensors, split and tensor helpers, and the
 declared, checked loader options.
 
-A loader declares its options with :func:`dataset_loader`; every call, through
+A loader declares its options as a :class:`~stratify.options.DatasetOptions` dataclass of
+:func:`~stratify.options.dataset_option` fields, the option machinery of the methods and
+of ``TrainConfig``, and names it in :func:`dataset_loader`; every call, through
 :func:`~stratify.data.datasets.load_dataset` or directly, converts and checks them before
 any file is read, so a misspelt key, a wrong type or an out-of-range value is one
 :class:`~stratify.errors.DatasetError` line naming the option, the value and what is valid.
@@ -9,8 +11,8 @@ any file is read, so a misspelt key, a wrong type or an out-of-range value is on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from stratify.errors import DatasetError
+from stratify.errors import ConfigError, DatasetError
+from stratify.options import DatasetOptions, check_value
 
 
 @dataclass
@@ -66,173 +69,29 @@ class Dataset:
 
 
 # --------------------------------------------------------------------------------------
-# Loader options.
-
-
-def _to_int(value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError("a truth value is not a count")
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    if isinstance(value, str):
-        return int(value.strip())
-    raise TypeError(f"{type(value).__name__} is not an integer")
-
-
-def _to_float(value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError("a truth value is not a number")
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        number = float(value)
-    elif isinstance(value, str):
-        number = float(value.strip())
-    else:
-        raise TypeError(f"{type(value).__name__} is not a number")
-    if not math.isfinite(number):
-        raise ValueError("not finite")
-    return number
-
-
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-def _to_bool(value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError("not a truth value")
-
-
-def _to_str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{type(value).__name__} is not text")
-    return value
-
-
-def _to_floats(value: Any) -> tuple[float, ...]:
-    if isinstance(value, str):
-        # the CLI's "-o angles=0,15,30" arrives as one string
-        return tuple(_to_float(part) for part in value.split(",") if part.strip())
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return tuple(_to_float(part) for part in np.ravel(np.asarray(value, dtype=object)))
-    return (_to_float(value),)  # one angle given as a plain number
-
-
-_CONVERTERS: dict[type, tuple[Callable[[Any], Any], str]] = {
-    int: (_to_int, "a whole number"),
-    float: (_to_float, "a number"),
-    bool: (_to_bool, "true or false"),
-    str: (_to_str, "text"),
-    tuple: (_to_floats, "a list of numbers"),
-}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One declared option of a dataset loader.
-
-    Parameters
-    ----------
-    name : str
-        Keyword of the loader (``-o name=value`` on the command line).
-    kind : type
-        ``int``, ``float``, ``bool``, ``str``, or ``tuple`` for a tuple of floats
-        (comma-separated on the command line).
-    default : object
-        Value when the option is not given; ``None`` only for "not set".
-    help : str
-        One sentence on what the option does.
-    minimum, maximum : float, optional
-        Inclusive bounds of a number, or of every number of a tuple.
-    choices : tuple of str
-        The allowed values of a ``str`` option (empty: any text).
-    """
-
-    name: str
-    kind: type
-    default: Any
-    help: str
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in _CONVERTERS:
-            raise TypeError(f"option {self.name}: unsupported kind {self.kind!r}")
-
-    def bounds(self) -> str:
-        """The allowed range as text, e.g. ``"in [0, 1]"`` or ``">= 1"`` (empty: unbounded)."""
-        low, high = self.minimum, self.maximum
-        if low is not None and high is not None:
-            return f"in [{low:g}, {high:g}]"
-        if low is not None:
-            return f">= {low:g}"
-        if high is not None:
-            return f"<= {high:g}"
-        return ""
-
-    def describe(self) -> str:
-        """What values are valid, e.g. ``"a whole number >= 1"``."""
-        if self.choices:
-            return "one of " + ", ".join(self.choices)
-        noun = "comma-separated numbers" if self.kind is tuple else _CONVERTERS[self.kind][1]
-        return f"{noun} {self.bounds()}".strip()
-
-    def parse(self, dataset: str, value: Any) -> Any:
-        """``value`` (text from the CLI or a typed Python value) in this option's type.
-
-        Raises
-        ------
-        DatasetError
-            The value has the wrong type, is out of range or is not one of the choices.
-        """
-        if value is None and self.default is None:
-            return None
-        convert, noun = _CONVERTERS[self.kind]
-        try:
-            converted = convert(value)
-        except (TypeError, ValueError):
-            raise DatasetError(
-                f"{dataset}: option {self.name}={value!r} is not {noun}; "
-                f"{self.name} must be {self.describe()}"
-            ) from None
-        if self.choices and converted not in self.choices:
-            raise DatasetError(
-                f"{dataset}: unknown {self.name} {converted!r}; "
-                f"choose one of {', '.join(self.choices)}"
-            )
-        numbers = converted if self.kind is tuple else (converted,)
-        if self.kind is tuple and not numbers:
-            raise DatasetError(
-                f"{dataset}: option {self.name} is empty; give at least one number, e.g. "
-                f"{self.name}={','.join(f'{d:g}' for d in self.default) or '0'}"
-            )
-        if self.kind in (int, float, tuple):
-            for number in numbers:
-                if (self.minimum is not None and number < self.minimum) or (
-                    self.maximum is not None and number > self.maximum
-                ):
-                    raise DatasetError(
-                        f"{dataset}: option {self.name}={number!r} is out of range; "
-                        f"{self.name} must be {self.bounds()}"
-                    )
-        return converted
+# Loader options: a DatasetOptions dataclass of stratify.options fields per loader.
 
 
 def check_options(
-    dataset: str, declared: Mapping[str, Option], given: Mapping[str, Any]
+    dataset: str, declared: Mapping[str, dataclasses.Field], given: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Every declared option's value: the given ones converted and checked, defaults else.
+
+    Parameters
+    ----------
+    dataset : str
+        The dataset's name, for the messages.
+    declared : mapping of str to dataclasses.Field
+        The loader's option fields (:func:`~stratify.data.datasets.dataset_options`).
+    given : mapping of str to object
+        The user's values, typed or as text (``"0.5"``, ``"true"``, ``"0,45"``); ``None``
+        means "not given".
 
     Raises
     ------
     DatasetError
-        A key that is not declared (naming the valid ones), or a bad value.
+        A key that is not declared (naming the valid ones), or a bad value, in one line
+        starting with the dataset's name.
     """
     unknown = [key for key in given if key not in declared]
     if unknown:
@@ -244,9 +103,14 @@ def check_options(
             else f"{dataset} takes no options"
         )
         raise DatasetError(f"{dataset} has no {noun} {keys}; {valid}")
-    values = {name: option.default for name, option in declared.items()}
+    values = {name: field.default for name, field in declared.items()}
     for key, value in given.items():
-        values[key] = declared[key].parse(dataset, value)
+        if value is None:
+            continue
+        try:
+            values[key] = check_value(declared[key], value, key)
+        except ConfigError as error:
+            raise DatasetError(f"{dataset}: {error}") from None
     return values
 
 
@@ -260,8 +124,10 @@ class DatasetLoader:
     ----------
     name : str
         Registry name of the dataset, used in error messages.
-    options : dict of str to Option
-        The declared options, in declaration order.
+    options_class : type of DatasetOptions
+        The dataclass declaring the options.
+    options : dict of str to dataclasses.Field
+        Its option fields, in declaration order.
     seeded : bool
         Whether the data drawn depends on ``seed`` (generated data, random angles or
         colours); a fixed split does not, so one load serves every seed.
@@ -270,12 +136,13 @@ class DatasetLoader:
     def __init__(
         self,
         name: str,
-        options: tuple[Option, ...],
+        options: type[DatasetOptions],
         load: Callable[..., Dataset],
         seeded: bool = False,
     ) -> None:
         self.name = name
-        self.options = {option.name: option for option in options}
+        self.options_class = options
+        self.options = {field.name: field for field in options.option_fields()}
         self.load = load
         self.seeded = seeded
         functools.update_wrapper(self, load)
@@ -292,13 +159,15 @@ class DatasetLoader:
 
 
 def dataset_loader(
-    name: str, *options: Option, seeded: bool = False
+    name: str, options: type[DatasetOptions] = DatasetOptions, *, seeded: bool = False
 ) -> Callable[[Callable[..., Dataset]], DatasetLoader]:
     """Decorate ``load(data_dir, device, seed, **options)`` as the loader of ``name``.
 
-    The function receives every option of ``options`` by keyword, already converted and
-    range-checked, so it declares them without defaults: the defaults live in ``options``.
-    ``seeded`` declares that what it draws depends on ``seed``.
+    ``options`` is the :class:`~stratify.options.DatasetOptions` dataclass declaring the
+    loader's options (fields made with :func:`~stratify.options.dataset_option`). The
+    function receives every one by keyword, already converted and range-checked, so it
+    declares them without defaults: the defaults live in ``options``. ``seeded``
+    declares that what it draws depends on ``seed``.
     """
 
     def decorate(load: Callable[..., Dataset]) -> DatasetLoader:

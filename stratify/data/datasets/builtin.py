@@ -3,9 +3,12 @@ clusters."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from stratify.data.datasets.base import Dataset, Option, dataset_loader, fixed_split, make_dataset
+from stratify.data.datasets.base import Dataset, dataset_loader, fixed_split, make_dataset
+from stratify.options import DatasetOptions, dataset_option
 from stratify.validation import check_fits_in_memory
 
 
@@ -29,14 +32,15 @@ def load_digits(data_dir: str | None, device, seed: int) -> Dataset:
     )
 
 
-@dataset_loader(
-    "synthetic",
-    Option("n_train", int, 2000, "Training samples.", minimum=1),
-    Option("n_test", int, 500, "Test samples.", minimum=1),
-    Option("num_features", int, 32, "Dimensions of each sample.", minimum=1),
-    Option("num_classes", int, 10, "Number of classes (Gaussian clusters).", minimum=1),
-    seeded=True,
-)
+@dataclass
+class SyntheticOptions(DatasetOptions):
+    n_train: int = dataset_option(2000, "Training samples.", minimum=1)
+    n_test: int = dataset_option(500, "Test samples.", minimum=1)
+    num_features: int = dataset_option(32, "Dimensions of each sample.", minimum=1)
+    num_classes: int = dataset_option(10, "Number of classes (Gaussian clusters).", minimum=1)
+
+
+@dataset_loader("synthetic", SyntheticOptions, seeded=True)
 def load_synthetic(
     data_dir: str | None,
     device,

@@ -41,7 +41,8 @@ def _load_cifar(
     except RuntimeError:
         raise DatasetError(
             f"{name}: missing or corrupt files in {directory / folder}; expected {files} "
-            "(extract the official python-version archive into --data-dir)"
+            "(extract the official python-version archive into --data-dir, or run "
+            f"stratify data download {name} --dir {directory})"
         ) from None
     except (OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as error:
         raise DatasetError(

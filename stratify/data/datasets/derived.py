@@ -3,10 +3,12 @@ is the rotation angle) and ``colored-mnist`` (the attribute is the colour)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from stratify.data.datasets.base import Dataset, Option, dataset_loader, fixed_split, make_dataset
+from stratify.data.datasets.base import Dataset, dataset_loader, fixed_split, make_dataset
 from stratify.data.datasets.mnist import (
     MNIST_MEAN,
     MNIST_STD,
@@ -14,6 +16,7 @@ from stratify.data.datasets.mnist import (
     mnist_10k_arrays,
 )
 from stratify.errors import DatasetError
+from stratify.options import DatasetOptions, dataset_option
 
 MNIST_BASES = ("mnist-10k", "mnist")
 
@@ -50,22 +53,25 @@ def rotate_images(images: np.ndarray, angles: np.ndarray) -> np.ndarray:
     return rotated.squeeze(1).numpy()
 
 
-def _base_option() -> Option:
-    return Option(
-        "base",
-        str,
+@dataclass
+class MNISTVariantOptions(DatasetOptions):
+    """The option every MNIST variant takes: which MNIST it is made from."""
+
+    base: str = dataset_option(
         "mnist-10k",
         "MNIST set the variant is made from: mnist-10k (its fixed split) or mnist.",
         choices=MNIST_BASES,
     )
 
 
-@dataset_loader(
-    "rotated-mnist",
-    _base_option(),
-    Option("angles", tuple, ROTATION_ANGLES, "Rotation angles in degrees, one per domain."),
-    seeded=True,
-)
+@dataclass
+class RotatedMNISTOptions(MNISTVariantOptions):
+    angles: tuple[float, ...] = dataset_option(
+        ROTATION_ANGLES, "Rotation angles in degrees, one per domain."
+    )
+
+
+@dataset_loader("rotated-mnist", RotatedMNISTOptions, seeded=True)
 def load_rotated_mnist(
     data_dir: str | None, device, seed: int, *, base: str, angles: tuple[float, ...]
 ) -> Dataset:
@@ -126,28 +132,26 @@ def colour_for_labels(
     return np.where(follows, label_colour, random_colour)
 
 
-@dataset_loader(
-    "colored-mnist",
-    _base_option(),
-    Option(
-        "correlation",
-        float,
+@dataclass
+class ColoredMNISTOptions(MNISTVariantOptions):
+    correlation: float = dataset_option(
         0.9,
         "How strongly colour follows the label in the training split.",
         minimum=0.0,
         maximum=1.0,
-    ),
-    Option(
-        "test_correlation",
-        float,
+    )
+    test_correlation: float = dataset_option(
         0.0,
         "How strongly colour follows the label in the test split.",
         minimum=0.0,
         maximum=1.0,
-    ),
-    Option("binary_labels", bool, False, "Labels become digit >= 5 (2 classes, as in CMNIST)."),
-    seeded=True,
-)
+    )
+    binary_labels: bool = dataset_option(
+        False, "Labels become digit >= 5 (2 classes, as in CMNIST)."
+    )
+
+
+@dataset_loader("colored-mnist", ColoredMNISTOptions, seeded=True)
 def load_colored_mnist(
     data_dir: str | None,
     device,

@@ -5,13 +5,13 @@ The domain id of PACS and Digits-DG is the position of the domain in ``*_DOMAINS
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from stratify.data.datasets.base import (
     Dataset,
-    Option,
     dataset_loader,
     fixed_split,
     make_dataset,
@@ -19,6 +19,7 @@ from stratify.data.datasets.base import (
     require_data_dir,
 )
 from stratify.errors import DatasetError
+from stratify.options import DatasetOptions, dataset_option, inherit
 from stratify.validation import check_fits_in_memory
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -57,10 +58,14 @@ def _read_images(paths: list[Path], size: int, name: str) -> np.ndarray:
     return images
 
 
-@dataset_loader(
-    "tiny-imagenet",
-    Option("image_size", int, 64, "Side of the square images, in pixels.", minimum=1),
-)
+@dataclass
+class ImageFolderOptions(DatasetOptions):
+    """The option of every image-folder dataset: the side images are resized to."""
+
+    image_size: int = dataset_option(64, "Side of the square images, in pixels.", minimum=1)
+
+
+@dataset_loader("tiny-imagenet", ImageFolderOptions)
 def load_tiny_imagenet(data_dir: str | None, device, seed: int, *, image_size: int) -> Dataset:
     """Tiny ImageNet from ``<data-dir>/tiny-imagenet-200/`` (the official zip, extracted).
 
@@ -170,21 +175,27 @@ def _collect(folders_by_domain: list[tuple[int, Path]], class_of: dict[str, int]
     return paths, np.asarray(labels, dtype=np.int64), np.asarray(domain_ids, dtype=np.int64)
 
 
-def _test_domain_option(domains: tuple[str, ...]) -> Option:
-    return Option(
-        "test_domain",
-        str,
+def _test_domain_option(domains: tuple[str, ...]) -> str | None:
+    return dataset_option(
         None,
         "Domain held out as the test set (leave-one-domain-out); default: a fixed split.",
+        kind=str,
         choices=domains,
     )
 
 
-@dataset_loader(
-    "pacs",
-    Option("image_size", int, 64, "Side of the square images, in pixels.", minimum=1),
-    _test_domain_option(PACS_DOMAINS),
-)
+@dataclass
+class PACSOptions(ImageFolderOptions):
+    test_domain: str | None = _test_domain_option(PACS_DOMAINS)
+
+
+@dataclass
+class DigitsDGOptions(ImageFolderOptions):
+    image_size: int = inherit(32)
+    test_domain: str | None = _test_domain_option(DIGITS_DG_DOMAINS)
+
+
+@dataset_loader("pacs", PACSOptions)
 def load_pacs(
     data_dir: str | None, device, seed: int, *, image_size: int, test_domain: str | None
 ) -> Dataset:
@@ -227,11 +238,7 @@ def load_pacs(
     )
 
 
-@dataset_loader(
-    "digits-dg",
-    Option("image_size", int, 32, "Side of the square images, in pixels.", minimum=1),
-    _test_domain_option(DIGITS_DG_DOMAINS),
-)
+@dataset_loader("digits-dg", DigitsDGOptions)
 def load_digits_dg(
     data_dir: str | None, device, seed: int, *, image_size: int, test_domain: str | None
 ) -> Dataset:

@@ -67,7 +67,7 @@ def mnist_10k_arrays(data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
     if data_dir is None:
         raise DatasetError(
             "mnist-10k needs --data-dir DIR holding mnist/t10k-images-idx3-ubyte.gz "
-            "and mnist/t10k-labels-idx1-ubyte.gz"
+            "and mnist/t10k-labels-idx1-ubyte.gz (stratify data download mnist-10k --dir DIR)"
         )
     directory = Path(data_dir) / "mnist"
     images_path = find_idx(directory, "t10k-images-idx3-ubyte")
@@ -83,7 +83,8 @@ def mnist_10k_arrays(data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
     if missing:
         raise DatasetError(
             f"mnist-10k: missing {', '.join(missing)} in {directory}; "
-            "put the official MNIST test files there (gzipped or not)"
+            "put the official MNIST test files there (gzipped or not): "
+            f"stratify data download mnist-10k --dir {data_dir}"
         )
     assert images_path is not None and labels_path is not None  # else listed in missing
     images, labels = read_idx(images_path), read_idx(labels_path)
@@ -137,7 +138,8 @@ def full_mnist_arrays(name: str, data_dir: str | None, folder: str, torchvision_
             raise DatasetError(
                 f"{name}: missing {', '.join(missing)} in {directory / folder} and no "
                 f"torchvision layout {directory / torchvision_class / 'raw'}; put the four "
-                f"official IDX files (gzipped or not) in {directory / folder}"
+                f"official IDX files (gzipped or not) in {directory / folder}: "
+                f"stratify data download {name} --dir {directory}"
             ) from None
         except (AssertionError, ValueError, TypeError, OSError) as error:
             raise DatasetError(

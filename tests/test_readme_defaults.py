@@ -1,0 +1,64 @@
+"""The README's table of every method's defaults is `stratify algorithms --markdown`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import stratify.cli.algorithms as algorithms_cli
+from stratify.algorithms import strategy_class
+from stratify.baselines.fedprox import FedProx, FedProxOptions
+from stratify.cli.main import main
+from stratify.options import inherit
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BEGIN = "<!-- begin: stratify algorithms --markdown -->\n"
+END = "<!-- end: stratify algorithms --markdown -->"
+
+
+def readme_block() -> str:
+    text = README.read_text(encoding="utf-8")
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
+
+
+def markdown(capsys) -> str:
+    main(["algorithms", "--markdown"])
+    return capsys.readouterr().out
+
+
+def test_the_readme_defaults_table_is_the_command_s_output(capsys):
+    assert readme_block() == markdown(capsys), (
+        "the README's defaults table is out of date: replace the block between its "
+        "'stratify algorithms --markdown' markers with that command's output"
+    )
+
+
+def test_the_table_reads_the_defaults_from_the_options_classes(capsys, monkeypatch):
+    # a changed default changes the command's output, so the README test above fails
+    @dataclass
+    class LargerMu(FedProxOptions):
+        mu: float = inherit(0.25)
+
+    class FedProxLargerMu(FedProx):
+        options_class = LargerMu
+
+    def patched(name):
+        return FedProxLargerMu if name == "fedprox" else strategy_class(name)
+
+    monkeypatch.setattr(algorithms_cli, "strategy_class", patched)
+    output = markdown(capsys)
+    (row,) = [line for line in output.splitlines() if line.startswith("| `fedprox` |")]
+    assert "`--mu` 0.25" in row
+    assert output != readme_block()
+
+
+def test_the_table_shows_each_mode_s_default_and_the_methods_rates(capsys):
+    rows = {line.split(" | ")[0][2:]: line for line in markdown(capsys).splitlines()[2:]}
+    # FedAvg: NIID-Bench's E = 10 in batch mode, one pass per sample in single-sample mode
+    assert "`--local-epochs` 1 (single-sample), 10 (batch)" in rows["`fedavg`"]
+    # FedBSS fixes its paper's rate; FedAvg leaves the dataset's
+    assert "`--lr` 0.001" in rows["`fedbss`"] and "`--lr`" not in rows["`fedavg`"]
+    # an option of one mode says so; a default resolved at run time quotes its help
+    assert "`--chunk` 5 (single-sample)" in rows["`stratify`"]
+    assert "`--repeat-count` round(N/\\|L\\|)" in rows["`stratify`"]
