@@ -14,8 +14,8 @@ and identical output: exactly :class:`~stratify.registry.plain.PlainRegistry`'s 
 the same seed. Unique labels are discovered in client order, then each client's mapping
 order, and placeholders come from :func:`~stratify.registry.base.assign_placeholders`.
 
-Modules: :mod:`.encoding` (label codes, parameters, precision), :mod:`.roles` (key holder
-and server), :mod:`.protocols` (the naive and packed runs, their counters) and
+Modules: :mod:`.encoding` (label codes, parameters, precision), :mod:`.stats` (counters),
+:mod:`.roles` (key holder and server), :mod:`.protocols` (the naive and packed runs) and
 :mod:`.registry` (:class:`CKKSRegistry`, :func:`same_result`).
 """
 
@@ -31,9 +31,10 @@ from stratify.registry.ckks.encoding import (
     label_bytes,
     seeded_hash_key,
 )
-from stratify.registry.ckks.protocols import PROTOCOLS, ProtocolStats
+from stratify.registry.ckks.protocols import PROTOCOLS
 from stratify.registry.ckks.registry import CKKSRegistry, same_result
 from stratify.registry.ckks.roles import KeyHolder, Server
+from stratify.registry.ckks.stats import ProtocolStats
 
 __all__ = [
     "COUNT_LIMIT",

@@ -17,7 +17,6 @@ A run outlives its registration: :meth:`_ProtocolRun.add_label` and
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 import numpy as np
 import tenseal as ts
@@ -25,37 +24,12 @@ import tenseal as ts
 from stratify.errors import RegistryError
 from stratify.registry.ckks.encoding import COUNT_LIMIT, MATCH_THRESHOLD
 from stratify.registry.ckks.roles import KeyHolder, Server
+from stratify.registry.ckks.stats import ProtocolStats
 
 PROTOCOLS = ("naive", "packed")
 #: Packed block size of a registration that starts empty and has no bound; it doubles
 #: (U re-sent in the wider layout) whenever a new label would not fit.
 START_BLOCK_SIZE = 16
-
-
-@dataclass
-class ProtocolStats:
-    """Counters of one registration, for the benchmark and the README.
-
-    Parameters
-    ----------
-    encryptions, decryptions, subtractions, additions : int
-        Homomorphic work done by the key holder (first two) and the server.
-    bytes_to_server, bytes_to_key_holder : int
-        Serialized ciphertext bytes sent each way.
-    max_decryption_error : float
-        Largest distance of a decrypted value from the nearest integer.
-    block_size : int
-        Packed protocol: slots per block ``B`` (0 for naive).
-    """
-
-    encryptions: int = 0
-    decryptions: int = 0
-    subtractions: int = 0
-    additions: int = 0
-    bytes_to_server: int = 0
-    bytes_to_key_holder: int = 0
-    max_decryption_error: float = 0.0
-    block_size: int = 0
 
 
 class _ProtocolRun:

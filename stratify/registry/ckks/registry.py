@@ -24,12 +24,12 @@ from stratify.registry.ckks.encoding import (
 from stratify.registry.ckks.protocols import (
     PROTOCOLS,
     START_BLOCK_SIZE,
-    ProtocolStats,
     _NaiveRun,
     _PackedRun,
     _ProtocolRun,
 )
 from stratify.registry.ckks.roles import KeyHolder, Server
+from stratify.registry.ckks.stats import ProtocolStats
 
 
 class CKKSRegistry(LabelRegistry):

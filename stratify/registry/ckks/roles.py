@@ -9,17 +9,14 @@ reaches the server as bytes and is rejected with the name of the client that sen
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import tenseal as ts
 
 from stratify.errors import RegistryError
 from stratify.registry.ckks.encoding import INTEGER_TOLERANCE, LABEL_HASH_RANGE, CKKSParameters
-
-if TYPE_CHECKING:
-    # only annotated here; protocols imports this module, so a runtime import would cycle
-    from stratify.registry.ckks.protocols import ProtocolStats
+from stratify.registry.ckks.stats import ProtocolStats
 
 
 class KeyHolder:
