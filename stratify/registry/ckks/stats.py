@@ -17,6 +17,9 @@ class ProtocolStats:
     ----------
     encryptions, decryptions, subtractions, additions : int
         Homomorphic work done by the key holder (first two) and the server.
+    multiplications, maskings : int
+        Blinded protocols: plaintext multiplications blinding a comparison, plaintext
+        additions masking counts (both by the server).
     bytes_to_server, bytes_to_key_holder : int
         Serialized ciphertext bytes sent each way.
     max_decryption_error : float
@@ -29,6 +32,8 @@ class ProtocolStats:
     decryptions: int = 0
     subtractions: int = 0
     additions: int = 0
+    multiplications: int = 0
+    maskings: int = 0
     bytes_to_server: int = 0
     bytes_to_key_holder: int = 0
     max_decryption_error: float = 0.0
