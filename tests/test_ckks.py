@@ -142,7 +142,7 @@ def test_blinded_comparison_is_exact_at_the_worst_case_with_noise_to_spare(blind
     np.testing.assert_array_equal(key_holder.decrypt(blinded.serialize(), "c", 0, stats), expected)
     np.testing.assert_array_equal(expected == 0, left == right)  # zero exactly on matches
     # the noise left after blinding still allows a further multiplication by 2^20
-    # (measured: 2^25 passes, 2^26 does not): decryption is exact with a wide margin
+    # (measured here: 2^22 passes, 2^24 does not): decryption is exact with a wide margin
     scaled = blinded * ([2**20] * (slots + CHECK_SLOTS))
     np.testing.assert_array_equal(
         key_holder.decrypt(scaled.serialize(), "c", 0, stats), np.mod(expected * 2**20, T)

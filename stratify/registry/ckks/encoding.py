@@ -6,8 +6,10 @@ server never sees.
 The blinded protocols use BFV on the same ring and moduli (:class:`BFVParameters`): their
 arithmetic is exact modulo a prime ``t``, which is what lets a random factor hide a
 difference completely (docs/architecture.md, "Privacy"). After the server's one
-plaintext multiplication a ciphertext still decrypts exactly with ~25 bits of noise
-budget to spare (measured: it survives a further multiplication by 2^25, not by 2^26).
+plaintext multiplication a ciphertext still decrypts exactly with ~22 bits of noise
+budget to spare at the worst case (measured: every slot compared, codes at the top of
+the range, U summed from 64 ciphertexts; it survives a further multiplication by 2^22,
+not always by 2^23).
 
 Precision (measured with the default parameters: ring degree 8192, moduli 60/40/60 bits,
 scale 2^40): decrypting a difference of two label codes below ``2^30`` is off by at most

@@ -161,7 +161,9 @@ class KeyHolderRole(ABC):
             the message starts with ``sender``.
         """
 
-    def _load(self, blob: bytes, sender: str, load: Callable[[ts.Context, bytes], Vector]):
+    def _load(
+        self, blob: bytes, sender: str, load: Callable[[ts.Context, bytes], Vector]
+    ) -> Vector:
         try:
             return load(self._context, blob)
         except Exception as error:  # TenSEAL raises ValueError/RuntimeError on bad bytes
