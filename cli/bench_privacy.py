@@ -1,9 +1,10 @@
-"""`stratify bench-privacy`: the CKKS registry's cost over classes x clients (paper Table IV).
+"""`stratify bench-privacy`: the secure registry's cost over classes x clients (paper Table IV).
 
-Each cell builds clients holding random label subsets, registers them with the naive
-and/or packed protocol, times unique discovery, mapping and aggregation separately (all
-in one process, so client and server work both count; key generation is reported apart
-as ``setup_s``), and checks every result against the plain registry.
+Each cell builds clients holding random label subsets, registers them with each protocol
+asked for (naive, packed and their blinded variants), times unique discovery, mapping
+and aggregation separately (all in one process, so client and server work both count;
+key generation is reported apart as ``setup_s``), and checks every result against the
+plain registry.
 """
 
 from __future__ import annotations
@@ -20,14 +21,38 @@ from rich.table import Table
 
 from stratify.cli.common import check_output_file, checked, write_output
 from stratify.errors import ConfigError, RegistryError
-from stratify.registry.ckks import PROTOCOLS, CKKSRegistry, same_result
+from stratify.registry.base import PROTOCOLS
+from stratify.registry.ckks import CKKSRegistry, same_result
 from stratify.registry.ckks.encoding import CKKSParameters
 from stratify.registry.plain import PlainRegistry
 from stratify.validation import check_positive_int, check_seed
 
 PHASES = ("unique_s", "mapping_s", "aggregation_s")
-#: unique labels one packed ciphertext can compare: its slots at the ring degree used
+#: unique labels one packed CKKS ciphertext can compare: its slots at the ring degree used
 MAX_CLASSES = CKKSParameters().slots
+#: names ``--protocol`` takes for several protocols at once
+PROTOCOL_GROUPS = {"both": ("naive", "packed"), "all": PROTOCOLS}
+
+
+def parse_protocols(text: str) -> list[str]:
+    """``"packed,packed-blind"`` -> those protocols, in :data:`PROTOCOLS` order; ``both``
+    is naive and packed, ``all`` the four. Anything else is a one-line :class:`ConfigError`.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated protocol names or group names.
+    """
+    chosen: set[str] = set()
+    for part in (part.strip() for part in text.split(",")):
+        if part in PROTOCOL_GROUPS:
+            chosen.update(PROTOCOL_GROUPS[part])
+        elif part in PROTOCOLS:
+            chosen.add(part)
+        else:
+            names = ", ".join([*PROTOCOLS, *PROTOCOL_GROUPS])
+            raise ConfigError(f"--protocol takes comma-separated names of {names}; got {text!r}")
+    return [protocol for protocol in PROTOCOLS if protocol in chosen]
 
 
 def parse_positive_ints(text: str, flag: str) -> list[int]:
@@ -80,8 +105,8 @@ def time_cell(classes: int, clients: int, protocol: str, repeat: int, seed: int)
     ----------
     classes, clients : int
         The cell of the grid.
-    protocol : {"naive", "packed"}
-        CKKS protocol.
+    protocol : str
+        One of :data:`~stratify.registry.base.PROTOCOLS`.
     repeat : int
         Registrations timed; the reported phase times are their medians.
     seed : int
@@ -109,6 +134,8 @@ def time_cell(classes: int, clients: int, protocol: str, repeat: int, seed: int)
         labels=sum(map(len, client_labels)),
         unique_labels=expected.num_placeholders,
         subtractions=stats.subtractions,
+        multiplications=stats.multiplications,
+        maskings=stats.maskings,
         encryptions=stats.encryptions,
         decryptions=stats.decryptions,
         bytes_to_server=stats.bytes_to_server,
@@ -134,17 +161,21 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def add_speedups(rows: list[dict]) -> None:
-    """Packed rows get ``speedup``: naive total / packed total of the same cell."""
-    naive_total = {
-        (row["classes"], row["clients"]): row["total_s"]
-        for row in rows
-        if row["protocol"] == "naive"
-    }
+def add_ratios(rows: list[dict]) -> None:
+    """Packed rows get ``speedup``: the naive total of the same cell and blinding over
+    theirs (naive / packed, naive-blind / packed-blind). Blinded rows get ``blind_cost``:
+    their total over the unblinded protocol's of the same cell (packed-blind / packed)."""
+    totals = {(row["classes"], row["clients"], row["protocol"]): row["total_s"] for row in rows}
     for row in rows:
         cell = (row["classes"], row["clients"])
-        if row["protocol"] == "packed" and cell in naive_total and row["total_s"] > 0:
-            row["speedup"] = naive_total[cell] / row["total_s"]
+        protocol = row["protocol"]
+        blind = "-blind" if protocol.endswith("-blind") else ""
+        naive_total = totals.get((*cell, f"naive{blind}"))
+        if protocol.startswith("packed") and naive_total is not None and row["total_s"] > 0:
+            row["speedup"] = naive_total / row["total_s"]
+        unblinded_total = totals.get((*cell, protocol.removesuffix("-blind")))
+        if blind and unblinded_total:
+            row["blind_cost"] = row["total_s"] / unblinded_total
 
 
 def format_speedup(speedup: float | None) -> str:
@@ -153,9 +184,13 @@ def format_speedup(speedup: float | None) -> str:
     return f"{speedup:.1f}x" if speedup < 10 else f"{speedup:.0f}x"
 
 
+def format_ratio(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}x"
+
+
 def results_table(rows: list[dict]) -> Table:
     table = Table(
-        title="CKKS registry: seconds per phase (client + server work)", box=box.SIMPLE_HEAD
+        title="Secure registry: seconds per phase (client + server work)", box=box.SIMPLE_HEAD
     )
     for column in (
         "classes",
@@ -167,6 +202,7 @@ def results_table(rows: list[dict]) -> Table:
         "total",
         "verified",
         "speed-up",
+        "vs unblinded",
     ):
         table.add_column(column, justify="left" if column == "protocol" else "right", no_wrap=True)
     for row in rows:
@@ -177,6 +213,7 @@ def results_table(rows: list[dict]) -> Table:
             *(f"{row[key]:.3f}" for key in (*PHASES, "total_s")),
             "yes" if row["verified"] else "[red]NO[/red]",
             format_speedup(row.get("speedup")),
+            format_ratio(row.get("blind_cost")),
         )
     return table
 
@@ -223,10 +260,11 @@ def table_iv(rows: list[dict], protocol: str) -> Table:
 )
 @click.option(
     "--protocol",
-    type=click.Choice([*PROTOCOLS, "both"]),
-    default="both",
+    "protocol_text",
+    default="all",
     show_default=True,
-    help="CKKS protocol(s) to time.",
+    help="Comma-separated protocols to time: naive, packed, naive-blind, packed-blind; "
+    "both (naive and packed) or all.",
 )
 @click.option(
     "--repeat",
@@ -254,24 +292,24 @@ def table_iv(rows: list[dict], protocol: str) -> Table:
 def bench_privacy(
     classes_text: str,
     clients_text: str,
-    protocol: str,
+    protocol_text: str,
     repeat: int,
     seed: int,
     json_path: str | None,
 ) -> None:
-    """Time the CKKS registry (naive vs packed) over classes x clients, verified against plain."""
+    """Time the secure registry's protocols over classes x clients, verified against plain."""
     class_counts = parse_positive_ints(classes_text, "--classes")
     client_counts = parse_positive_ints(clients_text, "--clients")
+    protocols = parse_protocols(protocol_text)
     if max(class_counts) > MAX_CLASSES:
         raise ConfigError(
-            f"--classes takes at most {MAX_CLASSES} (the slots of one ciphertext, the packed "
+            f"--classes takes at most {MAX_CLASSES} (the slots of one CKKS ciphertext, the packed "
             f"protocol's limit on unique labels), got {max(class_counts)}"
         )
-    protocols = list(PROTOCOLS) if protocol == "both" else [protocol]
     jobs = [(c, k, p) for c in class_counts for k in client_counts for p in protocols]
 
-    # the results table needs ~90 columns; rich assumes 80 when writing to a pipe or file
-    console = Console() if console_is_terminal() else Console(width=100)
+    # the results table needs ~110 columns; rich assumes 80 when writing to a pipe or file
+    console = Console() if console_is_terminal() else Console(width=120)
     rows = []
     columns = (
         TextColumn("{task.description}"),
@@ -285,7 +323,7 @@ def bench_privacy(
             progress.update(task, description=f"{classes} classes x {clients} clients · {name}")
             rows.append(time_cell(classes, clients, name, repeat, seed))
             progress.advance(task)
-    add_speedups(rows)
+    add_ratios(rows)
 
     if json_path:
         write_output(json_path, json.dumps(rows, indent=2) + "\n")
@@ -295,4 +333,6 @@ def bench_privacy(
 
     failed = [f"{r['classes']}x{r['clients']} {r['protocol']}" for r in rows if not r["verified"]]
     if failed:
-        raise RegistryError(f"CKKS result differs from the plain registry in: {', '.join(failed)}")
+        raise RegistryError(
+            f"Secure registry result differs from the plain registry in: {', '.join(failed)}"
+        )

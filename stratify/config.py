@@ -16,6 +16,7 @@ from stratify.backend import DEVICES
 from stratify.method import LR_SCHEDULES
 from stratify.nn.models import MODELS, NORMS, check_model_norm
 from stratify.options import MODES, RunSettings, option
+from stratify.registry import PROTOCOLS
 from stratify.validation import (
     check_positive,
     check_positive_int,
@@ -28,9 +29,9 @@ from stratify.validation import (
 # its initial plateau for a whole epoch at 0.01 (5 epochs: 0.91 at 0.01, 0.97 at 0.05)
 DEFAULT_LR = {"digits": 0.05}
 FALLBACK_LR = 0.01
-PROTOCOLS = ("packed", "naive")
-# options that may change between a run and its resumption
-RESUMABLE_CHANGES = ("epochs", "device", "out")
+# options that may change between a run and its resumption (every registry protocol gives
+# the same placeholders and counts, so the protocol is one of them)
+RESUMABLE_CHANGES = ("epochs", "device", "out", "protocol")
 
 
 @dataclass
@@ -112,8 +113,8 @@ class TrainConfig(RunSettings):
         check=check_share,
     )
     device: str = option("auto", "Where tensors live.", choices=DEVICES)
-    secure: bool = option(True, "CKKS placeholder registry, or the plain one.")
-    protocol: str = option("packed", "CKKS protocol of the secure registry.", choices=PROTOCOLS)
+    secure: bool = option(True, "Encrypted placeholder registry, or the plain one.")
+    protocol: str = option("packed-blind", "Protocol of the secure registry.", choices=PROTOCOLS)
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     out: str | None = None

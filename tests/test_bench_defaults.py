@@ -71,11 +71,12 @@ def test_option_default_reads_the_declared_default_and_the_mode_s_one():
 
 
 def test_bench_privacy_offers_the_registry_s_protocols():
-    from stratify.registry.ckks import PROTOCOLS
+    from stratify.cli.bench_privacy import parse_protocols
+    from stratify.registry.base import PROTOCOLS
 
-    protocol = next(p for p in bench_privacy.params if p.name == "protocol")
-    assert isinstance(protocol.type, click.Choice)
-    assert list(protocol.type.choices) == [*PROTOCOLS, "both"]
+    protocol = next(p for p in bench_privacy.params if p.name == "protocol_text")
+    assert protocol.default == "all"
+    assert parse_protocols("all") == list(PROTOCOLS)
 
 
 def test_batch_bench_without_lr_trains_at_the_library_s_rate_for_the_dataset(tmp_path, capsys):

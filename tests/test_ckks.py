@@ -1,4 +1,5 @@
-"""CKKS registry: roles, precision, identity with the plain registry, placeholders, bad input.
+"""Encrypted registry: roles, precision, identity with the plain registry for every
+protocol, placeholders, bad input (tests/test_privacy.py: what each role learns).
 
 Naive comparisons cost ~2 ms each, so inputs stay small; `stratify bench-privacy` times
 the full grid.
@@ -9,12 +10,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import stratify.registry.ckks.protocols as protocols_module
 import stratify.registry.ckks.roles as roles_module
 from stratify.errors import RegistryError
-from stratify.registry.base import assign_placeholders
+from stratify.registry.base import PROTOCOLS, assign_placeholders
 from stratify.registry.ckks import (
+    BLIND_PLAIN_MODULUS,
+    CHECK_SLOTS,
     LABEL_HASH_RANGE,
     MATCH_THRESHOLD,
+    BFVParameters,
+    BlindKeyHolder,
+    BlindServer,
     CKKSParameters,
     CKKSRegistry,
     KeyedLabelHash,
@@ -26,14 +33,21 @@ from stratify.registry.ckks import (
 )
 from stratify.registry.plain import PlainRegistry
 
-PROTOCOLS = ("naive", "packed")
 TOP = LABEL_HASH_RANGE - 1
+T = BLIND_PLAIN_MODULUS
 
 
 @pytest.fixture(scope="module")
 def roles() -> tuple[KeyHolder, Server]:
     key_holder = KeyHolder(CKKSParameters(), KeyedLabelHash(b"test key"))
     return key_holder, Server(key_holder.public_context())
+
+
+@pytest.fixture(scope="module")
+def blind_roles() -> tuple[BlindKeyHolder, BlindServer]:
+    key_holder = BlindKeyHolder(BFVParameters(), KeyedLabelHash(b"test key"))
+    rng = np.random.default_rng(0)
+    return key_holder, BlindServer(key_holder.public_context(), T, rng)
 
 
 def random_clients(
@@ -72,6 +86,77 @@ def test_server_context_has_no_secret_key_and_cannot_decrypt(roles):
     # the key holder decrypts what the server computed, sent to it as bytes
     difference = server.subtract(seven, three, stats)
     assert key_holder.decrypt(difference, "client 0", 10, stats)[0] == pytest.approx(4, abs=1e-4)
+
+
+def test_blind_server_cannot_decrypt_and_sends_only_blinded_comparisons(blind_roles):
+    key_holder, server = blind_roles
+    assert not server.context.has_secret_key() and not server.context.is_private()
+    stats = ProtocolStats()
+    left = server.receive(key_holder.encrypt(np.array([7, 5, 9]), stats), "client 0", 3)
+    right = server.receive(key_holder.encrypt(np.array([3, 5, 2]), stats), "client 1", 3)
+    assert left.size() == 3 + CHECK_SLOTS  # the key holder appended the check slots
+    with pytest.raises(ValueError, match="secret"):
+        (left - right).decrypt()
+    # slots 0 and 1 compared: 7 - 3 blinded to a random non-zero residue, 5 - 5 stays 0;
+    # slot 2 (not compared) is zeroed, though 9 - 2 differs
+    firsts = set()
+    for _ in range(20):
+        values = key_holder.decrypt(
+            server.compare(left, right, np.array([0, 1]), stats), "c", 0, stats
+        )
+        assert values.shape == (3,) and values[1] == 0 and values[2] == 0
+        assert 0 < values[0] < T
+        firsts.add(int(values[0]))
+    assert len(firsts) == 20  # a fresh factor each time
+    # counts: the key holder sees count + mask mod t, the server unmasks
+    blob, masks = server.reveal(left, np.array([0, 2]), stats)
+    masked = key_holder.decrypt(blob, "c", 0, stats)
+    assert masked[1] == 5  # not a count slot: left as it is
+    np.testing.assert_array_equal(server.unmask(masked, np.array([0, 2]), masks), [7, 9])
+    assert stats.multiplications == 20 and stats.maskings == 1
+
+
+def test_blinded_comparison_is_exact_at_the_worst_case_with_noise_to_spare(blind_roles):
+    # Every data slot compared, codes at the top of the range, neighbours one apart, U the
+    # sum of 64 ciphertexts (a tile that 64 clients added to), factors over all of [1, t).
+    key_holder, server = blind_roles
+    stats = ProtocolStats()
+    slots = key_holder.data_slots
+    rng = np.random.default_rng(1)
+    left = rng.integers(0, LABEL_HASH_RANGE, slots)
+    left[:64] = TOP
+    right = left.copy()
+    right[::3] -= 1
+    right[1::3] = rng.integers(0, LABEL_HASH_RANGE, len(right[1::3]))
+    tile = None
+    for share in np.array_split(np.arange(slots), 64):
+        part = np.zeros(slots, dtype=np.int64)
+        part[share] = right[share]
+        vector = server.receive(key_holder.encrypt(part, stats), "client", slots)
+        tile = server.add(tile, vector, stats)
+    labels = server.receive(key_holder.encrypt(left, stats), "client", slots)
+    difference = server.difference(labels, tile, stats)
+    factors = rng.integers(1, T, slots + CHECK_SLOTS)
+    blinded = difference * factors.tolist()
+    expected = np.mod((left - right) * factors[:slots], T)
+    np.testing.assert_array_equal(key_holder.decrypt(blinded.serialize(), "c", 0, stats), expected)
+    np.testing.assert_array_equal(expected == 0, left == right)  # zero exactly on matches
+    # the noise left after blinding still allows a further multiplication by 2^20
+    # (measured here: 2^22 passes, 2^24 does not): decryption is exact with a wide margin
+    scaled = blinded * ([2**20] * (slots + CHECK_SLOTS))
+    np.testing.assert_array_equal(
+        key_holder.decrypt(scaled.serialize(), "c", 0, stats), np.mod(expected * 2**20, T)
+    )
+    # the server's own blinding of the same difference: the same zero pattern
+    values = key_holder.decrypt(
+        server.compare(labels, tile, np.arange(slots), stats), "c", 0, stats
+    )
+    np.testing.assert_array_equal(values == 0, left == right)
+
+
+def test_bfv_parameters_refuse_a_plain_modulus_below_the_codes():
+    with pytest.raises(RegistryError, match="must exceed 1073741824"):
+        BFVParameters(plain_modulus=65537)
 
 
 def test_server_rejects_a_private_or_unreadable_context(roles):
@@ -146,7 +231,7 @@ LABEL_SETS = {
 
 @pytest.mark.parametrize("kind", sorted(LABEL_SETS))
 @pytest.mark.parametrize("num_classes", [None, "exact"])
-def test_naive_packed_and_plain_give_identical_results(kind, num_classes):
+def test_every_protocol_and_plain_give_identical_results(kind, num_classes):
     rng = np.random.default_rng([3, len(kind), num_classes is None])
     labels = LABEL_SETS[kind]
     clients = random_clients(rng, labels, num_clients=5)
@@ -230,22 +315,41 @@ def test_timings_and_stats_are_recorded(monkeypatch):
         assert set(registry.timings) == {"setup_s", "unique_s", "mapping_s", "aggregation_s"}
         assert all(value >= 0 for value in registry.timings.values())
         assert registry.stats.bytes_to_server > 0 and registry.stats.bytes_to_key_holder > 0
-        assert registry.stats.block_size == (3 if protocol == "packed" else 0)
+        assert registry.stats.block_size == (3 if registry.layout == "packed" else 0)
+        # the blinded protocols blind every comparison and mask every total they decrypt
+        comparisons = registry.stats.subtractions
+        assert registry.stats.multiplications == (comparisons if registry.blinded else 0)
+        totals = 1 if registry.layout == "packed" else 3  # naive: one per placeholder
+        assert registry.stats.maskings == (totals if registry.blinded else 0)
         roles = registry.roles()
         registry.register(clients, num_classes=3)
         # one key generation per registry: the second registration reuses the roles
         assert len(created) == 1 and registry.roles() is roles
 
 
-def test_packed_vectors_hold_many_labels_per_subtraction():
+@pytest.mark.parametrize("protocol", ["packed", "packed-blind"])
+def test_packed_vectors_hold_many_labels_per_subtraction(protocol):
     labels = list(range(40))
     clients = [{label: 1 for label in labels}, {label: 2 for label in reversed(labels)}]
-    registry = CKKSRegistry(seed=0, protocol="packed")
+    registry = CKKSRegistry(seed=0, protocol=protocol)
     assert_identical(registry.register(clients, num_classes=40), PlainRegistry(0).register(clients))
-    # 40 labels fit one vector of 4096 slots in blocks of 40. Client 0 adds its labels
-    # unseen, which fills U, so discovery ends; mapping is one subtraction per client.
+    # 40 labels fit one vector (4096 CKKS slots, 8190 BFV data slots) in blocks of 40.
+    # Client 0 adds its labels unseen, which fills U, so discovery ends; mapping is one
+    # subtraction per client.
     assert registry.stats.subtractions == 2
     assert registry.stats.decryptions == 3  # two comparisons and the aggregate
+
+
+def test_blinded_packing_holds_twice_the_labels_of_ckks():
+    # BFV has a slot per ring coefficient (8192, two kept for checks), CKKS half as many
+    labels = list(range(100))
+    clients = [{label: 1 for label in labels}]
+    vectors = {}
+    for protocol in ("packed", "packed-blind"):
+        registry = CKKSRegistry(seed=0, protocol=protocol)
+        registry.register(clients, num_classes=100)
+        vectors[protocol] = registry.stats.subtractions  # mapping: one per label vector
+    assert vectors == {"packed": 3, "packed-blind": 2}  # ceil(100 / 40), ceil(100 / 81)
 
 
 # -- placeholders reveal nothing of the labels -----------------------------------------
@@ -384,24 +488,124 @@ def test_flipped_ciphertext_bytes_name_the_client(registered, monkeypatch):
     fails_cleanly(registered, GOOD, "client 1: ")
 
 
+def foreign_key_holder(registry: CKKSRegistry):
+    """A key holder of the registry's scheme and parameters, with another secret key."""
+    if registry.blinded:
+        return BlindKeyHolder(BFVParameters(), KeyedLabelHash(b"someone else"))
+    return KeyHolder(CKKSParameters(), KeyedLabelHash(b"someone else"))
+
+
+#: what the key holder says of a result that a foreign or tampered ciphertext went into
+FOREIGN = {
+    False: "a decrypted value has magnitude .* another key",
+    True: "the check slots of a result did not decrypt to zero; a ciphertext was tampered "
+    "with or encrypted under another key",
+}
+
+
 def test_ciphertext_under_another_key_names_the_client(registered, monkeypatch):
-    foreign = KeyHolder(CKKSParameters(), KeyedLabelHash(b"someone else"))
+    foreign = foreign_key_holder(registered)
     tamper_client(
         monkeypatch,
         registered,
         1,
         lambda blob, size: foreign.encrypt(np.zeros(size), ProtocolStats()),
     )
-    fails_cleanly(registered, GOOD, "client 1: a decrypted value has magnitude .* another key")
+    fails_cleanly(registered, GOOD, f"client 1: {FOREIGN[registered.blinded]}")
 
 
 def test_server_with_a_foreign_context_rejects_the_clients_ciphertexts(registered):
     key_holder, _ = registered.roles()
-    small = KeyHolder(CKKSParameters(4096, (40, 20, 40), 20), KeyedLabelHash(b"x"))
-    registered._roles = (key_holder, Server(small.public_context()))
+    if registered.blinded:
+        small = BlindKeyHolder(BFVParameters(4096, (40, 20, 40)), KeyedLabelHash(b"x"))
+        server = BlindServer(small.public_context(), T)
+    else:
+        small = KeyHolder(CKKSParameters(4096, (40, 20, 40), 20), KeyedLabelHash(b"x"))
+        server = Server(small.public_context())
+    registered._roles = (key_holder, server)
     fails_cleanly(registered, GOOD, "client 0: ciphertext rejected by the server")
 
 
+BLINDED = [protocol for protocol in PROTOCOLS if protocol.endswith("-blind")]
+
+
+def aggregation_starts(monkeypatch) -> dict[str, bool]:
+    """``{"counts": True}`` once a run starts aggregating counts."""
+    phase = {"counts": False}
+    for run_class in (protocols_module._NaiveRun, protocols_module._PackedRun):
+
+        def aggregate(self, *args, original=run_class.aggregate):
+            phase["counts"] = True
+            return original(self, *args)
+
+        monkeypatch.setattr(run_class, "aggregate", aggregate)
+    return phase
+
+
+@pytest.mark.parametrize("protocol", BLINDED)
+def test_a_foreign_unique_label_is_traced_to_the_client_that_added_it(protocol, monkeypatch):
+    # Client 0's labels become the unique list; every comparison after that is computed
+    # from its ciphertexts and fails, but the error names client 0, not client 1.
+    registry = CKKSRegistry(seed=0, protocol=protocol)
+    registry.register(GOOD)
+    foreign = foreign_key_holder(registry)
+    tamper_client(
+        monkeypatch,
+        registry,
+        0,
+        lambda blob, size: foreign.encrypt(np.zeros(size), ProtocolStats()),
+    )
+    message = fails_cleanly(registry, GOOD, f"^client 0: {FOREIGN[True]}$")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("protocol", BLINDED)
+@pytest.mark.parametrize("client", [0, 1])
+def test_a_foreign_count_is_traced_to_its_client(protocol, client, monkeypatch):
+    registry = CKKSRegistry(seed=0, protocol=protocol)
+    registry.register(GOOD)
+    foreign = foreign_key_holder(registry)
+    phase = aggregation_starts(monkeypatch)
+    server = registry.roles()[1]
+    receive = server.receive
+
+    def receive_tampered(blob: bytes, sender: str, size: int):
+        if phase["counts"] and sender == f"client {client}":
+            blob = foreign.encrypt(np.zeros(size), ProtocolStats())
+        return receive(blob, sender, size)
+
+    monkeypatch.setattr(server, "receive", receive_tampered)
+    fails_cleanly(registry, GOOD, f"^client {client}: {FOREIGN[True]}$")
+
+
+@pytest.mark.parametrize("protocol", BLINDED)
+def test_a_tampered_ciphertext_in_an_incremental_registration_names_the_client(
+    protocol, monkeypatch
+):
+    registry = CKKSRegistry(seed=0, protocol=protocol)
+    registry.add_label(0, "a", 2)
+    registry.add_label(1, "b", 1)
+    before = registry.result
+    foreign = foreign_key_holder(registry)
+    tamper_client(
+        monkeypatch,
+        registry,
+        2,
+        lambda blob, size: foreign.encrypt(np.zeros(size), ProtocolStats()),
+    )
+    with pytest.raises(RegistryError, match=f"^client 2: {FOREIGN[True]}$"):
+        registry.add_label(2, "a", 5)
+    assert registry.result is before
+    monkeypatch.undo()
+    assert registry.add_label(2, "a", 5) == before.client_maps[0]["a"]  # still works after
+    plain = PlainRegistry(seed=0)
+    for arrival in [(0, "a", 2), (1, "b", 1), (2, "a", 5)]:
+        plain.add_label(*arrival)
+    assert_identical(registry.result, plain.result)
+
+
 def test_unknown_protocol():
-    with pytest.raises(RegistryError, match="protocol 'fast'; use one of naive, packed"):
+    with pytest.raises(
+        RegistryError, match="protocol 'fast'; use one of naive, packed, naive-blind, packed-blind"
+    ):
         CKKSRegistry(protocol="fast")

@@ -29,12 +29,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Cycles other branches are cutting right now (issue 28). THE LEAD DELETES THIS
-#: ALLOWANCE after merging them: from then on these pairs fail like any other cycle.
-KNOWN_CYCLES_BEING_CUT = (
-    frozenset({"stratify.registry.ckks.protocols", "stratify.registry.ckks.roles"}),
-)
-
 
 def package_folders(root: Path = ROOT) -> dict[str, Path]:
     """Package name -> its folder, from setup.cfg's ``packages`` and ``package_dir``."""
@@ -155,22 +149,12 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def without(graph: dict[str, set[str]], pairs) -> dict[str, set[str]]:
-    """``graph`` without the edges between the modules of each pair, both ways."""
-    trimmed = {module: set(edges) for module, edges in graph.items()}
-    for pair in pairs:
-        first, second = sorted(pair)
-        trimmed.get(first, set()).discard(second)
-        trimmed.get(second, set()).discard(first)
-    return trimmed
-
-
 def test_no_module_of_stratify_is_part_of_an_import_cycle():
     graph = import_graph()
     # the walk sees the whole package, the installed folders included
     assert {"stratify.config", "stratify.baselines.fedavg", "stratify.cli.main"} <= set(graph)
     assert "stratify.options" in graph["stratify.config"]
-    found = cycles(without(graph, KNOWN_CYCLES_BEING_CUT))
+    found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
 
 
@@ -202,12 +186,3 @@ def test_the_walk_finds_a_cycle_and_ignores_imports_inside_functions(tmp_path):
     assert graph["pkg.extra.d"] == {"pkg.a", "pkg.b"}  # extra/ installs as pkg.extra
     found = sorted(cycles(graph), key=len)
     assert found == [{"pkg.e", "pkg.f"}, {"pkg.a", "pkg.b", "pkg.c"}]
-    allowed = [frozenset({"pkg.a", "pkg.b"}), frozenset({"pkg.e", "pkg.f"})]
-    assert cycles(without(graph, allowed)) == []
-
-
-def test_the_known_cycles_being_cut_are_real_pairs_of_modules():
-    # the allowance names modules that exist (a typo would silently allow nothing)
-    graph = import_graph()
-    for pair in KNOWN_CYCLES_BEING_CUT:
-        assert len(pair) == 2 and pair <= set(graph), pair

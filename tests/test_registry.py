@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from stratify.errors import RegistryError, StratifyError
-from stratify.registry import LabelRegistry, PlainRegistry, RegistryResult, make_registry
+from stratify.registry import (
+    PROTOCOLS,
+    LabelRegistry,
+    PlainRegistry,
+    RegistryResult,
+    make_registry,
+)
 from stratify.registry.base import assign_placeholders
 from stratify.registry.ckks import CKKSRegistry, same_result
 
@@ -33,35 +39,37 @@ def dirichlet_clients(num_clients: int, num_classes: int, alpha: float, seed: in
 
 
 def all_registries(seed: int) -> list[LabelRegistry]:
+    """The plain registry, then one secure registry per protocol."""
     return [
         make_registry(False, seed=seed),
-        make_registry(True, seed=seed, protocol="naive"),
-        make_registry(True, seed=seed, protocol="packed"),
+        *(make_registry(True, seed=seed, protocol=protocol) for protocol in PROTOCOLS),
     ]
 
 
 def test_make_registry_picks_the_implementation():
     plain = make_registry(False, seed=4)
     assert isinstance(plain, PlainRegistry) and plain.seed == 4
-    for protocol in ("naive", "packed"):
+    for protocol in PROTOCOLS:
         secure = make_registry(True, seed=4, protocol=protocol)
         assert isinstance(secure, CKKSRegistry)
         assert secure.seed == 4 and secure.protocol == protocol and secure.result is None
-    assert make_registry(True).protocol == "packed"
-    with pytest.raises(RegistryError, match="unknown CKKS protocol"):
+    assert make_registry(True).protocol == "packed-blind"
+    with pytest.raises(RegistryError, match="unknown registry protocol"):
         make_registry(True, protocol="fast")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_secure_and_plain_results_are_identical_on_a_dirichlet_federation(seed):
     clients = dirichlet_clients(num_clients=6, num_classes=10, alpha=0.5, seed=seed)
-    plain, naive, packed = (
+    plain, *secure = (
         registry.register(clients, num_classes=10) for registry in all_registries(seed)
     )
-    assert same_result(plain, naive) and same_result(plain, packed)
-    assert [list(m.items()) for m in plain.client_maps] == [
-        list(m.items()) for m in packed.client_maps
-    ]
+    assert len(secure) == len(PROTOCOLS) == 4
+    for result in secure:
+        assert same_result(plain, result)
+        assert [list(m.items()) for m in plain.client_maps] == [
+            list(m.items()) for m in result.client_maps
+        ]
 
 
 def test_every_registry_keeps_the_interface_contract():
@@ -96,7 +104,7 @@ def test_placeholders_are_a_seeded_permutation():
     assert not np.array_equal(first, other)
 
 
-@pytest.mark.parametrize("registry_index", [0, 1, 2])
+@pytest.mark.parametrize("registry_index", range(1 + len(PROTOCOLS)))
 @pytest.mark.parametrize(
     ("clients", "message"),
     [

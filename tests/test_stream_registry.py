@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stratify.errors import RegistryError
-from stratify.registry import LabelRegistry, PlainRegistry, make_registry
+from stratify.registry import PROTOCOLS, LabelRegistry, PlainRegistry, make_registry
 from stratify.registry.ckks import CKKSRegistry, same_result
 
 # (client, label, count): client 1 joins with a label client 0 already holds, client 2
@@ -17,10 +17,10 @@ ARRIVALS = [(0, 3, 1), (0, "cat", 2), (1, 3, 5), (1, 7, 1), (2, "dog", 4), (0, 7
 
 
 def registries(**kwargs) -> list[LabelRegistry]:
+    """The plain registry, then a secure one per protocol."""
     return [
         PlainRegistry(seed=5),
-        CKKSRegistry(seed=5, protocol="naive", **kwargs),
-        CKKSRegistry(seed=5, protocol="packed", **kwargs),
+        *(CKKSRegistry(seed=5, protocol=protocol, **kwargs) for protocol in PROTOCOLS),
     ]
 
 
@@ -35,16 +35,16 @@ def test_labels_added_one_by_one_get_placeholders_in_discovery_order_and_exact_c
         assert result.global_counts.dtype == np.int64
 
 
-def test_ckks_incremental_registration_equals_plain():
-    plain, naive, packed = registries()
+def test_secure_incremental_registration_equals_plain():
+    plain, *secure = registries()
     for arrival in ARRIVALS:
-        for registry in (plain, naive, packed):
+        for registry in (plain, *secure):
             registry.add_label(*arrival)
-        assert same_result(plain.result, naive.result)
-        assert same_result(plain.result, packed.result)
+        for registry in secure:
+            assert same_result(plain.result, registry.result)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", range(1 + len(PROTOCOLS)))
 def test_after_a_full_registration_old_placeholders_stay_and_a_new_label_gets_the_next(index):
     initial = [{0: 4, 1: 2}, {1: 3, 2: 1}]
     registry = registries()[index]
@@ -68,8 +68,9 @@ def test_after_a_full_registration_old_placeholders_stay_and_a_new_label_gets_th
     assert same_result(after, plain.result)
 
 
-def test_packed_blocks_widen_when_more_labels_arrive_than_they_hold():
-    plain, packed = PlainRegistry(seed=1), CKKSRegistry(seed=1, protocol="packed")
+@pytest.mark.parametrize("protocol", ["packed", "packed-blind"])
+def test_packed_blocks_widen_when_more_labels_arrive_than_they_hold(protocol):
+    plain, packed = PlainRegistry(seed=1), CKKSRegistry(seed=1, protocol=protocol)
     for label in range(20):  # the packed registration starts with blocks of 16 slots
         client = label % 3
         plain.add_label(client, label, label + 1)
@@ -90,7 +91,7 @@ def test_register_after_incremental_labels_starts_afresh():
         assert registry.add_label(0, "x") == 1
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", range(1 + len(PROTOCOLS)))
 @pytest.mark.parametrize(
     ("arrival", "message"),
     [
@@ -112,7 +113,7 @@ def test_refused_registrations_leave_the_registry_unchanged(index, arrival, mess
     assert registry.result is before
 
 
-@pytest.mark.parametrize("protocol", ["naive", "packed"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_ckks_bound_collision_and_label_type_are_refused_without_a_trace(protocol):
     bounded = CKKSRegistry(seed=0, protocol=protocol, max_unique=2)
     bounded.add_label(0, "a")

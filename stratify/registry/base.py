@@ -21,6 +21,11 @@ import numpy as np
 
 from stratify.errors import RegistryError
 
+#: The secure registry's protocols (docs/architecture.md, "Privacy"): the paper's ``naive``
+#: and the ``packed`` SIMD layout (CKKS), and each with the server blinding comparisons and
+#: masking counts (BFV), so the key holder learns only which labels match.
+PROTOCOLS = ("naive", "packed", "naive-blind", "packed-blind")
+
 
 @dataclass(frozen=True)
 class RegistryResult:

@@ -1,7 +1,15 @@
-"""Label codes and CKKS parameters: what the clients encrypt, and how precisely.
+"""Label codes and encryption parameters: what the clients encrypt, and how precisely.
 
 Labels become integer codes with a keyed hash (HMAC-SHA256) the clients share and the
 server never sees.
+
+The blinded protocols use BFV on the same ring and moduli (:class:`BFVParameters`): their
+arithmetic is exact modulo a prime ``t``, which is what lets a random factor hide a
+difference completely (docs/architecture.md, "Privacy"). After the server's one
+plaintext multiplication a ciphertext still decrypts exactly with ~22 bits of noise
+budget to spare at the worst case (measured: every slot compared, codes at the top of
+the range, U summed from 64 ciphertexts; it survives a further multiplication by 2^22,
+not always by 2^23).
 
 Precision (measured with the default parameters: ring degree 8192, moduli 60/40/60 bits,
 scale 2^40): decrypting a difference of two label codes below ``2^30`` is off by at most
@@ -32,6 +40,14 @@ MATCH_THRESHOLD = 0.5
 INTEGER_TOLERANCE = 0.01
 #: Largest global count accepted; counts are decrypted exactly far beyond this.
 COUNT_LIMIT = 2**30
+#: BFV plaintext modulus of the blinded protocols: the smallest prime above 2^31 that is
+#: 1 mod 2 * 8192 (so vectors batch into slots). Above every code difference and count, so
+#: ``l - u`` is 0 mod t only for equal codes and counts come out exact.
+BLIND_PLAIN_MODULUS = 2_147_565_569
+#: Zero slots that end every blinded ciphertext. The server never masks them and multiplies
+#: them by non-zero factors, so they decrypt to 0 unless the ciphertext was tampered with
+#: or made under another key (then each is 0 with probability 1/t).
+CHECK_SLOTS = 2
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,39 @@ class CKKSParameters:
     @property
     def slots(self) -> int:
         return self.poly_modulus_degree // 2
+
+
+@dataclass(frozen=True)
+class BFVParameters:
+    """BFV parameters of the blinded protocols: the CKKS ring and moduli, exact arithmetic.
+
+    Parameters
+    ----------
+    poly_modulus_degree : int
+        Ring degree ``N``; a BFV ciphertext has ``N`` slots.
+    coeff_mod_bit_sizes : tuple of int
+        Bit sizes of the coefficient moduli (the CKKS chain: one plaintext multiplication
+        fits with room to spare).
+    plain_modulus : int
+        Prime ``t = 1 mod 2N``; values are residues mod ``t``. Must exceed every code and
+        count: a smaller ``t`` could make two different codes equal mod ``t``.
+    """
+
+    poly_modulus_degree: int = 8192
+    coeff_mod_bit_sizes: tuple[int, ...] = (60, 40, 60)
+    plain_modulus: int = BLIND_PLAIN_MODULUS
+
+    def __post_init__(self) -> None:
+        smallest = max(LABEL_HASH_RANGE, COUNT_LIMIT)
+        if self.plain_modulus <= smallest:
+            raise RegistryError(
+                f"BFV plain modulus {self.plain_modulus} must exceed {smallest}, the range of "
+                "label codes and counts"
+            )
+
+    @property
+    def slots(self) -> int:
+        return self.poly_modulus_degree
 
 
 def label_bytes(label: Hashable) -> bytes:

@@ -1,4 +1,4 @@
-"""The two registration protocols: the messages between key holder and server.
+"""The registration protocols' layouts: the messages between key holder and server.
 
 * ``naive`` (the paper): one ciphertext per label and per count, one subtraction per
   comparison, each difference decrypted on its own.
@@ -9,6 +9,13 @@
   client's counts sit at their placeholder slots of one ciphertext, so aggregation is one
   addition per client. No rotations are needed, hence no Galois keys.
 
+A run works with either pair of roles (:mod:`.roles`): CKKS for ``naive`` and ``packed``,
+BFV for ``naive-blind`` and ``packed-blind``, where the server blinds every comparison and
+masks every count before the key holder decrypts. The layouts and messages are the same.
+When a blinded result fails its check, the run finds which ciphertext was bad by having
+the server reveal each one it was computed from on its own (masked, so nothing leaks),
+and names that ciphertext's sender.
+
 A run outlives its registration: :meth:`_ProtocolRun.add_label` and
 :meth:`_ProtocolRun.add_count` register one more label of one client against the same
 ``U`` and the same encrypted count totals (the stream's incremental registration).
@@ -17,45 +24,21 @@ A run outlives its registration: :meth:`_ProtocolRun.add_label` and
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 import numpy as np
-import tenseal as ts
 
 from stratify.errors import RegistryError
 from stratify.registry.ckks.encoding import COUNT_LIMIT, MATCH_THRESHOLD
-from stratify.registry.ckks.roles import KeyHolder, Server
+from stratify.registry.ckks.roles import KeyHolderRole, ServerRole, Vector
+from stratify.registry.ckks.stats import ProtocolStats
 
-PROTOCOLS = ("naive", "packed")
+#: a ciphertext the server holds and who sent it, for naming a tampered one
+Part = tuple[Vector, str]
 #: Packed block size of a registration that starts empty and has no bound; it doubles
 #: (U re-sent in the wider layout) whenever a new label would not fit.
 START_BLOCK_SIZE = 16
-
-
-@dataclass
-class ProtocolStats:
-    """Counters of one registration, for the benchmark and the README.
-
-    Parameters
-    ----------
-    encryptions, decryptions, subtractions, additions : int
-        Homomorphic work done by the key holder (first two) and the server.
-    bytes_to_server, bytes_to_key_holder : int
-        Serialized ciphertext bytes sent each way.
-    max_decryption_error : float
-        Largest distance of a decrypted value from the nearest integer.
-    block_size : int
-        Packed protocol: slots per block ``B`` (0 for naive).
-    """
-
-    encryptions: int = 0
-    decryptions: int = 0
-    subtractions: int = 0
-    additions: int = 0
-    bytes_to_server: int = 0
-    bytes_to_key_holder: int = 0
-    max_decryption_error: float = 0.0
-    block_size: int = 0
+#: the one slot a naive vector holds
+SLOT_ZERO = np.array([0])
 
 
 class _ProtocolRun:
@@ -63,8 +46,8 @@ class _ProtocolRun:
 
     Parameters
     ----------
-    key_holder, server : KeyHolder, Server
-        The two roles.
+    key_holder, server : KeyHolderRole, ServerRole
+        The two roles (CKKS, or BFV for the blinded protocols).
     codes : list of list of int
         Each client's label codes, in its mapping order.
     labels : list of list
@@ -81,12 +64,12 @@ class _ProtocolRun:
     """
 
     vector_size: int
-    label_vectors: dict[int, list[ts.CKKSVector]]  # server side: each client's label ciphertexts
+    label_vectors: dict[int, list[Vector]]  # server side: each client's label ciphertexts
 
     def __init__(
         self,
-        key_holder: KeyHolder,
-        server: Server,
+        key_holder: KeyHolderRole,
+        server: ServerRole,
         codes: list[list[int]],
         labels: list[list[Hashable]],
         unique_limit: int | None,
@@ -140,9 +123,43 @@ class _ProtocolRun:
         """Global count per placeholder, decrypted by the key holder and rounded."""
         raise NotImplementedError
 
-    def decrypt_counts(self, blob: bytes, sender: str) -> np.ndarray:
-        values = self.key_holder.decrypt(blob, sender, COUNT_LIMIT, self.stats)
-        return np.rint(values).astype(np.int64)
+    def decrypt(self, blob: bytes, sender: str, limit: float, parts: list[Part]) -> np.ndarray:
+        """The key holder decrypts ``blob``, computed by the server from ``parts``.
+
+        A blinded result that fails its check is traced to the part that caused it: each
+        is revealed on its own, masked, and the first that fails names its sender. When
+        none does, the error names ``sender``.
+        """
+        try:
+            return self.key_holder.decrypt(blob, sender, limit, self.stats)
+        except RegistryError:
+            if self.server.check_slots:
+                for vector, part_sender in parts:
+                    size = vector.size() - self.server.check_slots
+                    part, _ = self.server.reveal(vector, np.arange(size), self.stats)
+                    self.key_holder.decrypt(part, part_sender, limit, self.stats)
+            raise
+
+    def compare(
+        self, client: int, vector: Vector, unique: Vector, compared: np.ndarray, parts: list[Part]
+    ) -> np.ndarray:
+        """What the key holder decrypts of ``client``'s ``vector`` against ``unique``: zero
+        exactly at the ``compared`` slots where they are equal (blinded: only there).
+
+        ``parts`` are the ciphertexts ``unique`` was built from, with their senders.
+        """
+        sender = f"client {client}"
+        blob = self.server.compare(vector, unique, compared, self.stats)
+        return self.decrypt(blob, sender, self.key_holder.hash_range, [(vector, sender), *parts])
+
+    def reveal_counts(
+        self, total: Vector, positions: np.ndarray, sender: str, parts: list[Part]
+    ) -> np.ndarray:
+        """The counts at ``positions`` of ``total``, which the server built from ``parts``:
+        the key holder decrypts (blinded: masked by the server, which unmasks after)."""
+        blob, masks = self.server.reveal(total, positions, self.stats)
+        values = self.decrypt(blob, sender, COUNT_LIMIT, parts)
+        return self.server.unmask(values, positions, masks)
 
     def add_label(self, client: int, code: int, label: Hashable) -> int:
         """Discovery and mapping of one label that ``client`` starts to hold.
@@ -196,12 +213,13 @@ class _NaiveRun(_ProtocolRun):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.unique: list[ts.CKKSVector] = []  # server side: U, one ciphertext per label
-        self.label_vectors: dict[int, list[ts.CKKSVector]] = {}  # server side, per client
-        self.totals: list[ts.CKKSVector | None] = []  # server side: encrypted count per placeholder
-        self.new_vector: ts.CKKSVector | None = None  # the last label compared by find_code
+        self.unique: list[Vector] = []  # server side: U, one ciphertext per label
+        self.unique_senders: list[str] = []  # who sent each entry of U
+        self.label_vectors: dict[int, list[Vector]] = {}  # server side, per client
+        self.totals: list[Vector | None] = []  # server side: encrypted count per placeholder
+        self.new_vector: Vector | None = None  # the last label compared by find_code
 
-    def labels_of(self, client: int) -> list[ts.CKKSVector]:
+    def labels_of(self, client: int) -> list[Vector]:
         """Client ``client``'s label ciphertexts at the server, uploaded on first use."""
         if client not in self.label_vectors:
             sender = f"client {client}"
@@ -213,14 +231,11 @@ class _NaiveRun(_ProtocolRun):
             ]
         return self.label_vectors[client]
 
-    def find(self, client: int, label: ts.CKKSVector, candidates: int) -> int | None:
+    def find(self, client: int, label: Vector, candidates: int) -> int | None:
         """Index of the first of ``U[:candidates]`` equal to ``label``, comparing one by one."""
-        sender = f"client {client}"
         for index in range(candidates):
-            difference = self.server.subtract(label, self.unique[index], self.stats)
-            value = self.key_holder.decrypt(
-                difference, sender, self.key_holder.hash_range, self.stats
-            )[0]
+            part = (self.unique[index], self.unique_senders[index])
+            value = self.compare(client, label, self.unique[index], SLOT_ZERO, [part])[0]
             if abs(value) < MATCH_THRESHOLD:
                 return index
         return None
@@ -238,6 +253,7 @@ class _NaiveRun(_ProtocolRun):
             ]
             self.check_unique_limit(client, [self.labels[client][i] for i in new_positions])
             self.unique.extend(labels[position] for position in new_positions)
+            self.unique_senders.extend(f"client {client}" for _ in new_positions)
             self.unique_codes.extend(self.codes[client][i] for i in new_positions)
             self.num_unique = len(self.unique)
 
@@ -256,28 +272,34 @@ class _NaiveRun(_ProtocolRun):
     def aggregate(
         self, client_placeholders: list[list[int]], client_counts: list[list[int]]
     ) -> np.ndarray:
-        self.totals = [None] * self.num_unique
-        owners: list[list[int]] = [[] for _ in range(self.num_unique)]
+        # placeholder by placeholder, so the server holds one placeholder's count
+        # ciphertexts at a time
+        held: list[list[tuple[int, int]]] = [[] for _ in range(self.num_unique)]
         for client, (placeholders, counts) in enumerate(zip(client_placeholders, client_counts)):
             for placeholder, count in zip(placeholders, counts):
-                self.add_encrypted_count(client, placeholder, count)
-                owners[placeholder].append(client)
+                held[placeholder].append((client, count))
+        self.totals = [None] * self.num_unique
         global_counts = np.zeros(self.num_unique, dtype=np.int64)
-        for placeholder in range(self.num_unique):
-            sender = "clients " + ",".join(map(str, owners[placeholder]))
-            global_counts[placeholder] = self.decrypt_total(placeholder, sender)
+        for placeholder, owners in enumerate(held):
+            parts = [
+                self.add_encrypted_count(client, placeholder, count) for client, count in owners
+            ]
+            sender = "clients " + ",".join(str(client) for client, _ in owners)
+            global_counts[placeholder] = self.decrypt_total(placeholder, sender, parts)
         return global_counts
 
-    def add_encrypted_count(self, client: int, placeholder: int, count: int) -> None:
+    def add_encrypted_count(self, client: int, placeholder: int, count: int) -> Part:
+        """``client`` adds ``count`` to the total of ``placeholder``; its ciphertext."""
+        sender = f"client {client}"
         blob = self.key_holder.encrypt(np.array([count]), self.stats)
-        vector = self.server.receive(blob, f"client {client}", 1)
+        vector = self.server.receive(blob, sender, 1)
         self.totals[placeholder] = self.server.add(self.totals[placeholder], vector, self.stats)
+        return vector, sender
 
-    def decrypt_total(self, placeholder: int, sender: str) -> int:
+    def decrypt_total(self, placeholder: int, sender: str, parts: list[Part]) -> int:
         total = self.totals[placeholder]
         assert total is not None  # every placeholder was discovered from some client's label
-        # a lone client's count is its own ciphertext: re-serialize for the key holder
-        return int(self.decrypt_counts(total.serialize(), sender)[0])
+        return int(self.reveal_counts(total, SLOT_ZERO, sender, parts)[0])
 
     def find_code(self, client: int, code: int) -> int | None:
         blob = self.key_holder.encrypt(np.array([code]), self.stats)
@@ -287,6 +309,7 @@ class _NaiveRun(_ProtocolRun):
     def append_code(self, client: int, code: int) -> None:
         assert self.new_vector is not None  # find_code compared it first
         self.unique.append(self.new_vector)
+        self.unique_senders.append(f"client {client}")
         self.unique_codes.append(code)
         self.num_unique += 1
 
@@ -294,10 +317,12 @@ class _NaiveRun(_ProtocolRun):
         self, client: int, placeholder: int, count: int, global_counts: np.ndarray
     ) -> np.ndarray:
         self.totals += [None] * (self.num_unique - len(self.totals))
-        self.add_encrypted_count(client, placeholder, count)
+        # the earlier counts in this total passed their check when they were added
+        part = self.add_encrypted_count(client, placeholder, count)
         counts = np.zeros(self.num_unique, dtype=np.int64)
         counts[: len(global_counts)] = global_counts
-        counts[placeholder] = self.decrypt_total(placeholder, f"clients holding {placeholder}")
+        sender = f"clients holding {placeholder}"
+        counts[placeholder] = self.decrypt_total(placeholder, sender, [part])
         return counts
 
 
@@ -314,55 +339,68 @@ class _PackedRun(_ProtocolRun):
 
     def __init__(self, *args, block_size: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        slots = self.key_holder.parameters.slots
+        slots = self.key_holder.data_slots
         self.vector_size = slots  # every vector is padded to all slots
         self.block_size = block_size
         self.labels_per_vector = slots // block_size
         self.stats.block_size = block_size
-        self.unique_tile: ts.CKKSVector | None = None  # server side: U tiled over blocks
-        self.label_vectors: dict[int, list[ts.CKKSVector]] = {}  # server side, per client
-        self.total: ts.CKKSVector | None = None  # server side: counts at placeholder slots
+        self.unique_tile: Vector | None = None  # server side: U tiled over blocks
+        #: the ciphertexts added to the tile since a comparison last checked it
+        self.tile_parts: list[Part] = []
+        self.label_vectors: dict[int, list[Vector]] = {}  # server side, per client
+        self.total: Vector | None = None  # server side: counts at placeholder slots
 
     def chunks(self, client: int) -> list[list[int]]:
         step = self.labels_per_vector
         codes = self.codes[client]
         return [codes[start : start + step] for start in range(0, len(codes), step)]
 
-    def labels_of(self, client: int) -> list[ts.CKKSVector]:
+    def labels_of(self, client: int) -> list[Vector]:
         """Client ``client``'s label vectors at the server (label j replicated over block j)."""
         if client not in self.label_vectors:
             vectors = []
             for chunk in self.chunks(client):
-                values = np.zeros(self.vector_size)
+                values = np.zeros(self.vector_size, dtype=np.int64)
                 values[: len(chunk) * self.block_size] = np.repeat(chunk, self.block_size)
                 blob = self.key_holder.encrypt(values, self.stats)
                 vectors.append(self.server.receive(blob, f"client {client}", self.vector_size))
             self.label_vectors[client] = vectors
         return self.label_vectors[client]
 
+    def compared_slots(self, labels: int) -> np.ndarray:
+        """The slots comparing ``labels`` labels with ``U``: the first ``|U|`` of each block."""
+        starts = np.arange(labels)[:, None] * self.block_size
+        return (starts + np.arange(self.num_unique)[None, :]).ravel()
+
+    def compare_with_unique(self, client: int, vector: Vector, labels: int) -> np.ndarray:
+        """``client``'s ``labels`` labels in ``vector`` against ``U``: one row per label."""
+        assert self.unique_tile is not None  # U holds a label before anything is compared
+        values = self.compare(
+            client, vector, self.unique_tile, self.compared_slots(labels), self.tile_parts
+        )
+        self.tile_parts = []  # the tile passed the check: what it holds so far is sound
+        blocks = values[: labels * self.block_size].reshape(labels, self.block_size)
+        return blocks[:, : self.num_unique]
+
     def matches(self, client: int) -> list[list[int]]:
         """Per label of ``client``: the indices ``i < |U|`` with ``code == u_i``."""
-        sender = f"client {client}"
         found: list[list[int]] = []
         for chunk, vector in zip(self.chunks(client), self.labels_of(client)):
-            difference = self.server.subtract(vector, self.unique_tile, self.stats)
-            values = self.key_holder.decrypt(
-                difference, sender, self.key_holder.hash_range, self.stats
-            )
-            blocks = values[: len(chunk) * self.block_size].reshape(len(chunk), self.block_size)
-            equal = np.abs(blocks[:, : self.num_unique]) < MATCH_THRESHOLD
+            equal = np.abs(self.compare_with_unique(client, vector, len(chunk))) < MATCH_THRESHOLD
             found.extend(np.flatnonzero(row).tolist() for row in equal)
         return found
 
     def append_unique(self, client: int, new_codes: list[int]) -> None:
         """Client ``client`` adds its new labels to the tile: ``U += Enc(delta)``."""
-        delta = np.zeros(self.block_size)
+        delta = np.zeros(self.block_size, dtype=np.int64)
         delta[self.num_unique : self.num_unique + len(new_codes)] = new_codes
-        values = np.zeros(self.vector_size)
+        values = np.zeros(self.vector_size, dtype=np.int64)
         values[: self.labels_per_vector * self.block_size] = np.tile(delta, self.labels_per_vector)
         blob = self.key_holder.encrypt(values, self.stats)
-        vector = self.server.receive(blob, f"client {client}", self.vector_size)
+        sender = f"client {client}"
+        vector = self.server.receive(blob, sender, self.vector_size)
         self.unique_tile = self.server.add(self.unique_tile, vector, self.stats)
+        self.tile_parts.append((vector, sender))
         self.num_unique += len(new_codes)
         self.unique_codes.extend(new_codes)
 
@@ -397,32 +435,37 @@ class _PackedRun(_ProtocolRun):
     def aggregate(
         self, client_placeholders: list[list[int]], client_counts: list[list[int]]
     ) -> np.ndarray:
-        for client, (placeholders, counts) in enumerate(zip(client_placeholders, client_counts)):
+        parts = [
             self.add_encrypted_counts(client, placeholders, counts)
+            for client, (placeholders, counts) in enumerate(zip(client_placeholders, client_counts))
+        ]
+        return self.total_counts("aggregate of all clients", parts)
+
+    def add_encrypted_counts(self, client: int, placeholders: list[int], counts: list[int]) -> Part:
+        """``client`` adds its counts to the total; its ciphertext."""
+        values = np.zeros(self.vector_size, dtype=np.int64)
+        values[placeholders] = counts  # each count at its placeholder's slot
+        sender = f"client {client}"
+        blob = self.key_holder.encrypt(values, self.stats)
+        vector = self.server.receive(blob, sender, self.vector_size)
+        self.total = self.server.add(self.total, vector, self.stats)
+        return vector, sender
+
+    def total_counts(self, sender: str, parts: list[Part]) -> np.ndarray:
+        """The global count of every placeholder, from the encrypted total."""
         if self.total is None:  # unreachable: validated input has at least one client
             raise RegistryError("no clients to aggregate")
-        global_counts = self.decrypt_counts(self.total.serialize(), "aggregate of all clients")
-        return global_counts[: self.num_unique]
-
-    def add_encrypted_counts(self, client: int, placeholders: list[int], counts: list[int]) -> None:
-        values = np.zeros(self.vector_size)
-        values[placeholders] = counts  # each count at its placeholder's slot
-        blob = self.key_holder.encrypt(values, self.stats)
-        vector = self.server.receive(blob, f"client {client}", self.vector_size)
-        self.total = self.server.add(self.total, vector, self.stats)
+        return self.reveal_counts(self.total, np.arange(self.num_unique), sender, parts)
 
     def find_code(self, client: int, code: int) -> int | None:
         if self.unique_tile is None:
             return None
-        values = np.zeros(self.vector_size)
+        values = np.zeros(self.vector_size, dtype=np.int64)
         values[: self.block_size] = code  # block 0 against all of U
         blob = self.key_holder.encrypt(values, self.stats)
         vector = self.server.receive(blob, f"client {client}", self.vector_size)
-        difference = self.server.subtract(vector, self.unique_tile, self.stats)
-        decrypted = self.key_holder.decrypt(
-            difference, f"client {client}", self.key_holder.hash_range, self.stats
-        )
-        hits = np.flatnonzero(np.abs(decrypted[: self.num_unique]) < MATCH_THRESHOLD)
+        differences = self.compare_with_unique(client, vector, 1)[0]
+        hits = np.flatnonzero(np.abs(differences) < MATCH_THRESHOLD)
         if len(hits) > 1:  # U entries are distinct codes, so only tampering does this
             raise RegistryError(
                 f"client {client}: a new label matches {len(hits)} unique labels at once"
@@ -432,7 +475,7 @@ class _PackedRun(_ProtocolRun):
     def prepare_append(self, client: int, label: Hashable) -> None:
         if self.num_unique < self.block_size:
             return
-        slots = self.key_holder.parameters.slots
+        slots = self.key_holder.data_slots
         if self.block_size >= slots:
             raise RegistryError(
                 f"client {client}: label {label!r} would be unique label number "
@@ -448,15 +491,16 @@ class _PackedRun(_ProtocolRun):
         are dropped and re-sent on their next use.
         """
         self.block_size = block_size
-        self.labels_per_vector = self.key_holder.parameters.slots // block_size
+        self.labels_per_vector = self.key_holder.data_slots // block_size
         self.stats.block_size = block_size
         self.label_vectors.clear()
-        block = np.zeros(block_size)
+        block = np.zeros(block_size, dtype=np.int64)
         block[: self.num_unique] = self.unique_codes
-        values = np.zeros(self.vector_size)
+        values = np.zeros(self.vector_size, dtype=np.int64)
         values[: self.labels_per_vector * block_size] = np.tile(block, self.labels_per_vector)
         blob = self.key_holder.encrypt(values, self.stats)
         self.unique_tile = self.server.receive(blob, "clients", self.vector_size)
+        self.tile_parts = [(self.unique_tile, "clients")]
 
     def append_code(self, client: int, code: int) -> None:
         self.append_unique(client, [code])
@@ -464,7 +508,6 @@ class _PackedRun(_ProtocolRun):
     def add_count(
         self, client: int, placeholder: int, count: int, global_counts: np.ndarray
     ) -> np.ndarray:
-        self.add_encrypted_counts(client, [placeholder], [count])
-        assert self.total is not None  # just added to
-        counts = self.decrypt_counts(self.total.serialize(), f"aggregate after client {client}")
-        return counts[: self.num_unique]
+        # the counts in the total before this one passed their check when they were added
+        part = self.add_encrypted_counts(client, [placeholder], [count])
+        return self.total_counts(f"aggregate after client {client}", [part])

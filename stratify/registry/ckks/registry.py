@@ -1,4 +1,4 @@
-"""The CKKS label registry: one interface over both protocols, and result comparison."""
+"""The encrypted label registry: one interface over the four protocols, and result comparison."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 
 from stratify.errors import RegistryError
 from stratify.registry.base import (
+    PROTOCOLS,
     LabelRegistry,
     RegistryResult,
     assign_placeholders,
@@ -17,23 +18,32 @@ from stratify.registry.base import (
 )
 from stratify.registry.ckks.encoding import (
     COUNT_LIMIT,
+    BFVParameters,
     CKKSParameters,
     KeyedLabelHash,
     seeded_hash_key,
 )
 from stratify.registry.ckks.protocols import (
-    PROTOCOLS,
     START_BLOCK_SIZE,
-    ProtocolStats,
     _NaiveRun,
     _PackedRun,
     _ProtocolRun,
 )
-from stratify.registry.ckks.roles import KeyHolder, Server
+from stratify.registry.ckks.roles import (
+    BlindKeyHolder,
+    BlindServer,
+    KeyHolder,
+    KeyHolderRole,
+    Server,
+    ServerRole,
+)
+from stratify.registry.ckks.stats import ProtocolStats
 
 
 class CKKSRegistry(LabelRegistry):
-    """Placeholder registry over CKKS (TenSEAL), ``naive`` or ``packed`` protocol.
+    """Encrypted placeholder registry (TenSEAL): ``naive`` or ``packed`` over CKKS, as the
+    paper, or ``naive-blind`` or ``packed-blind``, where the server blinds comparisons and
+    masks counts (BFV on the same ring) so that the key holder learns only match bits.
 
     Gives exactly :class:`~stratify.registry.plain.PlainRegistry`'s result for the same
     seed and input, :meth:`register` and :meth:`add_label` alike. :meth:`register` either
@@ -45,8 +55,9 @@ class CKKSRegistry(LabelRegistry):
     ----------
     seed : int
         Seed of the placeholder assignment (and of the default hash key).
-    protocol : {"packed", "naive"}
-        How labels and counts are laid out in ciphertexts.
+    protocol : {"packed-blind", "packed", "naive-blind", "naive"}
+        How labels and counts are laid out in ciphertexts (``packed``: SIMD blocks;
+        ``naive``: one value per ciphertext), and whether the server blinds (``-blind``).
     hash_key : bytes, optional
         Key of the clients' keyed label hash; default derived from ``seed``.
     label_hash : callable, optional
@@ -56,7 +67,12 @@ class CKKSRegistry(LabelRegistry):
         Bound on the number of unique labels when ``num_classes`` is not given; sets the
         packed block size. Default: the clients' total label count, capped at the slots.
     parameters : CKKSParameters, optional
-        Encryption parameters.
+        Encryption parameters of ``naive`` and ``packed``.
+    blind_parameters : BFVParameters, optional
+        Encryption parameters of ``naive-blind`` and ``packed-blind``.
+    blinding_seed : int, optional
+        Seed of the server's blinding factors and count masks, for reproducible tests
+        only: whoever knows it can undo the blinding. Default: the OS's CSPRNG.
 
     Attributes
     ----------
@@ -73,35 +89,52 @@ class CKKSRegistry(LabelRegistry):
     def __init__(
         self,
         seed: int = 0,
-        protocol: str = "packed",
+        protocol: str = "packed-blind",
         *,
         hash_key: bytes | None = None,
         label_hash: Callable[[Hashable], int] | None = None,
         max_unique: int | None = None,
         parameters: CKKSParameters | None = None,
+        blind_parameters: BFVParameters | None = None,
+        blinding_seed: int | None = None,
     ) -> None:
         super().__init__(seed=seed)
         if protocol not in PROTOCOLS:
             raise RegistryError(
-                f"unknown CKKS protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}"
+                f"unknown registry protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}"
             )
         if max_unique is not None and (int(max_unique) != max_unique or max_unique < 1):
             raise RegistryError(f"max_unique must be a positive integer, got {max_unique!r}")
         self.protocol = protocol
-        self.name = f"ckks-{protocol}"
+        self.blinded = protocol.endswith("-blind")
+        #: how labels and counts sit in ciphertexts: "naive" or "packed"
+        self.layout = protocol.removesuffix("-blind")
+        self.name = f"bfv-{protocol}" if self.blinded else f"ckks-{protocol}"
         self.max_unique = max_unique
         self.parameters = parameters or CKKSParameters()
+        self.blind_parameters = blind_parameters or BFVParameters()
+        self.blinding_seed = blinding_seed
         self.label_hash = label_hash or KeyedLabelHash(hash_key or seeded_hash_key(seed))
         self.timings: dict[str, float] = {}
         self.stats: ProtocolStats | None = None
-        self._roles: tuple[KeyHolder, Server] | None = None
+        self._roles: tuple[KeyHolderRole, ServerRole] | None = None
         self._run: _ProtocolRun | None = None
 
-    def roles(self) -> tuple[KeyHolder, Server]:
+    def roles(self) -> tuple[KeyHolderRole, ServerRole]:
         """The key holder and the server, created on first use (key generation ~30 ms)."""
         if self._roles is None:
-            key_holder = KeyHolder(self.parameters, self.label_hash)
-            self._roles = (key_holder, Server(key_holder.public_context()))
+            if self.blinded:
+                rng = (
+                    None
+                    if self.blinding_seed is None
+                    else np.random.default_rng(self.blinding_seed)
+                )
+                blind = BlindKeyHolder(self.blind_parameters, self.label_hash)
+                plain_modulus = self.blind_parameters.plain_modulus
+                self._roles = (blind, BlindServer(blind.public_context(), plain_modulus, rng))
+            else:
+                key_holder = KeyHolder(self.parameters, self.label_hash)
+                self._roles = (key_holder, Server(key_holder.public_context()))
         return self._roles
 
     def register(
@@ -118,7 +151,7 @@ class CKKSRegistry(LabelRegistry):
         total_count = sum(map(sum, client_counts))
         if total_count > COUNT_LIMIT:
             raise RegistryError(
-                f"{total_count} samples in all; the CKKS registry counts at most {COUNT_LIMIT}"
+                f"{total_count} samples in all; the secure registry counts at most {COUNT_LIMIT}"
             )
         stats = ProtocolStats()
         start = time.perf_counter()
@@ -131,10 +164,10 @@ class CKKSRegistry(LabelRegistry):
         labels = [list(counts) for counts in client_labels]
         unique_limit = num_classes if num_classes is not None else self.max_unique
         run: _ProtocolRun
-        if self.protocol == "naive":
+        if self.layout == "naive":
             run = _NaiveRun(key_holder, server, codes, labels, unique_limit, stats, code_owner)
         else:
-            slots = self.parameters.slots
+            slots = key_holder.data_slots
             # B must hold every unique label; without a bound, the clients' total label
             # count is one the server can know (it receives that many labels anyway)
             block_size = min(unique_limit or sum(map(len, codes)), slots)
@@ -187,9 +220,9 @@ class CKKSRegistry(LabelRegistry):
         """The protocol run of an empty registration, for labels added one at a time."""
         key_holder, server = self.roles()
         stats = ProtocolStats()
-        if self.protocol == "naive":
+        if self.layout == "naive":
             return _NaiveRun(key_holder, server, [], [], self.max_unique, stats)
-        block_size = min(self.max_unique or START_BLOCK_SIZE, self.parameters.slots)
+        block_size = min(self.max_unique or START_BLOCK_SIZE, key_holder.data_slots)
         return _PackedRun(key_holder, server, [], [], self.max_unique, stats, block_size=block_size)
 
     def _discover(self, client: int, label: Any) -> int:
@@ -207,7 +240,7 @@ class CKKSRegistry(LabelRegistry):
         if count > COUNT_LIMIT - int(result.global_counts.sum()):
             raise RegistryError(
                 f"client {client}: {count} more samples of {label!r} would make more than "
-                f"the {COUNT_LIMIT} the CKKS registry counts"
+                f"the {COUNT_LIMIT} the secure registry counts"
             )
 
     def _count(
