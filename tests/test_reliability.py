@@ -439,7 +439,7 @@ def test_a_checkpoint_that_is_a_folder(capsys, tmp_path):
     (out / "checkpoint.pt").mkdir(parents=True)
     assert_one_line_error(capsys, "train", *QUICK, "--out", str(out), match="already holds a run")
     assert_one_line_error(
-        capsys, "train", *QUICK, "--out", str(out), "--resume", match="unreadable"
+        capsys, "train", *QUICK, "--out", str(out), "--resume", match="is a folder, not a regular"
     )
     assert run_cli(capsys, "train", *QUICK, "--out", str(out), "--overwrite")[0] == 0
     assert (out / "checkpoint.pt").is_file()
