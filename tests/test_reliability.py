@@ -536,8 +536,46 @@ def corrupt_rng(checkpoint):
     checkpoint["torch_rng"] = torch.zeros(7, dtype=torch.uint8)
 
 
+def zero_rng(checkpoint):
+    checkpoint["torch_rng"] = torch.zeros_like(checkpoint["torch_rng"])
+
+
 def corrupt_records(checkpoint):
     checkpoint["records"] = []
+
+
+def records_as_strings(checkpoint):
+    checkpoint["records"] = [json.dumps(record) for record in checkpoint["records"]]
+
+
+def a_record_value_as_a_string(checkpoint):
+    checkpoint["records"][0]["test_accuracy"] = "0.9"
+
+
+def sparse_weights(checkpoint):
+    key = next(iter(checkpoint["model"]))
+    checkpoint["model"][key] = checkpoint["model"][key].to_sparse()
+
+
+def sparse_momentum(checkpoint):
+    weight = next(iter(checkpoint["model"].values()))
+    checkpoint["strategy"]["optimizer"]["state"] = {0: {"momentum_buffer": weight.to_sparse()}}
+
+
+def momentum_of_another_shape(checkpoint):
+    checkpoint["strategy"]["optimizer"]["state"] = {0: {"momentum_buffer": torch.zeros(3)}}
+
+
+def epoch_as_a_bool(checkpoint):
+    checkpoint["epoch"] = True
+
+
+def steps_as_a_string(checkpoint):
+    checkpoint["strategy"]["steps_made"] = "50"
+
+
+def an_extra_field(checkpoint):
+    checkpoint["payload"] = torch.zeros(1)
 
 
 def corrupt_strategy(checkpoint):
@@ -547,12 +585,21 @@ def corrupt_strategy(checkpoint):
 @pytest.mark.parametrize(
     "corrupt, problem",
     [
-        (corrupt_missing_key, "missing torch_rng"),
-        (corrupt_shape, "is (3, 3), the model needs"),
+        (corrupt_missing_key, "torch_rng missing"),
+        (corrupt_shape, "is (3, 3), the model needs (6, 1, 5, 5)"),
         (corrupt_dtype, "is torch.float64, the model needs torch.float32"),
-        (corrupt_rng, "random-generator state is malformed"),
-        (corrupt_records, "epoch records do not match its epoch"),
-        (corrupt_strategy, "in its records or method state"),
+        (corrupt_rng, "torch_rng is a torch.strided tensor (7,) of torch.uint8, not the 5056"),
+        (zero_rng, "torch_rng is not a state of torch's generator"),
+        (corrupt_records, "records holds 0 epochs, the checkpoint's epoch is 1"),
+        (records_as_strings, "records[0] is a str, not an epoch record"),
+        (a_record_value_as_a_string, "records[0].test_accuracy is '0.9', not a number"),
+        (sparse_weights, "features.0.weight is a torch.sparse_coo tensor; only dense"),
+        (sparse_momentum, "momentum_buffer is a torch.sparse_coo tensor; only dense"),
+        (momentum_of_another_shape, "state.0.momentum_buffer is (3,), the model needs (6, 1"),
+        (epoch_as_a_bool, "epoch is True, not a positive integer"),
+        (steps_as_a_string, "strategy.steps_made is '50', not an int"),
+        (an_extra_field, "payload is not a field of a training checkpoint"),
+        (corrupt_strategy, "strategy.optimizer.state is 5, not a dict"),
     ],
 )
 def test_a_checkpoint_that_does_not_fit_is_one_line_and_changes_nothing(
@@ -564,8 +611,9 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_and_changes_nothing(
     corrupt(checkpoint)
     torch.save(checkpoint, out / "checkpoint.pt")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    line = assert_one_line_error(
-        capsys, "train", *BASE, "--epochs", "2", "--out", str(out), "--resume"
-    )
-    assert "does not fit this run" in line and problem in line
+    code, _, err = run_cli(capsys, "train", *BASE, "--epochs", "2", "--out", str(out), "--resume")
+    assert code == 2 and len(err) == 1, err  # no warning beside the line
+    line = err[0]
+    assert line.startswith("error: checkpoint refused: ") and problem in line, line
+    assert line.endswith("is left as it is; start a new run with --overwrite)")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
