@@ -312,6 +312,17 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
     write_atomically(target, data)
 
 
+def write_output_file(path: Path, data: bytes) -> None:
+    """:func:`write_file`, a failure (a full disk, a read-only folder) one
+    :class:`OutputError` line naming the file and saying whether its previous version is
+    kept (it always is when there was one)."""
+    try:
+        write_file(path, data)
+    except OSError as error:
+        kept = " (its previous version is kept)" if os.path.lexists(path) else ""
+        raise OutputError(f"cannot write {path}: {describe_os_error(error)}{kept}") from None
+
+
 def auxiliary_name(name: str, suffix: str) -> str:
     """``.<name><suffix>``: the hidden lock, staging or replaced name of folder ``name``.
 

@@ -359,7 +359,7 @@ def test_plot_draws_two_run_folders(tiny, tmp_path, capsys):
     image = tmp_path / "curves.png"
     main(["plot", *runs, "--out", str(image)])
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"written: {image}" in capsys.readouterr().out
+    assert f"written: {image}" in capsys.readouterr().err
     main(["plot", *runs, "--out", str(image), "--metric", "transfers"])
     with pytest.raises(SystemExit) as stop:
         main(["plot", str(tmp_path), "--out", str(image)])  # no metrics.jsonl there
