@@ -12,7 +12,7 @@ from stratify.backend import DEVICES
 from stratify.cli.board import RunBoard
 from stratify.cli.common import DATA_DIR, DATASET_OPTION, parse_options
 from stratify.errors import ConfigError, StratifyError
-from stratify.parallel import RunsInterrupted, RunSpec, folder_state, make_backend
+from stratify.parallel import RayBackend, RunsInterrupted, RunSpec, folder_state, make_backend
 from stratify.reproduce.grids import GRIDS, Settings, grid_named, plan_cells
 from stratify.reproduce.runner import Display, cell_specs, check_setups, reproduce
 from stratify.reproduce.tuning import DEFAULT_FACTORS, DEFAULT_VALIDATION, Tuning, tuning_specs
@@ -187,6 +187,8 @@ def reproduce_command(
     count = None if workers is None else check_positive_int(workers, "--workers")
     runner = make_backend(backend, count, address)
     console = Console(stderr=True)
+    if isinstance(runner, RayBackend) and not dry_run:
+        runner.check()  # a dead address: one line now, before anything is written
     if dry_run:
         cells, notes = plan_cells(chosen_grid, settings, out)
         phases = []

@@ -50,6 +50,23 @@ def check_positive_int(value: object, flag: str) -> int:
         raise ConfigError(f"{flag} must be a positive integer, got {value!r}") from None
 
 
+#: the most times a benchmark repeats its work (``--repeat``, ``--rounds``, ``--seeds``):
+#: a figure is a median of a few repeats, and a typo such as ``--repeat 1000000000``
+#: would otherwise run for years instead of being refused
+MAX_REPEATS = 10_000
+
+
+def check_repeats(value: object, flag: str, maximum: int = MAX_REPEATS) -> int:
+    """``value`` as a positive int of at most ``maximum``: how many times a loop runs."""
+    count = check_positive_int(value, flag)
+    if count > maximum:
+        raise ConfigError(
+            f"{flag} takes at most {maximum:,} (each one repeats the whole measurement), "
+            f"got {count:,}"
+        )
+    return count
+
+
 def check_seed(value: object, flag: str = "--seed") -> int:
     """A seed in ``[0, 2**63)``."""
     seed = check_int(value, flag, minimum=0)

@@ -5,8 +5,10 @@ replacing runs cannot corrupt. Several tests start real processes."""
 import json
 import math
 import os
+import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -228,6 +230,29 @@ def test_click_usage_errors_are_one_line(capsys, args, message):
         (["train", "--dataset", "synthetic", "-o", "num_classes=0"], "num_classes=0 is out"),
         (["bench", "steps", "--steps", "100000000000"], "--steps 100,000,000,000 would need"),
         (["bench", "transfers", "--seeds", "0"], "--seeds must be a positive integer, got 0"),
+        # loop counts: refused up front instead of running for years
+        (["bench", "transfers", "--seeds", "1000000000"], "--seeds takes at most 10,000"),
+        (["bench", "steps", "--seeds", "1000000000"], "--seeds takes at most 10,000"),
+        (["bench", "batch", "--repeat", "1000000000"], "--repeat takes at most 10,000"),
+        (["bench", "rounds", "--rounds", "1000000000"], "--rounds takes at most 10,000"),
+        (["bench-privacy", "--repeat", "1000000000"], "--repeat takes at most 10,000"),
+        # sizes beyond the machine's memory, before anything is allocated
+        (
+            ["bench", "steps", "--seeds", "10000", "--workers", "1000000000"],
+            "--workers 1,000,000,000 with --seeds 10,000 (10,000 worker processes",
+        ),
+        (
+            ["bench-privacy", "--classes", "2", "--clients", "1000000000"],
+            "--clients 1,000,000,000 (a label set per client) would need at least",
+        ),
+        (
+            ["train", "--algorithm", "fedbr", "--mode", "batch", "--rsm-size", "1000000000"],
+            "--rsm-size 1,000,000,000 (64 pseudo-samples of that many samples) would need",
+        ),
+        (
+            ["train", "--algorithm", "fedbr", "--mode", "batch", "--mixture-size", "1000000000"],
+            "--mixture-size 1,000,000,000 (64 pseudo-samples of that many samples) would need",
+        ),
     ],
 )
 def test_bad_values_are_refused_where_they_enter(capsys, tmp_path, args, message):
@@ -236,6 +261,8 @@ def test_bad_values_are_refused_where_they_enter(capsys, tmp_path, args, message
         extra = ["--dataset", "digits"]
     if args[0] == "bench-privacy" and "--classes" not in args:
         extra = ["--classes", "2", "--clients", "2"]
+    if args[:2] == ["bench", "batch"] or args[:2] == ["bench", "rounds"]:
+        extra = ["--dataset", "digits"]
     assert_one_line_error(capsys, *args, *extra, match=message)
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
 
@@ -617,3 +644,104 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_and_changes_nothing(
     assert line.startswith("error: checkpoint refused: ") and problem in line, line
     assert line.endswith("is left as it is; start a new run with --overwrite)")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# ------------------------------------------------- what used to hang or take the bug path
+
+
+def timed_stratify(*args, timeout=10, **popen):
+    """A real ``stratify`` process that must end within ``timeout`` seconds: ``(exit code,
+    stderr lines, seconds)``."""
+    started = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, "-m", "stratify.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **popen,
+    )
+    return process.returncode, process.stderr.strip().splitlines(), time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_fifo_given_as_the_checkpoint_is_refused_without_waiting(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(capsys, "train", *QUICK, "--out", str(out))[0] == 0
+    (out / "checkpoint.pt").unlink()
+    os.mkfifo(out / "checkpoint.pt")
+    code, err, _ = timed_stratify("train", *BASE, "--epochs", "2", "--out", str(out), "--resume")
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (
+        f"error: --resume: {out / 'checkpoint.pt'} is a FIFO, not a regular file; start a new "
+        "run with --overwrite"
+    )
+
+
+@pytest.mark.slow
+def test_a_fifo_given_as_an_mnist_file_is_refused_without_waiting(tmp_path, shared_data_dir):
+    (tmp_path / "mnist").mkdir()
+    labels = Path(shared_data_dir) / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    (tmp_path / "mnist" / labels.name).write_bytes(labels.read_bytes())
+    os.mkfifo(tmp_path / "mnist" / "t10k-images-idx3-ubyte.gz")
+    out = tmp_path / "run"
+    code, err, _ = timed_stratify(
+        "train", "--dataset", "mnist-10k", "--data-dir", str(tmp_path), *QUICK, "--out", str(out)
+    )
+    assert code == 2 and len(err) == 1, err
+    assert "t10k-images-idx3-ubyte.gz is a FIFO, not a regular file" in err[0]
+    assert not out.exists()
+
+
+def test_a_libsvm_file_too_small_for_a_test_split_is_refused_up_front(capsys, tmp_path):
+    (tmp_path / "covtype").mkdir()
+    rows = "1 1:0.5 2:0.3\n2 1:0.1 3:0.9\n1 2:0.2 4:0.1\n"
+    (tmp_path / "covtype" / "covtype.libsvm.binary").write_text(rows)
+    args = ["train", "--dataset", "covtype-binary", "--data-dir", str(tmp_path), *QUICK]
+    code, _, err = run_cli(capsys, *args, "--partition", "iid", "--clients", "2")
+    assert code == 2 and err == [  # no numpy warning before it
+        "error: covtype-binary: its test split is empty (3 training and 0 test samples); the "
+        "files hold too few samples"
+    ]
+
+
+@pytest.mark.slow
+def test_a_dead_ray_address_is_one_line_in_bounded_time(tmp_path):
+    out = tmp_path / "grid"
+    args = ["reproduce", "table2", "--dataset", "digits", "--backend", "ray", "--out", str(out)]
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    code, err, seconds = timed_stratify(*args, "--address", f"127.0.0.1:{port}", timeout=30)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: --backend ray: nothing answers at 127.0.0.1:{port} (")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_an_address_that_answers_but_is_no_ray_cluster_is_one_line_in_bounded_time(tmp_path):
+    out = tmp_path / "grid"
+    args = ["reproduce", "table2", "--dataset", "digits", "--backend", "ray", "--out", str(out)]
+    with socket.socket() as server:  # accepts connections and closes them: not Ray
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.2)
+        port = server.getsockname()[1]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "stratify.cli.main", *args, "--address", f"127.0.0.1:{port}"],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 90  # the trial driver's bound (30 s) and start-ups
+        while process.poll() is None:
+            assert time.monotonic() < deadline, "reproduce still waits on the address"
+            try:
+                server.accept()[0].close()
+            except TimeoutError:
+                pass
+        err = process.communicate()[1].strip().splitlines()
+    assert process.returncode == 2 and len(err) == 1, err
+    # Ray gives up by itself, or the trial driver's time runs out
+    joined = rf"error: --backend ray: (cannot|could not) join the Ray cluster at 127.0.0.1:{port}"
+    assert re.match(joined, err[0]), err
+    assert not out.exists()

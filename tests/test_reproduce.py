@@ -14,7 +14,13 @@ import pytest
 from stratify.algorithms import ALGORITHMS
 from stratify.cli.main import main
 from stratify.errors import ConfigError, DatasetError
-from stratify.parallel import LocalBackend, RayBackend, RunOutcome, read_records
+from stratify.parallel import (
+    LocalBackend,
+    RayBackend,
+    RunOutcome,
+    check_ray_address,
+    read_records,
+)
 from stratify.reproduce.grids import (
     GRIDS,
     SEED_METHODS,
@@ -389,6 +395,8 @@ def test_ray_runs_a_two_cell_grid_as_local_workers_do(tiny, tmp_path):
     settings = Settings(seeds=(0,), epochs=1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
+        # the address check lets a live cluster through: a trial driver joins it
+        check_ray_address(ray.get_runtime_context().gcs_address)
         display, phases = recorder()
         report = reproduce(
             "tiny", tmp_path / "ray", settings, backend=RayBackend(), display=display
