@@ -111,6 +111,6 @@ def write_output(path: str, data: str | bytes, flag: str = "--json") -> None:
     try:
         write_file(Path(path), data.encode() if isinstance(data, str) else data)
     except OSError as error:
-        kept = " (its previous version is kept)" if os.path.lexists(path) else ""
+        kept = " (its previous version is kept)" if os.path.isfile(path) else ""
         reason = error.strerror or error
         raise OutputError(f"cannot write {flag} {path}: {reason}{kept}") from None

@@ -319,7 +319,7 @@ def write_output_file(path: Path, data: bytes) -> None:
     try:
         write_file(path, data)
     except OSError as error:
-        kept = " (its previous version is kept)" if os.path.lexists(path) else ""
+        kept = " (its previous version is kept)" if os.path.isfile(path) else ""
         raise OutputError(f"cannot write {path}: {describe_os_error(error)}{kept}") from None
 
 

@@ -7,8 +7,10 @@ import math
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from stratify.cli.main import COMMANDS, main
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, OutputError, TrainingError
 from stratify.run import Run
+from stratify.runfiles import read_records
 
 BASE = ["--no-secure", "--repeat-count", "5"]  # 50 steps per epoch on digits
 QUICK = [*BASE, "--epochs", "1"]
@@ -312,6 +315,96 @@ def test_two_processes_started_together_on_one_out(tmp_path):
     winner_seed = 0 if results[0][0] == 0 else 1
     assert configuration["seed"] == winner_seed
     assert [entry.name for entry in tmp_path.iterdir()] == ["shared"]  # no lock, no staging
+
+
+def race_two_runs(first_out, second_out, **popen):
+    """Two real runs started at once, seed 0 on ``first_out`` and fedavg with seed 1 on
+    ``second_out``, two paths to one folder: one must be refused in one line."""
+    first = stratify_process(
+        "train", "--no-secure", "--repeat-count", "100", "--epochs", "3", "--seed", "0",
+        "--out", first_out, **popen,
+    )  # fmt: skip
+    second = stratify_process(
+        "train", "--no-secure", "--algorithm", "fedavg", "--local-epochs", "1", "--epochs",
+        "3", "--seed", "1", "--out", second_out, **popen,
+    )  # fmt: skip
+    results = []
+    for process in (first, second):
+        out_text, err_text = process.communicate(timeout=600)
+        results.append((process.returncode, err_text))
+    assert sorted(code for code, _ in results) == [0, 2], results
+    refused = next(err for code, err in results if code == 2).strip().splitlines()
+    assert len(refused) == 1, refused
+    assert "is in use by another run" in refused[0] or "already holds a run" in refused[0]
+    return 0 if results[0][0] == 0 else 1
+
+
+def assert_one_consistent_run(out, winner):
+    """Every file of the run in ``out`` is the winner's: config, metrics, summary and
+    checkpoint agree on the method and the seed."""
+    metrics, summary, configuration = read_run(out)
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    algorithm, seed = (("stratify", 0), ("fedavg", 1))[winner]
+    assert (configuration["algorithm"], configuration["seed"]) == (algorithm, seed)
+    assert summary["algorithm"] == algorithm and len(metrics) == 3
+    assert (checkpoint["config"]["algorithm"], checkpoint["config"]["seed"]) == (algorithm, seed)
+
+
+@pytest.mark.slow
+def test_two_runs_through_a_symlink_to_one_folder(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    winner = race_two_runs(str(tmp_path / "real"), str(tmp_path / "link"))
+    assert_one_consistent_run(tmp_path / "real", winner)
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["link", "real"]
+
+
+@pytest.mark.slow
+def test_two_runs_through_dot_dot_to_one_folder(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    winner = race_two_runs(str(tmp_path / "a" / "run"), str(tmp_path / "a" / "b" / ".." / "run"))
+    assert_one_consistent_run(tmp_path / "a" / "run", winner)
+
+
+def bind_mounts_work():
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or not bind_mounts_work(),
+    reason="needs unshare with user and mount namespaces to make a bind mount",
+)
+def test_two_runs_through_a_bind_mount_of_the_folder(tmp_path):
+    real, mounted = tmp_path / "real", tmp_path / "mounted"
+    real.mkdir()
+    mounted.mkdir()
+    stratify = f"{sys.executable} -m stratify.cli.main train --no-secure --epochs 3"
+    # both runs in one mount namespace, in which `mounted` shows the folder `real`
+    script = (
+        f"mount --bind {real} {mounted} || exit 1; "
+        f"{stratify} --repeat-count 100 --seed 0 --out {real} 2>{tmp_path}/first.err & "
+        f"{stratify} --algorithm fedavg --local-epochs 1 --seed 1 --out {mounted} "
+        f"2>{tmp_path}/second.err; echo $? > {tmp_path}/second.code; "
+        f"wait $!; echo $? > {tmp_path}/first.code"
+    )
+    subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        check=True,
+        timeout=600,
+    )
+    codes = [int((tmp_path / f"{name}.code").read_text()) for name in ("first", "second")]
+    assert sorted(codes) == [0, 2], codes
+    loser = ("first", "second")[codes.index(2)]
+    lines = (tmp_path / f"{loser}.err").read_text().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "is in use by another run" in lines[0] or "already holds a run" in lines[0]
+    assert_one_consistent_run(real, codes.index(0))
+    assert list(mounted.iterdir()) == []  # outside the namespace, nothing is mounted there
 
 
 def test_a_run_is_refused_while_another_holds_its_folder_even_with_overwrite(tmp_path):
@@ -745,3 +838,66 @@ def test_an_address_that_answers_but_is_no_ray_cluster_is_one_line_in_bounded_ti
     joined = rf"error: --backend ray: (cannot|could not) join the Ray cluster at 127.0.0.1:{port}"
     assert re.match(joined, err[0]), err
     assert not out.exists()
+
+
+# ------------------------------------------------------- files the user names as outputs
+
+TRANSFERS = ["bench", "transfers", "--dataset", "digits", "--seeds", "1", "--chunks", "1,5"]
+
+
+def test_json_writes_through_a_device_node_and_a_symlink(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        os.mknod("null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        os.symlink("/dev/null", "null")  # without CAP_MKNOD: a link to the same device
+    assert run_cli(capsys, *TRANSFERS, "--json", "null")[0] == 0
+    assert stat.S_ISCHR(os.stat("null").st_mode)  # still the device, not a plain file
+    Path("results").mkdir()
+    Path("results/figures.json").write_text("old")
+    os.symlink("results/figures.json", "latest.json")
+    assert run_cli(capsys, *TRANSFERS, "--json", "latest.json")[0] == 0
+    assert os.readlink("latest.json") == "results/figures.json"
+    assert [row["chunk"] for row in json.loads(Path("results/figures.json").read_text())] == [1, 5]
+    assert sorted(os.listdir()) == ["latest.json", "null", "results"]
+
+
+@pytest.mark.slow
+def test_json_writes_into_stdout_and_a_fifo_and_refuses_a_fifo_nobody_reads(tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "stratify.cli.main", *TRANSFERS, "--json", "/dev/stdout"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr
+    start = process.stdout.index("[\n")  # the JSON follows the table on stdout
+    assert [row["chunk"] for row in json.loads(process.stdout[start:])] == [1, 5]
+    fifo = tmp_path / "figures"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        code, err, _ = timed_stratify(*TRANSFERS, "--json", str(fifo), timeout=300)
+        assert code == 0, err
+        assert [row["chunk"] for row in json.loads(reader.communicate(timeout=30)[0])] == [1, 5]
+    finally:
+        reader.kill()
+    code, err, _ = timed_stratify(*TRANSFERS, "--json", str(fifo), timeout=300)
+    assert code == 2 and err[-1] == f"error: cannot write --json {fifo}: no process reads this FIFO"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_resume_continues_a_run_beside_its_plot_and_a_hidden_file(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(capsys, "train", *QUICK, "--out", str(out))[0] == 0
+    assert run_cli(capsys, "plot", str(out), "--out", str(out / "accuracy.png"))[0] == 0
+    (out / ".DS_Store").write_bytes(b"finder")
+    kept = {name: (out / name).read_bytes() for name in ("accuracy.png", ".DS_Store")}
+    code, _, err = run_cli(capsys, "train", *BASE, "--epochs", "2", "--out", str(out), "--resume")
+    assert code == 0, err
+    assert [record["epoch"] for record in read_records(out)] == [1, 2]
+    assert json.loads((out / "summary.json").read_text())["epochs_completed"] == 2
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    # replacing the folder would delete them: --overwrite keeps the strict rule
+    line = assert_one_line_error(capsys, "train", *QUICK, "--out", str(out), "--overwrite")
+    assert "holds files that are not a run's (.DS_Store, accuracy.png)" in line
