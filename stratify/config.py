@@ -13,13 +13,21 @@ from typing import Any
 
 from stratify.algorithms import ALGORITHMS, build_strategy
 from stratify.backend import DEVICES
-from stratify.options import MODES, RunSettings, option
+from stratify.data.datasets import DATASETS, dataset_options
+from stratify.data.datasets.base import check_options
+from stratify.data.partition import parse_partition_spec
+from stratify.errors import ConfigError, OutputError
+from stratify.nn.models import MODELS, NORMS
+from stratify.options import MODES, RunSettings, check_given, option
 from stratify.router import LR_SCHEDULES
 from stratify.validation import (
+    check_bool,
+    check_path,
     check_positive,
     check_positive_int,
     check_seed,
     check_share,
+    check_text,
     check_widths,
 )
 
@@ -32,6 +40,12 @@ PROTOCOLS = ("packed", "naive")
 RESUMABLE_CHANGES = ("epochs", "device", "out")
 
 
+def check_partition(value: object, flag: str) -> str:
+    """A partition spec (``classes:2``), checked by the partitioner's own parser."""
+    parse_partition_spec(check_text(value, flag))
+    return str(value)
+
+
 @dataclass
 class TrainConfig(RunSettings):
     """Everything that defines a run; written to ``config.json``.
@@ -42,10 +56,13 @@ class TrainConfig(RunSettings):
     loader's (``-o KEY=VALUE``). Invalid values are refused on creation.
     """
 
-    dataset: str = option("digits", "Dataset name, e.g. digits, mnist-10k, colored-mnist.")
+    dataset: str = option(
+        "digits", "Dataset name, e.g. digits, mnist-10k, colored-mnist.", check=check_text
+    )
     data_dir: str | None = option(
         None,
         "Folder holding the dataset files (not needed for digits and synthetic).",
+        check=check_path,
         cli_type=str,
         envvar="STRATIFY_DATA_DIR",
     )
@@ -53,6 +70,7 @@ class TrainConfig(RunSettings):
         "classes:1",
         "iid | classes:k | dirichlet:α | shards:s | domains:d | domain-dirichlet:α | "
         "concentrated:d",
+        check=check_partition,
     )
     clients: int = option(10, "Number of clients.", check=check_positive_int)
     algorithm: str = option(
@@ -83,6 +101,7 @@ class TrainConfig(RunSettings):
     model: str | None = option(
         None,
         "cnn | mlp | resnet9 | resnet18 | resnet20 [default: cnn for images, mlp for tabular].",
+        choices=tuple(MODELS),
         cli_type=str,
     )
     mlp_hidden: tuple[int, ...] | None = option(
@@ -92,7 +111,9 @@ class TrainConfig(RunSettings):
         cli_type=str,
     )
     norm: str = option(
-        "bn", "bn | gn | sumbn | sumbn-client-mean | none (ResNets; cnn and mlp have none)."
+        "bn",
+        "bn | gn | sumbn | sumbn-client-mean | none (ResNets; cnn and mlp have none).",
+        choices=tuple(NORMS),
     )
     seed: int = option(
         0,
@@ -106,7 +127,7 @@ class TrainConfig(RunSettings):
         check=check_share,
     )
     device: str = option("auto", "Where tensors live.", choices=DEVICES)
-    secure: bool = option(True, "CKKS placeholder registry, or the plain one.")
+    secure: bool = option(True, "CKKS placeholder registry, or the plain one.", check=check_bool)
     protocol: str = option("packed", "CKKS protocol of the secure registry.", choices=PROTOCOLS)
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
@@ -115,7 +136,20 @@ class TrainConfig(RunSettings):
     resumable_changes = RESUMABLE_CHANGES
 
     def __post_init__(self) -> None:
+        check_given(self)
         super().__post_init__()
+        if self.out is not None:
+            if isinstance(self.out, str) and not self.out.strip():
+                raise OutputError("--out needs a folder name, got an empty one")
+            self.out = check_path(self.out, "--out")
+        for name in ("options", "dataset_options"):
+            value = getattr(self, name)
+            if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+                raise ConfigError(
+                    f"{name} must be a dictionary of option names to values, got {value!r:.60}"
+                )
+        if self.dataset in DATASETS:  # a caller's own dataset declares no options here
+            check_options(self.dataset, dataset_options(self.dataset), self.dataset_options)
         # the method's options are checked now, before any data is loaded, and kept typed
         given = {key: value for key, value in self.options.items() if value is not None}
         checked = build_strategy(self.algorithm, given, self.mode).options

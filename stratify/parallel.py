@@ -50,6 +50,7 @@ from stratify.errors import (
 from stratify.run import RUN_FILES, EpochRecord, Run
 from stratify.runfiles import check_checkpoint_file, read_json_object, read_records
 from stratify.runfolder import json_safe
+from stratify.validation import check_positive_int
 
 #: ``new``: the folder must hold no run; ``continue``: skip a finished run, resume one
 #: with a checkpoint, start the rest afresh; ``overwrite``: start afresh in any case
@@ -485,8 +486,8 @@ class LocalBackend:
     workers: int | None = None
 
     def __post_init__(self) -> None:
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {self.workers}")
+        if self.workers is not None:
+            self.workers = check_positive_int(self.workers, "--workers")
 
     def run(self, specs: Sequence[RunSpec], on_event: EventHandler) -> list[RunOutcome]:
         count = min(self.workers or available_cores(), len(specs))

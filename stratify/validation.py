@@ -143,10 +143,36 @@ def check_choice(value: object, flag: str, choices: Sequence[str]) -> str:
     return str(value)
 
 
+def check_text(value: object, flag: str) -> str:
+    """``value`` as non-empty text (a name: a dataset, a partition spec)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{flag} must be non-empty text, got {value!r:.60}")
+    return value
+
+
+def check_path(value: object, flag: str) -> str:
+    """``value`` (text or a path object) as non-empty path text."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{flag} must be a path, got {value!r:.60}")
+    return value
+
+
+def check_bool(value: object, flag: str) -> bool:
+    """``value`` as True or False (``1``, ``"yes"`` and the like are refused: a setting
+    read from a file should say what it means)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ConfigError(f"{flag} must be True or False, got {value!r:.60}")
+
+
 def check_widths(value: object, flag: str) -> tuple[int, ...]:
     """Layer widths: ``"32,16,8"`` or a sequence of positive ints, as a tuple."""
     try:
-        parts = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+        if not isinstance(value, (str, list, tuple)):
+            raise TypeError  # bytes, a mapping or a set would iterate as something else
+        parts = value.split(",") if isinstance(value, str) else list(value)
         widths = tuple(check_positive_int(part, flag) for part in parts)
     except (ConfigError, TypeError):
         raise ConfigError(

@@ -182,7 +182,7 @@ def test_grid_outputs_that_are_folders_are_refused_before_anything_runs(tiny, tm
 
 
 BAD_GRID_VALUES = [
-    (["--model", "vgg"], "unknown model 'vgg'"),
+    (["--model", "vgg"], "unknown --model 'vgg'"),
     (["--dataset", "synthetic", "--model", "resnet9"], "model 'resnet9' needs image inputs"),
     (["--clients", "5000"], "5000 clients but only"),
     (["--clients", "3"], "are held by no client under classes:1 with 3 clients"),
@@ -217,7 +217,7 @@ def test_a_corrected_value_then_runs(tmp_path, capsys):
     out = tmp_path / "grid"
     base = ["reproduce", "ablation-chunk", "--out", str(out), "--dataset", "digits"]
     base += ["--seeds", "0", "--epochs", "1"]
-    assert_one_line(capsys, *base, "--model", "vgg", "--workers", "1", match="unknown model")
+    assert_one_line(capsys, *base, "--model", "vgg", "--workers", "1", match="unknown --model")
     assert not out.exists()
     code, _, err = run_cli(capsys, *base, "--model", "cnn", "--dry-run")
     assert code == 0 and err[-1] == "cells: 8 runs, 0 finished, 8 to run, 8 epochs left", err

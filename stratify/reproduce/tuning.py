@@ -46,6 +46,8 @@ class Tuning:
     epochs: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.factors, (list, tuple)):
+            raise ConfigError(f"--tune-factors takes a list of factors, got {self.factors!r:.60}")
         if not self.factors:
             raise ConfigError("--tune-factors: give at least one factor")
         object.__setattr__(
