@@ -14,7 +14,13 @@ from stratify.cli.common import DATA_DIR, DATASET_OPTION, parse_options
 from stratify.errors import ConfigError, StratifyError
 from stratify.parallel import RayBackend, RunsInterrupted, RunSpec, folder_state, make_backend
 from stratify.reproduce.grids import GRIDS, Settings, grid_named, plan_cells
-from stratify.reproduce.runner import Display, cell_specs, check_setups, reproduce
+from stratify.reproduce.runner import (
+    Display,
+    cell_specs,
+    check_setups,
+    grid_folder,
+    reproduce,
+)
 from stratify.reproduce.tuning import DEFAULT_FACTORS, DEFAULT_VALIDATION, Tuning, tuning_specs
 from stratify.validation import check_positive, check_positive_int, check_seeds
 
@@ -161,6 +167,7 @@ def reproduce_command(
     """Run GRID (a comparison of the papers) into --out: one run folder per cell, finished
     cells skipped, then results.csv, results.md (the paper's table format) and plots."""
     chosen_grid = grid_named(grid)
+    grid_folder(out)
     settings = Settings(
         dataset=dataset,
         data_dir=data_dir,

@@ -103,9 +103,7 @@ def damage_cells(out):
     }
 
 
-def test_corrupt_cells_are_reported_left_or_run_again_and_the_grid_goes_on(
-    tiny, tmp_path, capsys
-):
+def test_corrupt_cells_are_reported_left_or_run_again_and_the_grid_goes_on(tiny, tmp_path, capsys):
     settings = Settings(seeds=(0, 1))
     reproduce("tiny", tmp_path, settings, backend=LocalBackend(1))
     (tmp_path / "results.csv").write_bytes(b"\x00\x01 not a csv file")  # replaced whole
@@ -445,3 +443,15 @@ def test_a_full_disk_keeps_the_previous_grid_outputs_whole(tmp_path):
     ), lines
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_an_empty_out_is_refused_not_read_as_the_current_folder(
+    tiny, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    for flags in ([], ["--dry-run"]):
+        assert_one_line(
+            capsys, "reproduce", "tiny", "--out", "", "--seeds", "0", *flags,
+            match="--out needs a folder name, got an empty one",
+        )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -218,8 +218,8 @@ def reproduce(
         instead of running it again from its first epoch.
     """
     grid = grid_named(grid_name)
+    out = grid_folder(out)
     cells, notes = plan_cells(grid, settings, out)
-    out = Path(out)
     with FolderLock(out, holder="grid") as lock:
         new_grid = check_out(out, identity(grid, settings, tuning))
         for name in OUTPUTS:
@@ -262,6 +262,14 @@ def reproduce(
                 "are skipped)"
             )
     return report
+
+
+def grid_folder(out: str | Path) -> Path:
+    """``out`` as a Path; an empty name (which Path would read as the current folder) is
+    refused."""
+    if not str(out).strip():
+        raise OutputError("--out needs a folder name, got an empty one")
+    return Path(out)
 
 
 def cell_specs(cells: Sequence[Cell]) -> list[RunSpec]:
