@@ -127,6 +127,7 @@ def test_corrupt_cells_are_reported_left_or_run_again_and_the_grid_goes_on(tiny,
     outcomes = outcomes_of(events)
     for key, reason in damage.items():
         assert outcomes[key].status == "corrupt" and reason in outcomes[key].message, key
+        assert "--overwrite" not in outcomes[key].message  # reproduce has no such flag
     assert [result.status for result in report.results] == ["corrupt"] * 4
     table = (tmp_path / "results.md").read_text()
     for key, reason in damage.items():
@@ -455,3 +456,13 @@ def test_an_empty_out_is_refused_not_read_as_the_current_folder(
             match="--out needs a folder name, got an empty one",
         )  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_writes_through_a_symlink_and_a_device(train_run, tmp_path, capsys):
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "latest.png").symlink_to("figures/accuracy.png")
+    assert run_cli(capsys, "plot", str(train_run), "--out", str(tmp_path / "latest.png"))[0] == 0
+    assert (tmp_path / "latest.png").is_symlink()
+    assert (tmp_path / "figures" / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    assert run_cli(capsys, "plot", str(train_run), "--out", "/dev/null")[0] == 0
+    assert Path("/dev/null").is_char_device()
