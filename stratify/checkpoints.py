@@ -176,8 +176,8 @@ def state_problem(
         if references and len(references) != len(saved):
             return f"{name} has {len(saved)} entries, the method has {len(references)}"
         for index, value in enumerate(saved):
-            expected = references[index] if references else None
-            problem = state_problem(f"{name}[{index}]", value, expected, model_state, parameters)
+            counterpart = references[index] if references else None
+            problem = state_problem(f"{name}[{index}]", value, counterpart, model_state, parameters)
             if problem is not None:
                 return problem
         return None
