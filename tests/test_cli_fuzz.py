@@ -346,7 +346,7 @@ def plot_folders(tmp_path_factory):
 
 PLOT_RUNS = ["train", "train", "train", "stream", "stream", "stream", "not-utf8", "arrays",
              "huge", "digits", "cut", "empty", "nothing", "missing"]  # fmt: skip
-PLOT_OUTS = ["p.png", "p.png", "p.pdf", "p.svg", "p", "p.txt", "p.pt", "", "/nonexistent/p.png"]
+PLOT_OUTS = ["p.png", "p.png", "p.pdf", "p.svg", "p", "p.txt", "p.pt", "", "nowhere/p.png"]
 PLOT_METRICS = [None] * 5 + ["test_accuracy", "train_loss", "transfers", "f1", "events", ""]
 
 
@@ -366,3 +366,4 @@ def test_plot_exits_with_0_or_2(plot_folders, runs, out, metric):
         assert_exits_cleanly(argv, code, err)
         if code == 0:
             assert Path(target).stat().st_size > 0, argv
+        assert not (Path(tmp) / "nowhere").exists(), argv  # no folder made for --out

@@ -466,3 +466,12 @@ def test_plot_writes_through_a_symlink_and_a_device(train_run, tmp_path, capsys)
     assert (tmp_path / "figures" / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
     assert run_cli(capsys, "plot", str(train_run), "--out", "/dev/null")[0] == 0
     assert Path("/dev/null").is_char_device()
+
+
+def test_plot_makes_no_folder_for_its_out(train_run, tmp_path, capsys):
+    target = tmp_path / "nowhere" / "p.png"
+    assert_one_line(
+        capsys, "plot", str(train_run), "--out", str(target),
+        match=f"cannot write --out {target}: no folder {tmp_path / 'nowhere'}",
+    )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

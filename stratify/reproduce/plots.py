@@ -101,10 +101,6 @@ def line_plot(
         figure.savefig(buffer, format=file_format)
     finally:
         plt.close(figure)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OutputError(f"cannot write {path}: {describe_os_error(error)}") from None
     write_output_file(path, buffer.getvalue())
     return path
 
@@ -205,6 +201,8 @@ def run_curves(folders: Sequence[str | Path], path: Path, metric: str | None = N
         are not numbers a run writes).
     """
     plot_format(path)  # refused before anything is read
+    if not path.parent.is_dir():
+        raise OutputError(f"cannot write --out {path}: no folder {path.parent}")
     runs = [Path(folder) for folder in folders]
     labels = [run_label(run) for run in runs]
     if len(set(labels)) < len(labels):  # runs of one setting: name them by their folders
