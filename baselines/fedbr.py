@@ -39,7 +39,13 @@ from stratify.errors import ConfigError
 from stratify.method import ClientUpdate, Context, Round
 from stratify.options import inherit, option
 from stratify.state import State, clone_state
-from stratify.validation import check_int, check_nonnegative, check_positive, check_positive_int
+from stratify.validation import (
+    check_fits_in_memory,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_positive_int,
+)
 
 #: Local iterations per round of the official code (``--local_steps 20``).
 OFFICIAL_LOCAL_STEPS = 20
@@ -414,6 +420,17 @@ class FedBR(FedAvg):
     ) -> list[Round]:
         rounds = list(super().configure_rounds(context, epoch, rng))
         if self.pseudo_x is None:
+            # what the pseudo-data gather at least: an index and a sample per drawn sample
+            per_draw = 8 + FLOAT_BYTES * context.x_train[0].numel()
+            for flag, draws in (
+                ("--rsm-size", self.options.rsm_size),
+                ("--mixture-size", self.options.mixture_size),
+            ):
+                check_fits_in_memory(
+                    self.batch_size * draws * per_draw,
+                    f"{flag} {draws:,} ({self.batch_size} pseudo-samples of that many samples)",
+                    f"use a smaller {flag}",
+                )
             self.pseudo_x = random_sample_means(
                 context.x_train,
                 context.federation.client_indices,

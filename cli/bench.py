@@ -57,11 +57,20 @@ from stratify.stratify import (
     Stratify,
     StratifyOptions,
 )
-from stratify.validation import check_fits_in_memory, check_positive, check_positive_int
+from stratify.validation import (
+    check_fits_in_memory,
+    check_positive,
+    check_positive_int,
+    check_repeats,
+)
 
 #: bytes ``bench steps`` holds per step at least: the step list as int64 (8 B) and as a
 #: Python list of ints (8 B pointer + 28 B int), and the loss the engine keeps per step
 STEPS_BYTES_PER_STEP = 8 + 36 + SINGLE_SAMPLE_BYTES_PER_STEP
+
+#: bytes a benchmark worker process holds at least: Python with torch imported (measured
+#: about 650 MB resident, of which this much is its own)
+WORKER_BYTES = 100 * 2**20
 
 #: ``--json``: checked before any work, written atomically after it
 JSON_OUTPUT = click.option(
@@ -173,7 +182,7 @@ def bench() -> None:
     default=5,
     show_default=True,
     type=int,
-    callback=checked(check_positive_int),
+    callback=checked(check_repeats),
     help="Epochs (schedules) averaged.",
 )
 @JSON_OUTPUT
@@ -258,11 +267,19 @@ def steps(
 ) -> None:
     """Single-sample steps/s of the engine against plain eager PyTorch loops, checked to
     make the same updates; with --seeds/--workers, model-steps/s of many runs at once."""
-    for value, flag in ((steps, "--steps"), (check_every, "--check-every"), (seeds, "--seeds")):
+    for value, flag in ((steps, "--steps"), (check_every, "--check-every")):
         check_positive_int(value, flag)
+    check_repeats(seeds, "--seeds")
     check_positive_int(workers, "--workers")
     check_fits_in_memory(steps * STEPS_BYTES_PER_STEP, f"--steps {steps:,}", "time fewer steps")
     check_model_norm(model_name, None, "single-sample")  # before the data is loaded
+    processes = min(workers, seeds) if seeds > 1 or workers > 1 else 0
+    check_fits_in_memory(
+        processes * WORKER_BYTES,
+        f"--workers {workers:,} with --seeds {seeds:,} ({processes:,} worker processes, "
+        "each holding torch)",
+        "use fewer workers",
+    )
     default = BackendSettings.current()  # torch's own, before the engine changes them
     device = resolve_device(device)
     data = load_dataset(dataset, data_dir=data_dir, device=device)
@@ -498,7 +515,7 @@ def batch(
 ) -> None:
     """Batch mode's overhead: one epoch of global batches against a plain centralised loop
     over the same batches, from the same weights (checked to end alike)."""
-    check_positive_int(repeat, "--repeat")
+    check_repeats(repeat, "--repeat")
     check_model_norm(model_name, norm, "batch")  # before the data is loaded
     set_threads(threads)
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
@@ -569,7 +586,7 @@ def rounds(
     dataset, data_dir, spec, clients, algorithms, rounds, local_epochs, threads, json_path
 ) -> None:
     """Seconds per round of averaging methods in batch mode, the methods taking turns."""
-    check_positive_int(rounds, "--rounds")
+    check_repeats(rounds, "--rounds")
     set_threads(threads)
     names = [name.strip() for name in algorithms.split(",") if name.strip()]
     options = {} if local_epochs is None else {"local_epochs": local_epochs}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 
 import click
 import numpy as np
@@ -25,7 +26,7 @@ from stratify.registry.base import PROTOCOLS
 from stratify.registry.ckks import CKKSRegistry, same_result
 from stratify.registry.ckks.encoding import CKKSParameters
 from stratify.registry.plain import PlainRegistry
-from stratify.validation import check_positive_int, check_seed
+from stratify.validation import check_fits_in_memory, check_repeats, check_seed
 
 PHASES = ("unique_s", "mapping_s", "aggregation_s")
 #: unique labels one packed CKKS ciphertext can compare: its slots at the ring degree used
@@ -53,6 +54,10 @@ def parse_protocols(text: str) -> list[str]:
             names = ", ".join([*PROTOCOLS, *PROTOCOL_GROUPS])
             raise ConfigError(f"--protocol takes comma-separated names of {names}; got {text!r}")
     return [protocol for protocol in PROTOCOLS if protocol in chosen]
+
+
+#: bytes a client's label set takes at least: a dictionary of one label
+CLIENT_BYTES = sys.getsizeof({0: 1})
 
 
 def parse_positive_ints(text: str, flag: str) -> list[int]:
@@ -271,7 +276,7 @@ def table_iv(rows: list[dict], protocol: str) -> Table:
     type=int,
     default=1,
     show_default=True,
-    callback=checked(check_positive_int),
+    callback=checked(check_repeats),
     help="Registrations per cell and protocol; phase times are their medians.",
 )
 @click.option(
@@ -306,6 +311,11 @@ def bench_privacy(
             f"--classes takes at most {MAX_CLASSES} (the slots of one CKKS ciphertext, the packed "
             f"protocol's limit on unique labels), got {max(class_counts)}"
         )
+    check_fits_in_memory(
+        max(client_counts) * CLIENT_BYTES,
+        f"--clients {max(client_counts):,} (a label set per client)",
+        "use fewer clients",
+    )
     jobs = [(c, k, p) for c in class_counts for k in client_counts for p in protocols]
 
     # the results table needs ~110 columns; rich assumes 80 when writing to a pipe or file

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rich.console import Console, Group, RenderableType
@@ -20,6 +21,7 @@ STATUS_STYLES = {
     "skipped": "dim green",
     "diverged": "yellow",
     "failed": "bold red",
+    "corrupt": "bold magenta",
     "interrupted": "yellow",
 }
 
@@ -77,6 +79,8 @@ class RunBoard:
             line.status = item.status
             line.ended = now
             line.message = item.message
+            if item.corrupt and item.status != "corrupt":
+                line.message = f"was corrupt ({item.corrupt}); run again. {item.message}"
             line.epoch = max(line.epoch, item.epochs_done)
             if item.best_accuracy is not None:
                 line.best = item.best_accuracy
@@ -85,6 +89,7 @@ class RunBoard:
             line.status = "running"
             line.started = now
             line.epoch = item.epoch
+            line.message = item.message
         elif item.kind == "epoch":
             line.epoch = item.epoch
             line.accuracy = item.accuracy
@@ -108,7 +113,7 @@ class RunBoard:
             (f" · running {counts.get('running', 0)}", "cyan"),
             (f" · left {counts.get('waiting', 0)}", ""),
         ]
-        for status in ("skipped", "diverged", "failed", "interrupted"):
+        for status in ("skipped", "diverged", "failed", "corrupt", "interrupted"):
             if counts.get(status):
                 parts.append((f" · {status} {counts[status]}", STATUS_STYLES[status]))
         elapsed = int(time.monotonic() - self.began)
@@ -161,6 +166,14 @@ class RunBoard:
     def __rich__(self) -> RenderableType:
         return Group(self.header(), self.table())
 
-    def live(self) -> Live:
+    @contextmanager
+    def live(self) -> Iterator[Live]:
         """The context in which the board redraws itself (four times a second)."""
-        return Live(self, console=self.console, refresh_per_second=4, transient=False)
+        try:
+            with Live(self, console=self.console, refresh_per_second=4, transient=False) as live:
+                yield live
+        finally:
+            if not self.console.is_terminal:
+                # rich ends the board's last line only on a terminal: an error line that
+                # follows must start a line of its own
+                self.console.line()

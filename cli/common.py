@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from stratify.errors import DatasetError, OutputError
-from stratify.runfolder import write_atomically
+from stratify.runfolder import write_file
 from stratify.validation import check_choice
 
 #: ``--data-dir``, read from ``STRATIFY_DATA_DIR`` when not given; no default folder.
@@ -87,11 +87,15 @@ def checked(
 
 def check_output_file(value: object, flag: str) -> str:
     """A file the command will write at its end, checked now so a long benchmark does not
-    end in an error: its folder must exist and the name must not be a folder's."""
+    end in an error: its folder must exist and the name must not be a folder's. A device,
+    a FIFO or ``/dev/stdout`` is written through (:func:`~stratify.runfolder.write_file`),
+    a symlink at its target."""
     path = Path(str(value))
-    folder = path.parent
     if path.is_dir():
         raise OutputError(f"{flag} {value} is a folder; give a file name")
+    if path.exists() and not path.is_file():
+        return str(value)  # a device or a FIFO: written through, not replaced
+    folder = Path(os.path.realpath(path)).parent
     if not folder.is_dir():
         raise OutputError(f"cannot write {flag} {value}: no folder {folder}")
     if not os.access(folder, os.W_OK):
@@ -99,21 +103,25 @@ def check_output_file(value: object, flag: str) -> str:
     return str(value)
 
 
-def write_output(path: str, text: str, flag: str = "--json") -> None:
-    """Replace the user's file ``path`` with ``text`` atomically; a path that cannot be
-    written (a missing folder, a read-only one, a folder of that name) is one
-    :class:`OutputError` line.
+def write_output(path: str, data: str | bytes, flag: str = "--json") -> None:
+    """Write ``data`` to the user's file ``path`` (:func:`~stratify.runfolder.write_file`:
+    a regular file replaced atomically, a symlink written at its target, a device, a FIFO
+    or ``/dev/stdout`` written through); a path that cannot be written (a missing folder,
+    a read-only one, a folder of that name, a FIFO nobody reads, a full disk) is one
+    :class:`OutputError` line, and a file already there is kept.
 
     Parameters
     ----------
     path : str
         The file named by the user.
-    text : str
+    data : str or bytes
         Its new content.
     flag : str
         The option that named it, for the message.
     """
     try:
-        write_atomically(Path(path), text.encode())
+        write_file(Path(path), data.encode() if isinstance(data, str) else data)
     except OSError as error:
-        raise OutputError(f"cannot write {flag} {path}: {error.strerror or error}") from None
+        kept = " (its previous version is kept)" if os.path.isfile(path) else ""
+        reason = error.strerror or error
+        raise OutputError(f"cannot write {flag} {path}: {reason}{kept}") from None

@@ -1,4 +1,5 @@
-"""`stratify plot RUN_DIR...`: a metric per epoch of any run folders, one line each."""
+"""`stratify plot RUN_DIR...`: a metric per epoch (or per event, for streams) of any run
+folders, one line each."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from stratify.reproduce.plots import METRICS, run_curves
+from stratify.reproduce.plots import FORMATS, METRICS, run_curves
 
 
 @click.command("plot")
@@ -16,16 +17,17 @@ from stratify.reproduce.plots import METRICS, run_curves
     default="accuracy.png",
     show_default=True,
     type=click.Path(dir_okay=False),
-    help="The PNG file to write.",
+    help=f"The figure to write: {', '.join('.' + name for name in FORMATS)} (no suffix: png).",
 )
 @click.option(
     "--metric",
-    default="test_accuracy",
-    show_default=True,
-    type=click.Choice(METRICS),
-    help="What to draw per epoch (from metrics.jsonl).",
+    metavar="FIELD",
+    help="The field of metrics.jsonl to draw, e.g. "
+    f"{', '.join(METRICS)} [default: test_accuracy for training runs, every accuracy "
+    "with a value for stream runs].",
 )
-def plot(runs: tuple[str, ...], out: str, metric: str) -> None:
-    """Draw METRIC per epoch of each RUN_DIR's metrics.jsonl (needs stratify[plot])."""
+def plot(runs: tuple[str, ...], out: str, metric: str | None) -> None:
+    """Draw METRIC per epoch of each RUN_DIR's metrics.jsonl, or per event for the run
+    folders of `stratify stream` (needs stratify[plot])."""
     path = run_curves(runs, Path(out), metric)
-    click.echo(f"written: {path}")
+    click.echo(f"written: {path}", err=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 
 import click
 from rich.console import Console
@@ -13,9 +12,15 @@ from stratify.backend import DEVICES
 from stratify.cli.board import RunBoard
 from stratify.cli.common import DATA_DIR, DATASET_OPTION, parse_options
 from stratify.errors import ConfigError, StratifyError
-from stratify.parallel import RunsInterrupted, RunSpec, folder_state, make_backend
+from stratify.parallel import RayBackend, RunsInterrupted, RunSpec, folder_state, make_backend
 from stratify.reproduce.grids import GRIDS, Settings, grid_named, plan_cells
-from stratify.reproduce.runner import Display, reproduce
+from stratify.reproduce.runner import (
+    Display,
+    cell_specs,
+    check_setups,
+    grid_folder,
+    reproduce,
+)
 from stratify.reproduce.tuning import DEFAULT_FACTORS, DEFAULT_VALIDATION, Tuning, tuning_specs
 from stratify.validation import check_positive, check_positive_int, check_seeds
 
@@ -41,20 +46,36 @@ def parse_list(value: str, flag: str) -> tuple[str, ...]:
     return items
 
 
-def print_plan(console: Console, specs_by_phase: list[tuple[str, list[RunSpec]]]) -> None:
-    """What a run of the command would do: runs and epochs left per phase."""
+def print_plan(
+    console: Console, specs_by_phase: list[tuple[str, list[RunSpec]]], keep_corrupt: bool
+) -> None:
+    """What a run of the command would do: runs and epochs left per phase, and the run
+    folders that cannot be read back (run again from epoch 1, or left)."""
     for title, specs in specs_by_phase:
         states = [folder_state(spec.config) for spec in specs]
         finished = sum(state.kind == "finished" for state in states)
+        corrupt = [(spec, state) for spec, state in zip(specs, states) if state.kind == "corrupt"]
+        left = len(specs) - finished - (len(corrupt) if keep_corrupt else 0)
         epochs_left = sum(
-            max(spec.config.epochs - state.epochs_done, 0)
+            spec.config.epochs
+            if state.kind == "corrupt"
+            else spec.config.epochs - state.epochs_done
             for spec, state in zip(specs, states)
-            if state.kind != "finished"
+            if state.kind != "finished" and not (keep_corrupt and state.kind == "corrupt")
         )
+        what = "left as they are" if keep_corrupt else "to run again from epoch 1"
         console.print(
-            f"{title}: {len(specs)} runs, {finished} finished, {len(specs) - finished} to run, "
-            f"{epochs_left} epochs left"
+            f"{title}: {len(specs)} runs, {finished} finished, {left} to run, "
+            f"{epochs_left} epochs left" + (f", {len(corrupt)} corrupt ({what})" if corrupt else "")
         )
+        for spec, state in corrupt:
+            # one line each, as written: a reason may hold brackets rich would take as markup
+            console.print(
+                f"  corrupt: {spec.name}: {state.reason}",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
+            )
 
 
 # "\b": click keeps the grid list's lines as they are
@@ -109,7 +130,17 @@ def print_plan(console: Console, specs_by_phase: list[tuple[str, list[RunSpec]]]
 )
 @click.option("--workers", metavar="INTEGER", help="Local worker processes [default: cores].")
 @click.option("--address", help="Ray cluster to join (e.g. auto) [default: a local Ray].")
-@click.option("--dry-run", is_flag=True, help="Count the runs and epochs left; run nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Check every value, count the runs and epochs left; run nothing, write nothing.",
+)
+@click.option(
+    "--keep-corrupt",
+    is_flag=True,
+    help="Leave a run folder whose files cannot be read back (reported corrupt) instead of "
+    "running it again from its first epoch.",
+)
 def reproduce_command(
     grid: str,
     out: str,
@@ -131,10 +162,12 @@ def reproduce_command(
     workers: str | None,
     address: str | None,
     dry_run: bool,
+    keep_corrupt: bool,
 ) -> None:
     """Run GRID (a comparison of the papers) into --out: one run folder per cell, finished
     cells skipped, then results.csv, results.md (the paper's table format) and plots."""
     chosen_grid = grid_named(grid)
+    grid_folder(out)
     settings = Settings(
         dataset=dataset,
         data_dir=data_dir,
@@ -161,15 +194,18 @@ def reproduce_command(
     count = None if workers is None else check_positive_int(workers, "--workers")
     runner = make_backend(backend, count, address)
     console = Console(stderr=True)
+    if isinstance(runner, RayBackend) and not dry_run:
+        runner.check()  # a dead address: one line now, before anything is written
     if dry_run:
         cells, notes = plan_cells(chosen_grid, settings, out)
         phases = []
         if tuning is not None:
             phases.append(("tuning", tuning_specs(cells, tuning, out)))
-        phases.append(("cells", [RunSpec(cell.key, cell.config) for cell in cells]))
+        phases.append(("cells", cell_specs(cells)))
+        check_setups([spec for _, specs in phases for spec in specs])
         for note in notes:
             console.print(f"note: {note}")
-        print_plan(console, phases)
+        print_plan(console, phases, keep_corrupt)
         return
     try:
         report = reproduce(
@@ -179,6 +215,7 @@ def reproduce_command(
             tuning=tuning,
             backend=runner,
             display=board_display(console),
+            keep_corrupt=keep_corrupt,
         )
     except RunsInterrupted:
         console.print(
@@ -186,7 +223,7 @@ def reproduce_command(
             "to continue (finished runs are skipped)"
         )
         raise
-    click.echo((Path(out) / "results.md").read_text())
+    click.echo(report.markdown)
     for note in report.notes:
         console.print(f"note: {note}")
     console.print("written: " + ", ".join(str(path) for path in report.files))
@@ -194,8 +231,12 @@ def reproduce_command(
         console.print(f"no plots: {report.plots_note}")
     if report.failed:
         first = report.failed[0]
+        advice = (
+            "run the same command again without --keep-corrupt to run the corrupt ones again"
+            if keep_corrupt and any(result.status == "corrupt" for result in report.failed)
+            else "run the same command again to retry them"
+        )
         raise StratifyError(
             f"{len(report.failed)} of {len(report.results)} runs did not finish "
-            f"({first.cell.key}: {first.message or first.status}); "
-            "run the same command again to retry them"
+            f"({first.cell.key}: {first.status}: {first.message or 'no epoch'}); {advice}"
         )

@@ -25,7 +25,7 @@ from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.board import RunBoard
 from stratify.cli.common import DATASET_OPTION, Choice, parse_options
 from stratify.config import TrainConfig
-from stratify.errors import ConfigError, StratifyError
+from stratify.errors import ConfigError, CorruptRunError, StratifyError
 from stratify.options import flag
 from stratify.parallel import (
     COMPLETE,
@@ -34,11 +34,11 @@ from stratify.parallel import (
     RunsInterrupted,
     RunSpec,
     check_specs,
-    read_records,
     run_specs,
 )
 from stratify.reproduce.results import mean_std
 from stratify.run import EpochRecord, Run
+from stratify.runfiles import read_records
 from stratify.validation import check_positive_int, check_seeds
 
 METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
@@ -337,7 +337,10 @@ def print_seed_results(console: Console, specs: list[RunSpec], outcomes: list[Ru
         table.add_column(column, justify="right")
     bests = []
     for spec, outcome in zip(specs, outcomes):
-        records = read_records(str(spec.config.out))[: spec.config.epochs]
+        try:
+            records = read_records(str(spec.config.out))[: spec.config.epochs]
+        except CorruptRunError:
+            records = []  # its outcome says what happened
         if not records:
             table.add_row(str(spec.config.seed), outcome.status, "", "", "", "", "")
             continue

@@ -13,15 +13,22 @@ from typing import Any
 
 from stratify.algorithms import ALGORITHMS, build_strategy
 from stratify.backend import DEVICES
+from stratify.data.datasets import DATASETS, dataset_options
+from stratify.data.datasets.base import check_options
+from stratify.data.partition import parse_partition_spec
+from stratify.errors import ConfigError, OutputError
 from stratify.method import LR_SCHEDULES
 from stratify.nn.models import MODELS, NORMS, check_model_norm
-from stratify.options import MODES, RunSettings, option
+from stratify.options import MODES, RunSettings, check_given, option
 from stratify.registry import PROTOCOLS
 from stratify.validation import (
+    check_bool,
+    check_path,
     check_positive,
     check_positive_int,
     check_seed,
     check_share,
+    check_text,
     check_widths,
 )
 
@@ -34,6 +41,12 @@ FALLBACK_LR = 0.01
 RESUMABLE_CHANGES = ("epochs", "device", "out", "protocol")
 
 
+def check_partition(value: object, flag: str) -> str:
+    """A partition spec (``classes:2``), checked by the partitioner's own parser."""
+    parse_partition_spec(check_text(value, flag))
+    return str(value)
+
+
 @dataclass
 class TrainConfig(RunSettings):
     """Everything that defines a run; written to ``config.json``.
@@ -44,10 +57,13 @@ class TrainConfig(RunSettings):
     loader's (``-o KEY=VALUE``). Invalid values are refused on creation.
     """
 
-    dataset: str = option("digits", "Dataset name, e.g. digits, mnist-10k, colored-mnist.")
+    dataset: str = option(
+        "digits", "Dataset name, e.g. digits, mnist-10k, colored-mnist.", check=check_text
+    )
     data_dir: str | None = option(
         None,
         "Folder holding the dataset files (not needed for digits and synthetic).",
+        check=check_path,
         cli_type=str,
         envvar="STRATIFY_DATA_DIR",
     )
@@ -55,6 +71,7 @@ class TrainConfig(RunSettings):
         "classes:1",
         "iid | classes:k | dirichlet:α | shards:s | domains:d | domain-dirichlet:α | "
         "concentrated:d",
+        check=check_partition,
     )
     clients: int = option(10, "Number of clients.", check=check_positive_int)
     algorithm: str = option(
@@ -113,7 +130,9 @@ class TrainConfig(RunSettings):
         check=check_share,
     )
     device: str = option("auto", "Where tensors live.", choices=DEVICES)
-    secure: bool = option(True, "Encrypted placeholder registry, or the plain one.")
+    secure: bool = option(
+        True, "Encrypted placeholder registry, or the plain one.", check=check_bool
+    )
     protocol: str = option("packed-blind", "Protocol of the secure registry.", choices=PROTOCOLS)
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
@@ -122,7 +141,20 @@ class TrainConfig(RunSettings):
     resumable_changes = RESUMABLE_CHANGES
 
     def __post_init__(self) -> None:
+        check_given(self)
         super().__post_init__()
+        if self.out is not None:
+            if isinstance(self.out, str) and not self.out.strip():
+                raise OutputError("--out needs a folder name, got an empty one")
+            self.out = check_path(self.out, "--out")
+        for name in ("options", "dataset_options"):
+            value = getattr(self, name)
+            if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+                raise ConfigError(
+                    f"{name} must be a dictionary of option names to values, got {value!r:.60}"
+                )
+        if self.dataset in DATASETS:  # a caller's own dataset declares no options here
+            check_options(self.dataset, dataset_options(self.dataset), self.dataset_options)
         # like the choices above, checked before any data is loaded: the default model
         # (cnn or mlp) has no norm layers, so a norm is refused even without --model
         check_model_norm(self.model, self.norm, self.mode)

@@ -28,3 +28,20 @@ class TrainingError(StratifyError):
 class OutputError(StratifyError):
     """A file or folder the user named cannot be used: in use by another run, read-only,
     full, or holding something else."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be resumed from: unreadable, of another run, or malformed.
+
+    ``reason`` says what is wrong without the advice of the command that met it, so a
+    command that handles the checkpoint itself (a grid re-running a cell) can report it.
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class CorruptRunError(StratifyError):
+    """A run folder's file cannot be read back: not a regular file, not UTF-8 text, not
+    the records or JSON object it should hold."""

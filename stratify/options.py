@@ -270,6 +270,18 @@ class OptionFields:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
+def check_given(instance: Any) -> None:
+    """Refuse ``None`` for a field of ``instance`` made with :func:`option` whose default
+    is not ``None``: there ``None`` does not mean "resolved later" and would only fail
+    where the value is used."""
+    for field in dataclasses.fields(instance):
+        if "help" in field.metadata and field.default is not None:
+            if getattr(instance, field.name) is None:
+                raise ConfigError(
+                    f"{flag(field.name)} must be given (default {field.default!r}), got None"
+                )
+
+
 class RunSettings:
     """Base of the dataclasses that define one run of a command (``TrainConfig``,
     ``StreamConfig``): their :func:`option` fields are the command's flags, they are
@@ -300,6 +312,10 @@ class StrategyOptions(OptionFields):
     """Base of every method's options; subclasses add fields made with :func:`option`."""
 
     algorithm: ClassVar[str] = "strategy"
+
+    def __post_init__(self) -> None:
+        check_given(self)
+        super().__post_init__()
 
     def for_mode(self: OptionsT, mode: str) -> OptionsT:
         """These options with the defaults that depend on ``mode`` filled in.

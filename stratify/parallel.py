@@ -22,6 +22,9 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import traceback
 from collections import OrderedDict, deque
@@ -37,9 +40,17 @@ import torch
 from stratify.backend import resolve_device
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, dataset_uses_seed, load_dataset
-from stratify.errors import ConfigError, StratifyError, TrainingError
+from stratify.errors import (
+    CheckpointError,
+    ConfigError,
+    CorruptRunError,
+    StratifyError,
+    TrainingError,
+)
 from stratify.run import RUN_FILES, EpochRecord, Run
+from stratify.runfiles import check_checkpoint_file, read_json_object, read_records
 from stratify.runfolder import json_safe
+from stratify.validation import check_positive_int
 
 #: ``new``: the folder must hold no run; ``continue``: skip a finished run, resume one
 #: with a checkpoint, start the rest afresh; ``overwrite``: start afresh in any case
@@ -60,17 +71,29 @@ class RunSpec:
         The run's configuration; ``config.out`` is its run folder.
     policy : {"new", "continue", "overwrite"}
         What to do with a folder that already holds something (:data:`POLICIES`).
+    keep_corrupt : bool
+        Under ``continue``, leave a folder whose files cannot be read (outcome
+        ``corrupt``) instead of running it again from its first epoch.
     """
 
     name: str
     config: TrainConfig
     policy: str = "continue"
+    keep_corrupt: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"a run's name must be non-empty text, got {self.name!r:.60}")
+        if not isinstance(self.config, TrainConfig):
+            raise ConfigError(
+                f"run {self.name}: config must be a TrainConfig, got {type(self.config).__name__}"
+            )
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown run policy {self.policy!r}; use {', '.join(POLICIES)}")
         if not self.config.out:
             raise ConfigError(f"run {self.name}: its configuration needs a run folder (out)")
+        if not isinstance(self.keep_corrupt, bool):
+            raise ConfigError(f"run {self.name}: keep_corrupt must be True or False")
 
 
 @dataclass(frozen=True)
@@ -85,6 +108,7 @@ class RunEvent:
     accuracy: float | None = None
     samples: int = 0
     pid: int = 0
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,7 +117,9 @@ class RunOutcome:
 
     ``status`` is ``finished``, ``skipped`` (the folder already held every epoch),
     ``diverged`` (a non-finite loss stopped it; its good epochs are kept), ``failed`` (an
-    error, or its worker died: ``message`` says which) or ``interrupted``.
+    error, or its worker died: ``message`` says which), ``corrupt`` (its folder could not
+    be read and was left, ``keep_corrupt``) or ``interrupted``. ``corrupt`` holds why a
+    folder was found corrupt, also when the run was then started again.
     """
 
     name: str
@@ -102,6 +128,7 @@ class RunOutcome:
     epochs_done: int = 0
     best_accuracy: float | None = None
     best_epoch: int | None = None
+    corrupt: str = ""
 
 
 class RunsInterrupted(KeyboardInterrupt):
@@ -127,7 +154,8 @@ class Backend(Protocol):
 @dataclass(frozen=True)
 class FolderState:
     """What a run folder holds: ``empty``, ``finished`` (every epoch asked for),
-    ``resumable`` (a checkpoint), ``partial`` (files but no checkpoint).
+    ``resumable`` (a checkpoint), ``partial`` (files but no checkpoint), ``corrupt`` (a
+    file that cannot be read back: ``reason`` says which and why).
 
     ``differences`` lists the settings in which its ``config.json`` differs from the
     configuration asked for (empty when they agree or the folder holds no run).
@@ -136,46 +164,44 @@ class FolderState:
     kind: str
     epochs_done: int = 0
     differences: tuple[str, ...] = ()
-
-
-def read_records(folder: str | Path) -> list[dict[str, Any]]:
-    """The complete lines of ``folder/metrics.jsonl`` (a line cut by a kill is dropped)."""
-    path = Path(folder) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
+    reason: str = ""
 
 
 def config_differences(saved: dict[str, Any], config: TrainConfig) -> tuple[str, ...]:
     """``"key: saved vs asked"`` for each setting a resumed run must share (as JSON)."""
     asked = json.loads(json.dumps(json_safe(config.comparable())))
     return tuple(
-        f"{key}: {saved.get(key)!r} vs {value!r}"
+        f"{key}: {saved.get(key)!r:.60} vs {value!r}"
         for key, value in asked.items()
         if saved.get(key) != value
     )
 
 
 def folder_state(config: TrainConfig) -> FolderState:
-    """What ``config.out`` holds, compared with ``config``."""
+    """What ``config.out`` holds, compared with ``config``; never raises on what the
+    files hold (a damaged one makes the folder ``corrupt``)."""
     out = Path(str(config.out))
-    if not any((out / name).exists() for name in RUN_FILES):
-        return FolderState("empty")
     try:
-        saved = json.loads((out / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return FolderState("partial")
+        present = [name for name in RUN_FILES if os.path.lexists(out / name)]
+        if not present:
+            return FolderState("empty")
+        if "config.json" not in present:
+            return FolderState("corrupt", reason=f"{out / 'config.json'} is missing")
+        saved = read_json_object(out / "config.json")
+        records = read_records(out)
+        if "summary.json" in present:
+            read_json_object(out / "summary.json")
+        if "checkpoint.pt" in present:
+            check_checkpoint_file(out / "checkpoint.pt")
+    except CorruptRunError as error:
+        return FolderState("corrupt", reason=str(error))
+    except OSError as error:
+        return FolderState("corrupt", reason=f"{out}: {error.strerror or error}")
     differences = config_differences(saved, config)
-    done = len(read_records(out))
+    done = len(records)
     if done >= config.epochs:
         return FolderState("finished", done, differences)
-    if (out / "checkpoint.pt").exists():
+    if "checkpoint.pt" in present:
         return FolderState("resumable", done, differences)
     return FolderState("partial", done, differences)
 
@@ -253,14 +279,19 @@ def execute(
     config = spec.config
     pid = os.getpid()
     run: Run | None = None
+    corrupt = ""
     try:
         state = folder_state(config)
         if spec.policy == "continue" and state.kind == "finished" and not state.differences:
             best, epoch = best_of(read_records(str(config.out))[: config.epochs])
             return RunOutcome(spec.name, "skipped", "", state.epochs_done, best, epoch)
+        if state.kind == "corrupt":
+            if spec.policy == "continue" and spec.keep_corrupt:
+                return RunOutcome(spec.name, "corrupt", state.reason, corrupt=state.reason)
+            corrupt = state.reason
         resume = spec.policy == "continue" and state.kind == "resumable"
         overwrite = spec.policy == "overwrite" or (
-            spec.policy == "continue" and state.kind == "partial"
+            spec.policy == "continue" and state.kind in ("partial", "corrupt")
         )
         single_thread_settings()
         dataset = datasets.load(config) if datasets is not None else None
@@ -275,15 +306,28 @@ def execute(
         def on_steps(count: int) -> None:
             report(RunEvent(spec.name, "steps", samples=count, pid=pid))
 
-        run = Run(
-            config,
-            resume=resume,
-            overwrite=overwrite,
-            on_epoch=on_epoch,
-            on_steps=on_steps,
-            dataset=dataset,
-        )
-        report(RunEvent(spec.name, "start", run.start_epoch, config.epochs, pid=pid))
+        def start(resume: bool, overwrite: bool) -> Run:
+            return Run(
+                config,
+                resume=resume,
+                overwrite=overwrite,
+                on_epoch=on_epoch,
+                on_steps=on_steps,
+                dataset=dataset,
+            )
+
+        try:
+            run = start(resume, overwrite)
+        except CheckpointError as error:
+            if not resume:
+                raise
+            # its checkpoint cannot be resumed from: the folder is corrupt
+            if spec.keep_corrupt:
+                return RunOutcome(spec.name, "corrupt", error.reason, corrupt=error.reason)
+            corrupt = error.reason
+            run = start(False, True)
+        note = f"corrupt ({corrupt}); run again from epoch 1" if corrupt else ""
+        report(RunEvent(spec.name, "start", run.start_epoch, config.epochs, pid=pid, message=note))
         summary = run.train()
         return RunOutcome(
             spec.name,
@@ -292,13 +336,14 @@ def execute(
             len(run.records),
             summary["best_accuracy"],
             summary["best_epoch"],
+            corrupt,
         )
     except TrainingError as error:
         records = [vars(record) for record in run.records] if run is not None else []
         best, epoch = best_of(records)
-        return RunOutcome(spec.name, "diverged", str(error), len(records), best, epoch)
+        return RunOutcome(spec.name, "diverged", str(error), len(records), best, epoch, corrupt)
     except StratifyError as error:
-        return RunOutcome(spec.name, "failed", str(error))
+        return RunOutcome(spec.name, "failed", str(error), corrupt=corrupt)
     except Exception as error:  # a bug must not take the other runs down with it
         where = traceback.extract_tb(error.__traceback__)[-1]
         return RunOutcome(
@@ -369,6 +414,11 @@ def run_specs(
                 spec.name, "skipped", "", state.epochs_done, best, epoch
             )
             on_event(outcomes[spec.name])
+        elif spec.policy == "continue" and state.kind == "corrupt" and spec.keep_corrupt:
+            outcomes[spec.name] = RunOutcome(
+                spec.name, "corrupt", state.reason, corrupt=state.reason
+            )
+            on_event(outcomes[spec.name])
         else:
             todo.append(spec)
     if todo:
@@ -436,8 +486,8 @@ class LocalBackend:
     workers: int | None = None
 
     def __post_init__(self) -> None:
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"--workers must be at least 1, got {self.workers}")
+        if self.workers is not None:
+            self.workers = check_positive_int(self.workers, "--workers")
 
     def run(self, specs: Sequence[RunSpec], on_event: EventHandler) -> list[RunOutcome]:
         count = min(self.workers or available_cores(), len(specs))
@@ -567,6 +617,79 @@ class LocalBackend:
 # -- Ray ----------------------------------------------------------------------------------
 
 RAY_HINT = "--backend ray needs Ray: pip install 'stratify[ray]'"
+#: seconds a Ray cluster's address has to accept a connection before it is called dead
+#: (ray.init itself retries a dead address for minutes)
+RAY_CONNECT_SECONDS = 10.0
+#: seconds a trial driver has to join the cluster (what answers may not be Ray)
+RAY_JOIN_SECONDS = 30.0
+#: a trial driver: joins the cluster at argv[1] and leaves
+RAY_JOIN_SCRIPT = (
+    "import logging, sys\n"
+    "import ray\n"
+    "ray.init(address=sys.argv[1], log_to_driver=False, include_dashboard=False,\n"
+    "         logging_level=logging.ERROR)\n"
+    "ray.shutdown()\n"
+)
+#: the addresses Ray resolves itself, without a host to connect to
+RAY_LOCAL_ADDRESSES = ("auto", "local")
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The ``(host, port)`` of a Ray address (``host:port`` or ``ray://host:port``), or
+    ``None`` for ``auto``/``local``; anything else is refused in one line."""
+    if address in RAY_LOCAL_ADDRESSES:
+        return None
+    text = address.removeprefix("ray://")
+    host, separator, port = text.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--address {address!r} is not host:port, ray://host:port, auto or local")
+    return host, int(port)
+
+
+def check_ray_address(address: str | None) -> None:
+    """Refuse, in bounded time and one line, a Ray address that cannot be joined, before
+    ``ray.init`` in this process would retry it for minutes, printing as it goes.
+
+    First a TCP connection (at most :data:`RAY_CONNECT_SECONDS`): nothing listening is
+    refused at once. Then a trial driver in a child process joins the cluster (at most
+    :data:`RAY_JOIN_SECONDS`, its output kept from the terminal): something that answers
+    but is not a Ray cluster is refused too. ``None`` checks the address Ray would read
+    from ``RAY_ADDRESS``, if set; ``auto`` and ``local`` are Ray's to resolve."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        return
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=RAY_CONNECT_SECONDS).close()
+    except OSError as error:
+        reason = "no answer" if isinstance(error, TimeoutError) else error.strerror or error
+        raise ConfigError(
+            f"--backend ray: nothing answers at {address} ({reason}, waited at most "
+            f"{RAY_CONNECT_SECONDS:g} s); start the cluster (ray start --head) or fix --address"
+        ) from None
+    try:
+        trial = subprocess.run(
+            [sys.executable, "-c", RAY_JOIN_SCRIPT, address],
+            capture_output=True,
+            text=True,
+            timeout=RAY_JOIN_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise ConfigError(
+            f"--backend ray: could not join the Ray cluster at {address} within "
+            f"{RAY_JOIN_SECONDS:g} s; check that --address names a Ray head node"
+        ) from None
+    if trial.returncode != 0:
+        lines = [line.strip() for line in trial.stderr.splitlines() if line.strip()]
+        errors = [line for line in lines if "Error" in line.split(":")[0]] or lines or ["?"]
+        raise ConfigError(
+            f"--backend ray: cannot join the Ray cluster at {address} ({errors[-1][:200]}); "
+            "check that --address names a Ray head node"
+        )
+
 
 #: the datasets a Ray worker process has loaded, kept for the next tasks it runs
 _RAY_WORKER_DATASETS = DatasetCache()
@@ -590,6 +713,16 @@ class RayBackend:
 
     address: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.address is not None:
+            if not isinstance(self.address, str):
+                raise ConfigError(f"--address must be text, got {self.address!r:.60}")
+            ray_endpoint(self.address)
+
+    def check(self) -> None:
+        """Refuse a cluster address where nothing answers, in bounded time."""
+        check_ray_address(self.address)
+
     def run(self, specs: Sequence[RunSpec], on_event: EventHandler) -> list[RunOutcome]:
         try:
             import ray
@@ -598,6 +731,7 @@ class RayBackend:
             raise ConfigError(RAY_HINT) from None
         started_here = not ray.is_initialized()
         if started_here:
+            self.check()
             try:
                 ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
             except (ConnectionError, RuntimeError, ValueError) as error:

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from stratify.backend import Timer
+from stratify.checkpoints import checkpoint_problem
 from stratify.config import RESUMABLE_CHANGES, TrainConfig
 from stratify.data.datasets import Dataset
-from stratify.errors import ConfigError, StratifyError, TrainingError
+from stratify.errors import CheckpointError, ConfigError, StratifyError, TrainingError
 from stratify.experiment import build_experiment
 from stratify.runfolder import (
     RunFolder,
@@ -138,7 +139,7 @@ class Run:
             checkpoint.get("config"), self.config.comparable(), RESUMABLE_CHANGES, path
         )
         epoch = checkpoint.get("epoch")
-        if isinstance(epoch, int) and epoch >= self.config.epochs:
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= self.config.epochs:
             raise ConfigError(
                 f"--resume: the checkpoint already has {epoch} epochs; "
                 f"ask for more than {epoch} with --epochs"
@@ -182,19 +183,28 @@ class Run:
 
     def _load_checkpoint(self, checkpoint: dict) -> None:
         assert self.out is not None  # a checkpoint is read only from --out
-        problem = checkpoint_problem(checkpoint, self.engine.model.state_dict())
+        model = self.engine.model
+        problem = checkpoint_problem(
+            checkpoint,
+            model.state_dict(),
+            list(model.parameters()),
+            self.strategy.state_dict(),
+            EpochRecord,
+        )
         if problem is None:
             try:
                 records = [EpochRecord(**record) for record in checkpoint["records"]]
                 self.strategy.load_state_dict(checkpoint["strategy"])
             except (TypeError, KeyError, ValueError, RuntimeError, AttributeError) as error:
-                problem = f"{type(error).__name__} in its records or method state"
+                problem = f"strategy: {type(error).__name__} while restoring the method state"
         if problem is not None:
-            raise ConfigError(
-                f"--resume: {self.out / 'checkpoint.pt'} does not fit this run ({problem}); "
-                "start a new run with --overwrite"
+            path = self.out / "checkpoint.pt"
+            raise CheckpointError(
+                f"checkpoint refused: {problem} ({path} is left as it is; start a new run "
+                "with --overwrite)",
+                f"checkpoint refused: {problem}",
             )
-        self.engine.model.load_state_dict(checkpoint["model"])
+        model.load_state_dict(checkpoint["model"])
         torch.set_rng_state(checkpoint["torch_rng"])
         # metrics written after the checkpoint's epoch belong to an interrupted epoch and
         # are dropped when the files are rewritten from these records
@@ -293,44 +303,6 @@ class Run:
 def record_line(record: EpochRecord) -> str:
     """One ``metrics.jsonl`` line: strict JSON, a non-finite value written as ``null``."""
     return strict_json(dataclasses.asdict(record)) + "\n"
-
-
-def checkpoint_problem(checkpoint: Any, model_state: dict[str, torch.Tensor]) -> str | None:
-    """What makes ``checkpoint`` unusable for a model with ``model_state``, or ``None``.
-
-    Checked before anything is applied: the keys, the epoch, every model tensor's name,
-    shape and dtype, and the RNG state.
-    """
-    if not isinstance(checkpoint, dict):
-        return "not a dictionary"
-    missing = sorted({"epoch", "model", "strategy", "torch_rng", "records"} - set(checkpoint))
-    if missing:
-        return f"missing {', '.join(missing)}"
-    if not isinstance(checkpoint["epoch"], int) or checkpoint["epoch"] < 1:
-        return f"epoch {checkpoint['epoch']!r}"
-    saved = checkpoint["model"]
-    if not isinstance(saved, dict) or set(saved) != set(model_state):
-        return "its model has other layers"
-    for key, tensor in model_state.items():
-        value = saved[key]
-        if not isinstance(value, torch.Tensor) or value.shape != tensor.shape:
-            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            return f"{key} is {shape}, the model needs {tuple(tensor.shape)}"
-        if value.dtype != tensor.dtype:
-            return f"{key} is {value.dtype}, the model needs {tensor.dtype}"
-    rng = checkpoint["torch_rng"]
-    if (
-        not isinstance(rng, torch.Tensor)
-        or rng.dtype != torch.uint8
-        or rng.shape != (torch.get_rng_state().shape)
-    ):
-        return "its random-generator state is malformed"
-    if (
-        not isinstance(checkpoint["records"], list)
-        or len(checkpoint["records"]) != checkpoint["epoch"]
-    ):
-        return "its epoch records do not match its epoch"
-    return None
 
 
 def train(config: TrainConfig, **kwargs: Any) -> dict[str, Any]:

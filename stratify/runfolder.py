@@ -5,8 +5,10 @@ A :class:`RunFolder` is the folder a command writes its results to (``stratify t
 
 * **One process at a time.** An exclusive OS lock (``flock``) on a lock file beside the
   folder, ``.<name>.lock``, is held from before the folder is inspected until the command
-  ends; a second process on the same folder is refused in one line. The kernel drops the
-  lock when its holder dies, so a killed run stays resumable.
+  ends, and on the folder itself while it exists; a second process on the same folder is
+  refused in one line. The lock is keyed on the resolved folder, so a symlink, a ``..``
+  path or a bind mount naming the same folder meets the same lock (:class:`FolderLock`).
+  The kernel drops the lock when its holder dies, so a killed run stays resumable.
 * **Whole files.** Every file is written to a temporary file in the same folder, flushed
   to disk, then renamed over the old one: a reader (or a killed writer) sees the old file
   or the new one, never half of one. A failed write (a full disk) removes its temporary
@@ -15,6 +17,12 @@ A :class:`RunFolder` is the folder a command writes its results to (``stratify t
   staging folder beside the old run, ``.<name>.staging-<random>``, and takes the old
   run's place only at :meth:`RunFolder.commit`, i.e. once it has something worth keeping
   (a first checkpoint). A run that fails before that leaves the old one as it was.
+
+Files the user names outside a run folder (``--json``, a plot's ``--out``, a grid's
+tables) go through :func:`write_file`: a regular file is replaced atomically as above, a
+symlink is written through to its target, and a device, a FIFO or ``/dev/stdout`` is
+written through, never replaced. Run files are read back with :func:`read_file`, which
+refuses anything but a regular file, so a FIFO put in a folder cannot make a command wait.
 
 docs/architecture.md, "Run folder", describes the life of a folder and how a command
 uses this API.
@@ -33,7 +41,10 @@ import platform
 import re
 import secrets
 import shutil
+import stat
+import sys
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +53,7 @@ import numpy as np
 import torch
 
 from stratify import __version__
-from stratify.errors import ConfigError, OutputError
+from stratify.errors import CheckpointError, CorruptRunError, OutputError
 
 MODES = ("new", "resume", "overwrite")
 #: longest file name most file systems take (ext4, xfs, btrfs, tmpfs, APFS)
@@ -98,24 +109,86 @@ def checkpoint_bytes(state: Mapping[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in a few words (``"a FIFO"``)."""
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def read_file(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``path``, refusing anything else before reading.
+
+    A FIFO is opened without waiting for a writer (``O_NONBLOCK``) and refused, so a FIFO
+    put where a run file belongs cannot make a command hang; so are folders and devices.
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+    limit : int, optional
+        Refuse a file larger than this many bytes (a run file grown absurdly large).
+
+    Raises
+    ------
+    CorruptRunError
+        Not a regular file, or larger than ``limit``.
+    OSError
+        The file cannot be opened or read (missing, permissions).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptRunError(f"{path} is {file_kind(info.st_mode)}, not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise CorruptRunError(
+                f"{path} holds {info.st_size:,} bytes, more than the {limit:,} it can hold"
+            )
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint in ``path``, read with ``weights_only`` (tensors, numbers, strings
     and containers only, so a crafted file cannot run code when it is read).
 
     Raises
     ------
-    ConfigError
-        One line: the file cannot be read, or does not hold a dictionary.
+    CheckpointError
+        One line: the file is not a regular file, cannot be read, or does not hold a
+        dictionary.
     """
+    advice = "start a new run with --overwrite"
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        data = read_file(path)
+    except CorruptRunError as error:
+        raise CheckpointError(f"--resume: {error}; {advice}", str(error)) from None
+    except OSError as error:
+        reason = f"{path} is unreadable ({describe_os_error(error)})"
+        raise CheckpointError(f"--resume: {reason}; {advice}", reason) from None
+    try:
+        with warnings.catch_warnings():
+            # torch warns about what it checks (sparse tensors): the verdict is ours to give
+            warnings.simplefilter("ignore")
+            checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as error:  # any unreadable checkpoint is the same user error
-        raise ConfigError(
-            f"--resume: {path} is unreadable ({type(error).__name__}); "
-            "start a new run with --overwrite"
-        ) from None
+        reason = f"{path} is unreadable ({type(error).__name__})"
+        raise CheckpointError(f"--resume: {reason}; {advice}", reason) from None
     if not isinstance(checkpoint, dict):
-        raise ConfigError(f"--resume: {path} is not a checkpoint; start a new run with --overwrite")
+        reason = f"{path} is not a checkpoint"
+        raise CheckpointError(f"--resume: {reason}; {advice}", reason)
     return checkpoint
 
 
@@ -125,9 +198,8 @@ def check_same_settings(
     """Refuse to resume the checkpoint in ``path`` when its ``saved`` settings differ from
     the ``current`` ones in anything but the ``changeable`` keys (one line naming each)."""
     if not isinstance(saved, dict):
-        raise ConfigError(
-            f"--resume: {path} holds no configuration; start a new run with --overwrite"
-        )
+        reason = f"{path} holds no configuration"
+        raise CheckpointError(f"--resume: {reason}; start a new run with --overwrite", reason)
     allowed = set(changeable)
     differing = sorted(
         key
@@ -138,7 +210,8 @@ def check_same_settings(
         details = ", ".join(
             f"{key}: checkpoint {saved.get(key)!r} vs now {current.get(key)!r}" for key in differing
         )
-        raise ConfigError(f"--resume: configuration differs from the checkpoint ({details})")
+        reason = f"configuration differs from the checkpoint ({details})"
+        raise CheckpointError(f"--resume: {reason}", reason)
 
 
 def describe_os_error(error: OSError) -> str:
@@ -166,6 +239,90 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+#: ``/proc/self/fd/N``, ``/proc/<pid>/fd/N`` and ``/dev/fd/N``: links to open descriptors
+DESCRIPTOR_LINK = re.compile(r"/(?:proc/(self|\d+)/fd|dev/fd)/(\d+)")
+
+
+def own_descriptor(path: Path) -> int | None:
+    """The descriptor of this process that ``path`` names through links such as
+    ``/dev/stdout`` -> ``/proc/self/fd/1``, or ``None``."""
+    current = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        match = DESCRIPTOR_LINK.fullmatch(current)
+        if match and match.group(1) in (None, "self", str(os.getpid())):
+            return int(match.group(2))
+        if not os.path.islink(current):
+            return None
+        target = os.readlink(current)
+        current = os.path.normpath(os.path.join(os.path.dirname(current), target))
+    return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_through(path: Path, data: bytes) -> None:
+    """Write ``data`` into the special file ``path`` (a device, a FIFO) without replacing
+    it. A FIFO that no process reads is refused at once instead of waited on."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "no process reads this FIFO", str(path)) from None
+        raise
+    try:
+        # blocking from now on: a slow reader is waited for, not an error
+        os.set_blocking(fd, True)
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to the file the user named ``path``, never replacing what is there
+    by something else.
+
+    - a regular file (or a new one) is replaced atomically (:func:`write_atomically`);
+    - a symlink is followed: its target is replaced, the link stays;
+    - a link to one of this process's descriptors (``/dev/stdout``, ``/dev/fd/3``) is
+      written through that descriptor, where the process's other output goes;
+    - a device or a FIFO is written through; a FIFO nobody reads is refused.
+
+    Raises ``OSError`` (``IsADirectoryError`` for a folder).
+    """
+    descriptor = own_descriptor(Path(path))
+    if descriptor is not None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        _write_all(descriptor, data)
+        return
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+    if mode is not None and not stat.S_ISREG(mode):
+        write_through(target, data)
+        return
+    write_atomically(target, data)
+
+
+def write_output_file(path: Path, data: bytes) -> None:
+    """:func:`write_file`, a failure (a full disk, a read-only folder) one
+    :class:`OutputError` line naming the file and saying whether its previous version is
+    kept (it always is when there was one)."""
+    try:
+        write_file(path, data)
+    except OSError as error:
+        kept = " (its previous version is kept)" if os.path.isfile(path) else ""
+        raise OutputError(f"cannot write {path}: {describe_os_error(error)}{kept}") from None
+
+
 def auxiliary_name(name: str, suffix: str) -> str:
     """``.<name><suffix>``: the hidden lock, staging or replaced name of folder ``name``.
 
@@ -177,6 +334,157 @@ def auxiliary_name(name: str, suffix: str) -> str:
     if len(f".{name}".encode()) + LONGEST_SUFFIX > NAME_MAX:
         stem = f"{name[:64]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return f".{stem}{suffix}"
+
+
+class FolderLock:
+    """An exclusive lock on a folder, held by this process until :meth:`release`.
+
+    Two locks are taken, both keyed on the folder itself rather than on the name the user
+    gave: an ``flock`` on ``.<name>.lock`` beside the *resolved* folder (so a symlink or a
+    ``..`` path to the same folder meets the same lock file, and so does a bind mount of
+    any folder above it, which shows the same lock file), and, while the folder exists,
+    an ``flock`` on the folder's own directory (so a bind mount of the folder itself meets
+    it too). The lock file sits beside the folder because ``--overwrite`` replaces the
+    folder; it holds the holder's process id, named when a second process is refused.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The folder, as the user gave it (named in messages).
+    holder : str
+        What holds such folders, for the message (``"run"``, ``"grid"``).
+    """
+
+    def __init__(self, path: str | os.PathLike, holder: str = "run") -> None:
+        text = os.fspath(path)
+        if not text.strip():
+            raise OutputError("--out needs a folder name, got an empty one")
+        self.given = text
+        self.holder = holder
+        # realpath resolves symlinks component by component, `..` after a link included
+        self.path = Path(os.path.realpath(text))
+        if not self.path.name:
+            raise OutputError(f"--out {text} is the root folder; give a folder for the run")
+        self.lock_path = self.path.parent / auxiliary_name(self.path.name, ".lock")
+        self.created_parents: list[Path] = []
+        self._fd: int | None = None
+        self._folder_fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, making the folders above ``path`` that are missing.
+
+        Raises
+        ------
+        OutputError
+            Another process holds the folder, or the file system refused.
+        """
+        try:
+            self._fd = self._take()
+            self.lock_folder()
+        except OSError as error:
+            self.release()
+            reason = describe_os_error(error)
+            if error.filename == str(self.lock_path):  # name the folder the user knows
+                error.filename = str(self.path.parent)
+            where = f" ({error.filename})" if error.filename else ""
+            raise OutputError(f"cannot use --out {self.given}: {reason}{where}") from None
+        except BaseException:
+            self.release()
+            raise
+
+    def _in_use(self, holder_pid: str = "") -> OutputError:
+        pid = f" (process {holder_pid})" if holder_pid.isdigit() else ""
+        return OutputError(
+            f"{self.given} is in use by another {self.holder}{pid}; wait for it to end or "
+            "choose another --out"
+        )
+
+    def _take(self) -> int:
+        for _ in range(100):
+            self._make_parents()
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                if self.lock_path.parent.is_dir():
+                    raise
+                continue  # a failed run removed the parent folder it had made: make it again
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip()
+                os.close(fd)
+                raise self._in_use(holder) from None
+            # a holder that was releasing may have unlinked the file we opened: a lock on
+            # it guards nothing, so take the lock again on the file now at the path
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.lock_path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                return fd
+            os.close(fd)
+        raise OSError(errno.EAGAIN, "the lock file kept disappearing", str(self.lock_path))
+
+    def lock_folder(self) -> None:
+        """Lock the folder's own directory, if it exists (again after it was replaced)."""
+        if self._folder_fd is not None:
+            os.close(self._folder_fd)
+            self._folder_fd = None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # nothing there yet, or a file (refused by the caller)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise self._in_use() from None
+        self._folder_fd = fd
+
+    def _make_parents(self) -> None:
+        missing = []
+        parent = self.path.parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for folder in reversed(missing):
+            folder.mkdir()
+            self.created_parents.append(folder)
+
+    def remove_created_parents(self) -> None:
+        """Remove the folders :meth:`acquire` made, if they are still empty."""
+        for folder in reversed(self.created_parents):
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty: something else was put there meanwhile
+        self.created_parents.clear()
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Release the lock and delete the lock file."""
+        if self._folder_fd is not None:
+            os.close(self._folder_fd)
+            self._folder_fd = None
+        if self._fd is not None:
+            # unlink while still holding the lock: a process that opened the old file
+            # sees it is no longer at the path and takes the lock on a new one
+            self.lock_path.unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> FolderLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+        self.remove_created_parents()
 
 
 class RunFolder:
@@ -204,24 +512,18 @@ class RunFolder:
     def __init__(
         self, path: str | os.PathLike, files: Sequence[str], checkpoint: str | None = None
     ) -> None:
-        text = os.fspath(path)
-        if not text.strip():
-            raise OutputError("--out needs a folder name, got an empty one")
-        self.path = Path(os.path.abspath(text))
-        if not self.path.name:
-            raise OutputError(f"--out {text} is the root folder; give a folder for the run")
-        self.given = text
+        self.lock = FolderLock(path)
+        # the resolved folder: a symlinked --out is used, and replaced, at its target
+        self.path = self.lock.path
+        self.given = self.lock.given
         self.files = tuple(files)
         self.checkpoint = checkpoint
         self.mode = "new"
         self.location = self.path
         self.committed = False
-        self._lock_fd: int | None = None
-        self._created_parents: list[Path] = []
         self._started = False
         self._made_folder = False
         self._written: set[str] = set()
-        self._lock_path = self.path
 
     # -- opening ------------------------------------------------------------------------
 
@@ -255,9 +557,10 @@ class RunFolder:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         folder = cls(path, files, checkpoint)
         folder.mode = mode
-        folder._lock()
+        folder.lock.acquire()
         try:
-            folder._recover_interrupted_replacement()
+            if folder._recover_interrupted_replacement():
+                folder.lock.lock_folder()
             folder._check_mode()
         except OSError as error:
             folder.close()
@@ -268,71 +571,6 @@ class RunFolder:
             folder.close()
             raise
         return folder
-
-    def _lock(self) -> None:
-        lock_path = self.path.parent / auxiliary_name(self.path.name, ".lock")
-        try:
-            fd = self._take_lock(lock_path)
-        except OSError as error:
-            self._remove_created_parents()
-            reason = describe_os_error(error)
-            if error.filename == str(lock_path):  # name the folder the user knows
-                error.filename = str(self.path.parent)
-            raise OutputError(
-                f"cannot use --out {self.given}: {reason} ({error.filename})"
-            ) from None
-        self._lock_fd = fd
-        self._lock_path = lock_path
-
-    def _take_lock(self, lock_path: Path) -> int:
-        for _ in range(100):
-            self._make_parents()
-            try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:
-                if lock_path.parent.is_dir():
-                    raise
-                continue  # a failed run removed the parent folder it had made: make it again
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 32).decode(errors="replace").strip()
-                os.close(fd)
-                pid = f" (process {holder})" if holder.isdigit() else ""
-                raise OutputError(
-                    f"{self.given} is in use by another run{pid}; wait for it to end or "
-                    "choose another --out"
-                ) from None
-            # a holder that was releasing may have unlinked the file we opened: a lock on
-            # it guards nothing, so take the lock again on the file now at the path
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n".encode())
-                return fd
-            os.close(fd)
-        raise OSError(errno.EAGAIN, "the lock file kept disappearing", str(lock_path))
-
-    def _make_parents(self) -> None:
-        missing = []
-        parent = self.path.parent
-        while not parent.exists():
-            missing.append(parent)
-            parent = parent.parent
-        for folder in reversed(missing):
-            folder.mkdir()
-            self._created_parents.append(folder)
-
-    def _remove_created_parents(self) -> None:
-        for folder in reversed(self._created_parents):
-            try:
-                folder.rmdir()
-            except OSError:
-                break  # not empty: something else was put there meanwhile
-        self._created_parents.clear()
 
     def _siblings(self, kind: str) -> list[Path]:
         """This folder's ``staging`` or ``replaced`` folders (prefix and 8 hex digits, so
@@ -350,19 +588,22 @@ class RunFolder:
             and entry.is_dir()
         ]
 
-    def _recover_interrupted_replacement(self) -> None:
+    def _recover_interrupted_replacement(self) -> bool:
         """Finish or undo a replacement whose process died (we hold the lock, so no
-        living process owns these folders)."""
+        living process owns these folders); whether the old run was put back."""
         replaced = self._siblings("replaced")
+        restored = False
         if replaced and not self.path.exists():
             # died between moving the old run aside and moving the new one in: put the
             # old run back, as if the replacement had failed before its commit
             os.rename(replaced.pop(), self.path)
+            restored = True
         for stale in replaced + self._siblings("staging"):
             shutil.rmtree(stale, ignore_errors=True)
         if self.path.is_dir():  # temporary files of a write that was killed
             for partial in self.path.glob(".tmp-*.part"):
                 partial.unlink(missing_ok=True)
+        return restored
 
     def held_files(self) -> list[str]:
         """The run files already in the folder, in the order of ``files``."""
@@ -372,21 +613,7 @@ class RunFolder:
         if self.path.exists() and not self.path.is_dir():
             raise OutputError(f"--out {self.given} is a file, not a folder; choose another --out")
         held = self.held_files()
-        others = (
-            sorted(
-                entry.name
-                for entry in self.path.iterdir()
-                if entry.name not in self.files and not entry.name.startswith(".tmp-")
-            )
-            if self.path.is_dir()
-            else []
-        )
-        if others:
-            shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
-            raise OutputError(
-                f"{self.given} holds files that are not a run's ({shown}); give a new or "
-                "empty folder as --out"
-            )
+        self._check_other_files(held)
         resumable = bool(held) and (self.checkpoint is None or self.checkpoint in held)
         if held and not resumable and self.mode != "overwrite":
             raise OutputError(
@@ -406,6 +633,32 @@ class RunFolder:
         # a run being resumed was kept before this process came: close() must not undo it
         self.committed = self.mode == "resume"
 
+    def _check_other_files(self, held: Sequence[str]) -> None:
+        """Refuse a folder holding files that are not a run's where they could be lost.
+
+        ``overwrite`` replaces the whole folder, so any other file (a hidden one too)
+        refuses it; ``new`` refuses visible ones, so ``--out .`` cannot write a run into a
+        project, but not hidden ones (``.DS_Store``); ``resume`` of a folder holding a run
+        writes only the run's files, so a plot or notes saved beside them stay as they are.
+        """
+        if not self.path.is_dir() or (self.mode == "resume" and held):
+            return
+        others = sorted(
+            entry.name
+            for entry in self.path.iterdir()
+            if entry.name not in self.files
+            and not entry.name.startswith(".tmp-")
+            and (self.mode == "overwrite" or not entry.name.startswith("."))
+        )
+        if others:
+            shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+            advice = (
+                "move them away to replace the run, or choose another --out"
+                if self.mode == "overwrite" and held
+                else "give a new or empty folder as --out"
+            )
+            raise OutputError(f"{self.given} holds files that are not a run's ({shown}); {advice}")
+
     # -- writing --------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -420,6 +673,8 @@ class RunFolder:
             else:
                 self._made_folder = not self.path.exists()
                 self.path.mkdir(exist_ok=True)
+                if self._made_folder:
+                    self.lock.lock_folder()
         except OSError as error:
             raise OutputError(
                 f"cannot create the run folder {self.given}: {describe_os_error(error)}"
@@ -473,8 +728,9 @@ class RunFolder:
                 ) from None
             self.location = self.path
             shutil.rmtree(replaced, ignore_errors=True)
+            self.lock.lock_folder()  # the folder now at the path is the new run's
         self.committed = True
-        self._created_parents.clear()  # they now hold a kept run
+        self.lock.created_parents.clear()  # they now hold a kept run
 
     # -- closing --------------------------------------------------------------------------
 
@@ -493,14 +749,9 @@ class RunFolder:
                     except OSError:
                         pass  # not empty: something else was put there meanwhile
             self._started = False
-        if self._lock_fd is not None:
-            # unlink while still holding the lock: a process that opened the old file
-            # sees it is no longer at the path and takes the lock on a new one
-            Path(self._lock_path).unlink(missing_ok=True)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self.lock.release()
         if not self.committed:
-            self._remove_created_parents()
+            self.lock.remove_created_parents()
 
     def __enter__(self) -> RunFolder:
         return self

@@ -52,6 +52,23 @@ def check_positive_int(value: object, flag: str) -> int:
         raise ConfigError(f"{flag} must be a positive integer, got {value!r}") from None
 
 
+#: the most times a benchmark repeats its work (``--repeat``, ``--rounds``, ``--seeds``):
+#: a figure is a median of a few repeats, and a typo such as ``--repeat 1000000000``
+#: would otherwise run for years instead of being refused
+MAX_REPEATS = 10_000
+
+
+def check_repeats(value: object, flag: str, maximum: int = MAX_REPEATS) -> int:
+    """``value`` as a positive int of at most ``maximum``: how many times a loop runs."""
+    count = check_positive_int(value, flag)
+    if count > maximum:
+        raise ConfigError(
+            f"{flag} takes at most {maximum:,} (each one repeats the whole measurement), "
+            f"got {count:,}"
+        )
+    return count
+
+
 def check_seed(value: object, flag: str = "--seed") -> int:
     """A seed in ``[0, 2**63)``."""
     seed = check_int(value, flag, minimum=0)
@@ -274,10 +291,36 @@ class Typed:
         return converted
 
 
+def check_text(value: object, flag: str) -> str:
+    """``value`` as non-empty text (a name: a dataset, a partition spec)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{flag} must be non-empty text, got {value!r:.60}")
+    return value
+
+
+def check_path(value: object, flag: str) -> str:
+    """``value`` (text or a path object) as non-empty path text."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{flag} must be a path, got {value!r:.60}")
+    return value
+
+
+def check_bool(value: object, flag: str) -> bool:
+    """``value`` as True or False (``1``, ``"yes"`` and the like are refused: a setting
+    read from a file should say what it means)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ConfigError(f"{flag} must be True or False, got {value!r:.60}")
+
+
 def check_widths(value: object, flag: str) -> tuple[int, ...]:
     """Layer widths: ``"32,16,8"`` or a sequence of positive ints, as a tuple."""
     try:
-        parts = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+        if not isinstance(value, (str, list, tuple)):
+            raise TypeError  # bytes, a mapping or a set would iterate as something else
+        parts = value.split(",") if isinstance(value, str) else list(value)
         widths = tuple(check_positive_int(part, flag) for part in parts)
     except (ConfigError, TypeError):
         raise ConfigError(

@@ -1,6 +1,7 @@
 """Property-based test of the command line (hypothesis): random combinations of options and
-values, valid and not, for ``train``, ``partition-stats``, ``bench-privacy``, ``bench`` and
-``stream``.
+values, valid and not, for ``train``, ``partition-stats``, ``bench-privacy``, ``bench``,
+``stream``, ``reproduce`` (damaged grid folders included) and ``plot`` (damaged records,
+stream run folders, unsupported formats).
 
 The property: every command line ends with exit code 0 or 2, never a traceback; exit code
 2 comes with exactly one ``error:`` line, the last one on stderr; a ``train`` that exits
@@ -10,15 +11,19 @@ tries the same command lines in about the same time.
 """
 
 import contextlib
+import csv
 import io
 import json
+import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stratify.cli.main import main
+from stratify.reproduce.grids import GRIDS, Grid, method_column, partition_row
 
 
 def fuzz(examples):
@@ -118,15 +123,21 @@ def options(table, max_size):
 
 
 def run(argv, tmp):
-    """``stratify ARGV`` in this process: ``(exit code, stderr lines)``."""
+    """``stratify ARGV`` in this process, in folder ``tmp`` (what a relative or empty path
+    would write lands there): ``(exit code, stderr lines)``."""
     argv = [argument.replace("{tmp}", tmp) for argument in argv]
     code = 0
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
+    here = os.getcwd()
+    os.chdir(tmp)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main(argv)
+            except SystemExit as exit_:
+                code = exit_.code
+    finally:
+        os.chdir(here)
     return code, stderr.getvalue().splitlines()
 
 
@@ -288,3 +299,142 @@ def test_stream_exits_with_0_or_2(chosen, flags, existing):
         if code == 0:
             summary = json.loads((folder / "summary.json").read_text())
             assert summary["lines"] == 13, argv
+
+
+# ------------------------------------------------------------------------------ reproduce
+
+#: a grid of two cells on digits (one epoch each): what a real run of an example costs
+TINY = Grid(
+    "fuzz-tiny",
+    "FedAvg and Stratify on digits",
+    {"dataset": "digits", "mode": "batch", "epochs": 1},
+    (partition_row("classes:2", "#C=2"),),
+    (method_column("fedavg", local_epochs=1), method_column("stratify", repeat_count=10)),
+)
+
+REPRODUCE_OPTIONS = {
+    "--dataset": ["digits", "digits", "synthetic", "nope", "mnist-10k"],
+    "--epochs": ["1", "1", "0", "-1", "x", "1000000000000"],
+    "--seeds": ["0", "0,1", "0,0", "-1", "", "x"],
+    "--clients": ["10", "4", "3", "0", "5000", "abc"],
+    "--methods": ["fedavg", "stratify,fedavg", "nosuch", ""],
+    "--model": ["cnn", "mlp", "mlp", "vgg", "resnet9"],
+    "--device": ["cpu", "cpu", "cuda", "tpu"],
+    "--tune-factors": ["0.5,2", "1", "0", "x", "nan"],
+    "--tune-epochs": ["1", "0"],
+    "--validation": ["0.2", "0.1", "0", "1", "nan"],
+    "--backend": ["local", "local", "ray", "spark"],
+    "--workers": ["1", "1", "0", "x"],
+    "--address": ["auto", "127.0.0.1:1", "nohost"],
+    "-o": ["n_train=200", "nope=1", "x"],
+    "--data-dir": ["{tmp}/nowhere"],
+}
+REPRODUCE_FLAGS = ["--tune", "--dry-run", "--keep-corrupt"]
+
+
+def damaged_grid(out):
+    """A finished tiny grid folder with one cell's metrics cut short."""
+    cells = out / "cells" / "classes-2"
+    for column in ("fedavg", "stratify"):
+        folder = cells / column / "seed-0"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "metrics.jsonl").write_text('{"epoch": 1, "test_acc')
+
+
+@fuzz(30)
+@given(
+    grid=st.sampled_from(["fuzz-tiny", "fuzz-tiny", "fuzz-tiny", "table1", "ablation-chunk"]),
+    chosen=options(REPRODUCE_OPTIONS, max_size=3),
+    flags=st.lists(st.sampled_from(REPRODUCE_FLAGS), max_size=2, unique=True),
+    out=st.sampled_from(["fresh", "fresh", "damaged", "empty", "file"]),
+)
+def test_reproduce_exits_with_0_or_2(grid, chosen, flags, out):
+    argv = ["reproduce", grid, *chosen, *flags]
+    if "--epochs" not in chosen:
+        argv += ["--epochs", "1"]
+    if "--seeds" not in chosen:
+        argv += ["--seeds", "0"]
+    if "--dataset" not in chosen:
+        argv += ["--dataset", "digits"]  # the papers' grids read MNIST files otherwise
+    if "--workers" not in chosen and "--backend" not in chosen:
+        argv += ["--workers", "1"]
+    # only the tiny grid runs for real; Ray would start a local cluster
+    real = grid == "fuzz-tiny" and "--dry-run" not in flags and "--backend" not in chosen
+    if not real and "--dry-run" not in flags:
+        argv.append("--dry-run")
+    GRIDS[TINY.name] = TINY
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "grid"
+            if out == "damaged":
+                damaged_grid(folder)
+            elif out == "file":
+                folder.write_text("a file")
+            argv += ["--out", "" if out == "empty" else str(folder)]
+            code, err = run(argv, tmp)
+            assert_exits_cleanly(argv, code, err)
+            if code == 0 and real:
+                rows = list(csv.DictReader(open(folder / "results.csv")))
+                assert rows and all(row["status"] == "finished" for row in rows), argv
+    finally:
+        del GRIDS[TINY.name]
+
+
+# ----------------------------------------------------------------------------------- plot
+
+
+@pytest.fixture(scope="module")
+def plot_folders(tmp_path_factory):
+    """Run folders of every kind ``plot`` may be given: a training run, a stream run, and
+    ones whose records are damaged, empty, or missing."""
+    root = tmp_path_factory.mktemp("plot-fuzz")
+    assert run(["train", "--no-secure", "--repeat-count", "3", "--epochs", "2", "--out",
+                str(root / "train")], str(root))[0] == 0  # fmt: skip
+    events = root / "events.jsonl"
+    events.write_text(
+        "".join(
+            json.dumps({"client": i % 3, "label": i % 2, "x": [i % 2, 0.5]}) + "\n"
+            for i in range(120)
+        )
+    )
+    assert run(["stream", "--source", str(events), "--eval-every", "40", "--no-secure",
+                "--device", "cpu", "--out", str(root / "stream")], str(root))[0] == 0  # fmt: skip
+    records = (root / "train" / "metrics.jsonl").read_bytes()
+    for name, content in {
+        "not-utf8": records[:20] + b"\xff\xfe" + records[20:],
+        "arrays": b"[1, 2]\n[3, 4]\n",
+        "huge": b'{"epoch": 1, "test_accuracy": 1e400}\n',
+        "digits": b'{"epoch": 1, "test_accuracy": ' + b"7" * 5000 + b"}\n",
+        "cut": records[:-10],
+        "empty": b"",
+    }.items():
+        (root / name).mkdir()
+        (root / name / "metrics.jsonl").write_bytes(content)
+    (root / "nothing").mkdir()
+    return root
+
+
+PLOT_RUNS = ["train", "train", "train", "stream", "stream", "stream", "not-utf8", "arrays",
+             "huge", "digits", "cut", "empty", "nothing", "missing"]  # fmt: skip
+PLOT_OUTS = ["p.png", "p.png", "p.pdf", "p.svg", "p", "p.txt", "p.pt", "", "nowhere/p.png"]
+PLOT_METRICS = [None] * 5 + ["test_accuracy", "train_loss", "transfers", "f1", "events", ""]
+
+
+@fuzz(40)
+@given(
+    runs=st.lists(st.sampled_from(PLOT_RUNS), min_size=1, max_size=2),
+    out=st.sampled_from(PLOT_OUTS),
+    metric=st.sampled_from(PLOT_METRICS),
+)
+def test_plot_exits_with_0_or_2(plot_folders, runs, out, metric):
+    with tempfile.TemporaryDirectory() as tmp:
+        target = out if out.startswith("/") else str(Path(tmp) / out)
+        argv = ["plot", *(str(plot_folders / run) for run in runs), "--out", target]
+        if metric is not None:
+            argv += ["--metric", metric]
+        code, err = run(argv, tmp)
+        assert_exits_cleanly(argv, code, err)
+        if code == 0:
+            assert Path(target).stat().st_size > 0, argv
+        assert not (Path(tmp) / "nowhere").exists(), argv  # no folder made for --out

@@ -5,8 +5,12 @@ replacing runs cannot corrupt. Several tests start real processes."""
 import json
 import math
 import os
+import re
 import resource
+import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -21,6 +25,7 @@ from stratify.cli.main import COMMANDS, main
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, OutputError, TrainingError
 from stratify.run import Run
+from stratify.runfiles import read_records
 
 BASE = ["--no-secure", "--repeat-count", "5"]  # 50 steps per epoch on digits
 QUICK = [*BASE, "--epochs", "1"]
@@ -228,6 +233,29 @@ def test_click_usage_errors_are_one_line(capsys, args, message):
         (["train", "--dataset", "synthetic", "-o", "num_classes=0"], "num_classes=0 is out"),
         (["bench", "steps", "--steps", "100000000000"], "--steps 100,000,000,000 would need"),
         (["bench", "transfers", "--seeds", "0"], "--seeds must be a positive integer, got 0"),
+        # loop counts: refused up front instead of running for years
+        (["bench", "transfers", "--seeds", "1000000000"], "--seeds takes at most 10,000"),
+        (["bench", "steps", "--seeds", "1000000000"], "--seeds takes at most 10,000"),
+        (["bench", "batch", "--repeat", "1000000000"], "--repeat takes at most 10,000"),
+        (["bench", "rounds", "--rounds", "1000000000"], "--rounds takes at most 10,000"),
+        (["bench-privacy", "--repeat", "1000000000"], "--repeat takes at most 10,000"),
+        # sizes beyond the machine's memory, before anything is allocated
+        (
+            ["bench", "steps", "--seeds", "10000", "--workers", "1000000000"],
+            "--workers 1,000,000,000 with --seeds 10,000 (10,000 worker processes",
+        ),
+        (
+            ["bench-privacy", "--classes", "2", "--clients", "1000000000"],
+            "--clients 1,000,000,000 (a label set per client) would need at least",
+        ),
+        (
+            ["train", "--algorithm", "fedbr", "--mode", "batch", "--rsm-size", "1000000000"],
+            "--rsm-size 1,000,000,000 (64 pseudo-samples of that many samples) would need",
+        ),
+        (
+            ["train", "--algorithm", "fedbr", "--mode", "batch", "--mixture-size", "1000000000"],
+            "--mixture-size 1,000,000,000 (64 pseudo-samples of that many samples) would need",
+        ),
     ],
 )
 def test_bad_values_are_refused_where_they_enter(capsys, tmp_path, args, message):
@@ -236,6 +264,8 @@ def test_bad_values_are_refused_where_they_enter(capsys, tmp_path, args, message
         extra = ["--dataset", "digits"]
     if args[0] == "bench-privacy" and "--classes" not in args:
         extra = ["--classes", "2", "--clients", "2"]
+    if args[:2] == ["bench", "batch"] or args[:2] == ["bench", "rounds"]:
+        extra = ["--dataset", "digits"]
     assert_one_line_error(capsys, *args, *extra, match=message)
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
 
@@ -285,6 +315,96 @@ def test_two_processes_started_together_on_one_out(tmp_path):
     winner_seed = 0 if results[0][0] == 0 else 1
     assert configuration["seed"] == winner_seed
     assert [entry.name for entry in tmp_path.iterdir()] == ["shared"]  # no lock, no staging
+
+
+def race_two_runs(first_out, second_out, **popen):
+    """Two real runs started at once, seed 0 on ``first_out`` and fedavg with seed 1 on
+    ``second_out``, two paths to one folder: one must be refused in one line."""
+    first = stratify_process(
+        "train", "--no-secure", "--repeat-count", "100", "--epochs", "3", "--seed", "0",
+        "--out", first_out, **popen,
+    )  # fmt: skip
+    second = stratify_process(
+        "train", "--no-secure", "--algorithm", "fedavg", "--local-epochs", "1", "--epochs",
+        "3", "--seed", "1", "--out", second_out, **popen,
+    )  # fmt: skip
+    results = []
+    for process in (first, second):
+        out_text, err_text = process.communicate(timeout=600)
+        results.append((process.returncode, err_text))
+    assert sorted(code for code, _ in results) == [0, 2], results
+    refused = next(err for code, err in results if code == 2).strip().splitlines()
+    assert len(refused) == 1, refused
+    assert "is in use by another run" in refused[0] or "already holds a run" in refused[0]
+    return 0 if results[0][0] == 0 else 1
+
+
+def assert_one_consistent_run(out, winner):
+    """Every file of the run in ``out`` is the winner's: config, metrics, summary and
+    checkpoint agree on the method and the seed."""
+    metrics, summary, configuration = read_run(out)
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    algorithm, seed = (("stratify", 0), ("fedavg", 1))[winner]
+    assert (configuration["algorithm"], configuration["seed"]) == (algorithm, seed)
+    assert summary["algorithm"] == algorithm and len(metrics) == 3
+    assert (checkpoint["config"]["algorithm"], checkpoint["config"]["seed"]) == (algorithm, seed)
+
+
+@pytest.mark.slow
+def test_two_runs_through_a_symlink_to_one_folder(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    winner = race_two_runs(str(tmp_path / "real"), str(tmp_path / "link"))
+    assert_one_consistent_run(tmp_path / "real", winner)
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["link", "real"]
+
+
+@pytest.mark.slow
+def test_two_runs_through_dot_dot_to_one_folder(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    winner = race_two_runs(str(tmp_path / "a" / "run"), str(tmp_path / "a" / "b" / ".." / "run"))
+    assert_one_consistent_run(tmp_path / "a" / "run", winner)
+
+
+def bind_mounts_work():
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or not bind_mounts_work(),
+    reason="needs unshare with user and mount namespaces to make a bind mount",
+)
+def test_two_runs_through_a_bind_mount_of_the_folder(tmp_path):
+    real, mounted = tmp_path / "real", tmp_path / "mounted"
+    real.mkdir()
+    mounted.mkdir()
+    stratify = f"{sys.executable} -m stratify.cli.main train --no-secure --epochs 3"
+    # both runs in one mount namespace, in which `mounted` shows the folder `real`
+    script = (
+        f"mount --bind {real} {mounted} || exit 1; "
+        f"{stratify} --repeat-count 100 --seed 0 --out {real} 2>{tmp_path}/first.err & "
+        f"{stratify} --algorithm fedavg --local-epochs 1 --seed 1 --out {mounted} "
+        f"2>{tmp_path}/second.err; echo $? > {tmp_path}/second.code; "
+        f"wait $!; echo $? > {tmp_path}/first.code"
+    )
+    subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        check=True,
+        timeout=600,
+    )
+    codes = [int((tmp_path / f"{name}.code").read_text()) for name in ("first", "second")]
+    assert sorted(codes) == [0, 2], codes
+    loser = ("first", "second")[codes.index(2)]
+    lines = (tmp_path / f"{loser}.err").read_text().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "is in use by another run" in lines[0] or "already holds a run" in lines[0]
+    assert_one_consistent_run(real, codes.index(0))
+    assert list(mounted.iterdir()) == []  # outside the namespace, nothing is mounted there
 
 
 def test_a_run_is_refused_while_another_holds_its_folder_even_with_overwrite(tmp_path):
@@ -439,7 +559,7 @@ def test_a_checkpoint_that_is_a_folder(capsys, tmp_path):
     (out / "checkpoint.pt").mkdir(parents=True)
     assert_one_line_error(capsys, "train", *QUICK, "--out", str(out), match="already holds a run")
     assert_one_line_error(
-        capsys, "train", *QUICK, "--out", str(out), "--resume", match="unreadable"
+        capsys, "train", *QUICK, "--out", str(out), "--resume", match="is a folder, not a regular"
     )
     assert run_cli(capsys, "train", *QUICK, "--out", str(out), "--overwrite")[0] == 0
     assert (out / "checkpoint.pt").is_file()
@@ -536,8 +656,46 @@ def corrupt_rng(checkpoint):
     checkpoint["torch_rng"] = torch.zeros(7, dtype=torch.uint8)
 
 
+def zero_rng(checkpoint):
+    checkpoint["torch_rng"] = torch.zeros_like(checkpoint["torch_rng"])
+
+
 def corrupt_records(checkpoint):
     checkpoint["records"] = []
+
+
+def records_as_strings(checkpoint):
+    checkpoint["records"] = [json.dumps(record) for record in checkpoint["records"]]
+
+
+def a_record_value_as_a_string(checkpoint):
+    checkpoint["records"][0]["test_accuracy"] = "0.9"
+
+
+def sparse_weights(checkpoint):
+    key = next(iter(checkpoint["model"]))
+    checkpoint["model"][key] = checkpoint["model"][key].to_sparse()
+
+
+def sparse_momentum(checkpoint):
+    weight = next(iter(checkpoint["model"].values()))
+    checkpoint["strategy"]["optimizer"]["state"] = {0: {"momentum_buffer": weight.to_sparse()}}
+
+
+def momentum_of_another_shape(checkpoint):
+    checkpoint["strategy"]["optimizer"]["state"] = {0: {"momentum_buffer": torch.zeros(3)}}
+
+
+def epoch_as_a_bool(checkpoint):
+    checkpoint["epoch"] = True
+
+
+def steps_as_a_string(checkpoint):
+    checkpoint["strategy"]["steps_made"] = "50"
+
+
+def an_extra_field(checkpoint):
+    checkpoint["payload"] = torch.zeros(1)
 
 
 def corrupt_strategy(checkpoint):
@@ -547,12 +705,21 @@ def corrupt_strategy(checkpoint):
 @pytest.mark.parametrize(
     "corrupt, problem",
     [
-        (corrupt_missing_key, "missing torch_rng"),
-        (corrupt_shape, "is (3, 3), the model needs"),
+        (corrupt_missing_key, "torch_rng missing"),
+        (corrupt_shape, "is (3, 3), the model needs (6, 1, 5, 5)"),
         (corrupt_dtype, "is torch.float64, the model needs torch.float32"),
-        (corrupt_rng, "random-generator state is malformed"),
-        (corrupt_records, "epoch records do not match its epoch"),
-        (corrupt_strategy, "in its records or method state"),
+        (corrupt_rng, "torch_rng is a torch.strided tensor (7,) of torch.uint8, not the 5056"),
+        (zero_rng, "torch_rng is not a state of torch's generator"),
+        (corrupt_records, "records holds 0 epochs, the checkpoint's epoch is 1"),
+        (records_as_strings, "records[0] is a str, not an epoch record"),
+        (a_record_value_as_a_string, "records[0].test_accuracy is '0.9', not a number"),
+        (sparse_weights, "features.0.weight is a torch.sparse_coo tensor; only dense"),
+        (sparse_momentum, "momentum_buffer is a torch.sparse_coo tensor; only dense"),
+        (momentum_of_another_shape, "state.0.momentum_buffer is (3,), the model needs (6, 1"),
+        (epoch_as_a_bool, "epoch is True, not a positive integer"),
+        (steps_as_a_string, "strategy.steps_made is '50', not an int"),
+        (an_extra_field, "payload is not a field of a training checkpoint"),
+        (corrupt_strategy, "strategy.optimizer.state is 5, not a dict"),
     ],
 )
 def test_a_checkpoint_that_does_not_fit_is_one_line_and_changes_nothing(
@@ -564,8 +731,173 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_and_changes_nothing(
     corrupt(checkpoint)
     torch.save(checkpoint, out / "checkpoint.pt")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    line = assert_one_line_error(
-        capsys, "train", *BASE, "--epochs", "2", "--out", str(out), "--resume"
-    )
-    assert "does not fit this run" in line and problem in line
+    code, _, err = run_cli(capsys, "train", *BASE, "--epochs", "2", "--out", str(out), "--resume")
+    assert code == 2 and len(err) == 1, err  # no warning beside the line
+    line = err[0]
+    assert line.startswith("error: checkpoint refused: ") and problem in line, line
+    assert line.endswith("is left as it is; start a new run with --overwrite)")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# ------------------------------------------------- what used to hang or take the bug path
+
+
+def timed_stratify(*args, timeout=10, **popen):
+    """A real ``stratify`` process that must end within ``timeout`` seconds: ``(exit code,
+    stderr lines, seconds)``."""
+    started = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, "-m", "stratify.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **popen,
+    )
+    return process.returncode, process.stderr.strip().splitlines(), time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_fifo_given_as_the_checkpoint_is_refused_without_waiting(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(capsys, "train", *QUICK, "--out", str(out))[0] == 0
+    (out / "checkpoint.pt").unlink()
+    os.mkfifo(out / "checkpoint.pt")
+    code, err, _ = timed_stratify("train", *BASE, "--epochs", "2", "--out", str(out), "--resume")
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (
+        f"error: --resume: {out / 'checkpoint.pt'} is a FIFO, not a regular file; start a new "
+        "run with --overwrite"
+    )
+
+
+@pytest.mark.slow
+def test_a_fifo_given_as_an_mnist_file_is_refused_without_waiting(tmp_path, shared_data_dir):
+    (tmp_path / "mnist").mkdir()
+    labels = Path(shared_data_dir) / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    (tmp_path / "mnist" / labels.name).write_bytes(labels.read_bytes())
+    os.mkfifo(tmp_path / "mnist" / "t10k-images-idx3-ubyte.gz")
+    out = tmp_path / "run"
+    code, err, _ = timed_stratify(
+        "train", "--dataset", "mnist-10k", "--data-dir", str(tmp_path), *QUICK, "--out", str(out)
+    )
+    assert code == 2 and len(err) == 1, err
+    assert "t10k-images-idx3-ubyte.gz is a FIFO, not a regular file" in err[0]
+    assert not out.exists()
+
+
+def test_a_libsvm_file_too_small_for_a_test_split_is_refused_up_front(capsys, tmp_path):
+    (tmp_path / "covtype").mkdir()
+    rows = "1 1:0.5 2:0.3\n2 1:0.1 3:0.9\n1 2:0.2 4:0.1\n"
+    (tmp_path / "covtype" / "covtype.libsvm.binary").write_text(rows)
+    args = ["train", "--dataset", "covtype-binary", "--data-dir", str(tmp_path), *QUICK]
+    code, _, err = run_cli(capsys, *args, "--partition", "iid", "--clients", "2")
+    assert code == 2 and err == [  # no numpy warning before it
+        "error: covtype-binary: its test split is empty (3 training and 0 test samples); the "
+        "files hold too few samples"
+    ]
+
+
+@pytest.mark.slow
+def test_a_dead_ray_address_is_one_line_in_bounded_time(tmp_path):
+    out = tmp_path / "grid"
+    args = ["reproduce", "table2", "--dataset", "digits", "--backend", "ray", "--out", str(out)]
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    code, err, seconds = timed_stratify(*args, "--address", f"127.0.0.1:{port}", timeout=30)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: --backend ray: nothing answers at 127.0.0.1:{port} (")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_an_address_that_answers_but_is_no_ray_cluster_is_one_line_in_bounded_time(tmp_path):
+    out = tmp_path / "grid"
+    args = ["reproduce", "table2", "--dataset", "digits", "--backend", "ray", "--out", str(out)]
+    with socket.socket() as server:  # accepts connections and closes them: not Ray
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.2)
+        port = server.getsockname()[1]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "stratify.cli.main", *args, "--address", f"127.0.0.1:{port}"],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 90  # the trial driver's bound (30 s) and start-ups
+        while process.poll() is None:
+            assert time.monotonic() < deadline, "reproduce still waits on the address"
+            try:
+                server.accept()[0].close()
+            except TimeoutError:
+                pass
+        err = process.communicate()[1].strip().splitlines()
+    assert process.returncode == 2 and len(err) == 1, err
+    # Ray gives up by itself, or the trial driver's time runs out
+    joined = rf"error: --backend ray: (cannot|could not) join the Ray cluster at 127.0.0.1:{port}"
+    assert re.match(joined, err[0]), err
+    assert not out.exists()
+
+
+# ------------------------------------------------------- files the user names as outputs
+
+TRANSFERS = ["bench", "transfers", "--dataset", "digits", "--seeds", "1", "--chunks", "1,5"]
+
+
+def test_json_writes_through_a_device_node_and_a_symlink(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        os.mknod("null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        os.symlink("/dev/null", "null")  # without CAP_MKNOD: a link to the same device
+    assert run_cli(capsys, *TRANSFERS, "--json", "null")[0] == 0
+    assert stat.S_ISCHR(os.stat("null").st_mode)  # still the device, not a plain file
+    Path("results").mkdir()
+    Path("results/figures.json").write_text("old")
+    os.symlink("results/figures.json", "latest.json")
+    assert run_cli(capsys, *TRANSFERS, "--json", "latest.json")[0] == 0
+    assert os.readlink("latest.json") == "results/figures.json"
+    assert [row["chunk"] for row in json.loads(Path("results/figures.json").read_text())] == [1, 5]
+    assert sorted(os.listdir()) == ["latest.json", "null", "results"]
+
+
+@pytest.mark.slow
+def test_json_writes_into_stdout_and_a_fifo_and_refuses_a_fifo_nobody_reads(tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "stratify.cli.main", *TRANSFERS, "--json", "/dev/stdout"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr
+    start = process.stdout.index("[\n")  # the JSON follows the table on stdout
+    assert [row["chunk"] for row in json.loads(process.stdout[start:])] == [1, 5]
+    fifo = tmp_path / "figures"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        code, err, _ = timed_stratify(*TRANSFERS, "--json", str(fifo), timeout=300)
+        assert code == 0, err
+        assert [row["chunk"] for row in json.loads(reader.communicate(timeout=30)[0])] == [1, 5]
+    finally:
+        reader.kill()
+    code, err, _ = timed_stratify(*TRANSFERS, "--json", str(fifo), timeout=300)
+    assert code == 2 and err[-1] == f"error: cannot write --json {fifo}: no process reads this FIFO"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_resume_continues_a_run_beside_its_plot_and_a_hidden_file(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(capsys, "train", *QUICK, "--out", str(out))[0] == 0
+    assert run_cli(capsys, "plot", str(out), "--out", str(out / "accuracy.png"))[0] == 0
+    (out / ".DS_Store").write_bytes(b"finder")
+    kept = {name: (out / name).read_bytes() for name in ("accuracy.png", ".DS_Store")}
+    code, _, err = run_cli(capsys, "train", *BASE, "--epochs", "2", "--out", str(out), "--resume")
+    assert code == 0, err
+    assert [record["epoch"] for record in read_records(out)] == [1, 2]
+    assert json.loads((out / "summary.json").read_text())["epochs_completed"] == 2
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    # replacing the folder would delete them: --overwrite keeps the strict rule
+    line = assert_one_line_error(capsys, "train", *QUICK, "--out", str(out), "--overwrite")
+    assert "holds files that are not a run's (.DS_Store, accuracy.png)" in line

@@ -14,7 +14,13 @@ import pytest
 from stratify.algorithms import ALGORITHMS
 from stratify.cli.main import main
 from stratify.errors import ConfigError, DatasetError
-from stratify.parallel import LocalBackend, RayBackend, RunOutcome, read_records
+from stratify.parallel import (
+    LocalBackend,
+    RayBackend,
+    RunOutcome,
+    check_ray_address,
+    read_records,
+)
 from stratify.reproduce.grids import (
     GRIDS,
     SEED_METHODS,
@@ -359,7 +365,7 @@ def test_plot_draws_two_run_folders(tiny, tmp_path, capsys):
     image = tmp_path / "curves.png"
     main(["plot", *runs, "--out", str(image)])
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"written: {image}" in capsys.readouterr().out
+    assert f"written: {image}" in capsys.readouterr().err
     main(["plot", *runs, "--out", str(image), "--metric", "transfers"])
     with pytest.raises(SystemExit) as stop:
         main(["plot", str(tmp_path), "--out", str(image)])  # no metrics.jsonl there
@@ -389,6 +395,8 @@ def test_ray_runs_a_two_cell_grid_as_local_workers_do(tiny, tmp_path):
     settings = Settings(seeds=(0,), epochs=1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
+        # the address check lets a live cluster through: a trial driver joins it
+        check_ray_address(ray.get_runtime_context().gcs_address)
         display, phases = recorder()
         report = reproduce(
             "tiny", tmp_path / "ray", settings, backend=RayBackend(), display=display

@@ -4,13 +4,15 @@ beside the old run, and the recovery of a replacement whose process died."""
 import errno
 import json
 import os
+import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from stratify import runfolder
-from stratify.errors import OutputError
+from stratify.errors import CorruptRunError, OutputError
 from stratify.runfolder import RunFolder, auxiliary_name, strict_json, write_atomically
 
 FILES = ("config.json", "metrics.jsonl", "checkpoint.pt")
@@ -211,6 +213,80 @@ def test_a_folder_holding_other_files_is_never_taken(tmp_path, mode):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("extra", ["accuracy.png", ".DS_Store"])
+def test_resume_takes_a_run_whatever_lies_beside_it(tmp_path, extra):
+    make_run(tmp_path / "run")
+    (tmp_path / "run" / extra).write_bytes(b"the user's")
+    with open_folder(tmp_path / "run", "resume") as folder:
+        folder.start()
+        folder.write_bytes("checkpoint.pt", b"epoch 2")
+    assert contents(tmp_path / "run") == {
+        extra: b"the user's",
+        "checkpoint.pt": b"epoch 2",
+        "config.json": b'{\n  "epoch": 1\n}\n',
+    }
+    # only a replacement, which would delete it, keeps the strict rule
+    with pytest.raises(OutputError, match=rf"holds files that are not a run's \({extra}\)"):
+        open_folder(tmp_path / "run", "overwrite")
+
+
+def test_a_new_run_ignores_hidden_files_but_not_visible_ones(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".DS_Store").write_bytes(b"finder")
+    with open_folder(tmp_path / "run") as folder:
+        folder.start()
+        folder.write_bytes("checkpoint.pt", b"epoch 1")
+        folder.commit()
+    assert sorted(contents(tmp_path / "run")) == [".DS_Store", "checkpoint.pt"]
+
+
+@pytest.mark.parametrize("spelling", ["link", "real/../real", "elsewhere/../real"])
+def test_the_lock_is_keyed_on_the_resolved_folder(tmp_path, spelling):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    (tmp_path / "away").mkdir()
+    (tmp_path / "elsewhere").symlink_to("away/deeper")  # `..` of a link is its target's parent
+    (tmp_path / "away" / "deeper").mkdir()
+    (tmp_path / "away" / "real").mkdir()
+    expected = tmp_path / ("away/real" if spelling.startswith("elsewhere") else "real")
+    holder = open_folder(tmp_path / spelling)
+    assert holder.path == expected
+    try:
+        for other in (str(expected), f"{tmp_path}/{spelling}"):
+            with pytest.raises(OutputError, match="is in use by another run"):
+                open_folder(other)
+    finally:
+        holder.close()
+    open_folder(expected).close()
+
+
+def test_overwriting_through_a_symlink_replaces_the_target_and_keeps_the_link(tmp_path):
+    make_run(tmp_path / "real")
+    (tmp_path / "link").symlink_to("real")
+    with open_folder(tmp_path / "link", "overwrite") as folder:
+        folder.start()
+        folder.write_bytes("checkpoint.pt", b"new")
+        folder.commit()
+    assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == "real"
+    assert (tmp_path / "real" / "checkpoint.pt").read_bytes() == b"new"
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["link", "real"]
+
+
+def test_the_folder_itself_is_locked_so_another_path_to_it_meets_the_lock(tmp_path):
+    make_run(tmp_path / "run")
+    holder = open_folder(tmp_path / "run", "resume")
+    try:
+        # what a second path to the same folder (a bind mount) finds: the lock file beside
+        # it is another file, but the folder's own lock is the same
+        other = runfolder.FolderLock(tmp_path / "run")
+        other.lock_path = tmp_path / ".another-name.lock"
+        with pytest.raises(OutputError, match="is in use by another run"):
+            other.acquire()
+        assert not (tmp_path / ".another-name.lock").exists()
+    finally:
+        holder.close()
+
+
 def test_a_file_given_as_the_folder_is_refused(tmp_path):
     (tmp_path / "run").write_text("a file")
     with pytest.raises(OutputError, match="is a file, not a folder"):
@@ -279,3 +355,82 @@ def test_files_get_the_usual_permissions(tmp_path):
 def test_strict_json_writes_null_for_non_finite_numbers():
     text = strict_json({"a": float("nan"), "b": [1.0, float("-inf")], "c": "x"})
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": "x"}
+
+
+# -------------------------------------------------------------- files the user names
+
+
+def test_write_file_replaces_a_regular_file_atomically(tmp_path):
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    runfolder.write_file(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert [entry.name for entry in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_write_file_writes_through_a_symlink_and_keeps_it(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "out.json").write_text("old")
+    (tmp_path / "out.json").symlink_to("data/out.json")
+    runfolder.write_file(tmp_path / "out.json", b"new")
+    assert (tmp_path / "out.json").is_symlink()
+    assert (tmp_path / "data" / "out.json").read_bytes() == b"new"
+
+
+def test_write_file_writes_through_a_device_node(tmp_path):
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        node.symlink_to("/dev/null")  # without CAP_MKNOD: a link to the same device
+    runfolder.write_file(node, b"figures")
+    assert stat.S_ISCHR(os.stat(node).st_mode)
+    assert [entry.name for entry in tmp_path.iterdir()] == ["null"]
+
+
+@pytest.mark.slow
+def test_write_file_writes_into_a_fifo_that_is_read_and_refuses_one_that_is_not(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="no process reads this FIFO"):
+        runfolder.write_file(fifo, b"figures")
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # until cat has opened its end
+            try:
+                runfolder.write_file(fifo, b"figures" * 20000)
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        assert reader.communicate(timeout=10)[0] == b"figures" * 20000
+    finally:
+        reader.kill()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["/dev/stdout", "/proc/self/fd/1"])
+def test_write_file_to_stdout_writes_where_the_process_writes(tmp_path, name):
+    script = (
+        "import sys\n"
+        "from stratify.runfolder import write_file\n"
+        "print('before', flush=True)\n"
+        f"write_file({name!r}, b'figures\\n')\n"
+        "print('after')\n"
+    )
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as handle:  # stdout redirected to a regular file
+        subprocess.run([sys.executable, "-c", script], stdout=handle, check=True)
+    assert out.read_text() == "before\nfigures\nafter\n"
+    piped = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True)
+    assert piped.stdout == b"before\nfigures\nafter\n"
+
+
+def test_read_file_refuses_a_fifo_without_waiting(tmp_path):
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    started = time.monotonic()
+    with pytest.raises(CorruptRunError, match="metrics.jsonl is a FIFO, not a regular file"):
+        runfolder.read_file(tmp_path / "metrics.jsonl")
+    assert time.monotonic() - started < 5

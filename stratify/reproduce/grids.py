@@ -16,10 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.backend import DEVICES
 from stratify.config import TrainConfig
 from stratify.data.datasets import dataset_options
 from stratify.data.datasets.base import check_options
 from stratify.errors import ConfigError
+from stratify.nn.models import MODELS
+from stratify.validation import (
+    check_bool,
+    check_choice,
+    check_path,
+    check_positive_int,
+    check_seeds,
+    check_text,
+)
 
 #: how the papers write the methods
 METHOD_LABELS = {
@@ -366,6 +376,37 @@ class Settings:
     model: str | None = None
     secure: bool = False
     device: str = "auto"
+
+    def __post_init__(self) -> None:
+        # frozen: the checked values are stored as object.__setattr__ does
+        def store(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if self.dataset is not None:
+            dataset_options(check_text(self.dataset, "--dataset"))  # refuses an unknown one
+        if self.data_dir is not None:
+            store("data_dir", check_path(self.data_dir, "--data-dir"))
+        if not isinstance(self.dataset_options, dict) or not all(
+            isinstance(key, str) for key in self.dataset_options
+        ):
+            raise ConfigError(
+                f"dataset options must be a dictionary of option names to values, got "
+                f"{self.dataset_options!r:.60}"
+            )
+        if self.epochs is not None:
+            store("epochs", check_positive_int(self.epochs, "--epochs"))
+        store("seeds", check_seeds(self.seeds))
+        store("clients", check_positive_int(self.clients, "--clients"))
+        if self.methods is not None:
+            if not isinstance(self.methods, (list, tuple)) or not all(
+                isinstance(name, str) and name for name in self.methods
+            ):
+                raise ConfigError(f"--methods takes method names, got {self.methods!r:.60}")
+            store("methods", tuple(self.methods))
+        if self.model is not None:
+            check_choice(self.model, "--model", tuple(MODELS))
+        store("secure", check_bool(self.secure, "--secure"))
+        check_choice(self.device, "--device", DEVICES)
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,21 @@ the tables of a grid finished in several sittings are those of one uninterrupted
 from __future__ import annotations
 
 import csv
-import json
+import io
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stratify.parallel import RunOutcome, best_of, read_records
+from stratify.errors import CorruptRunError
+from stratify.parallel import RunOutcome, best_of
 from stratify.reproduce.grids import Cell, Column, Grid, Row
 from stratify.reproduce.tuning import Choice, Tuning
+from stratify.runfiles import is_metric, read_json_object, read_records
+
+#: statuses of a cell without every epoch asked for, listed under the table
+UNFINISHED = ("failed", "corrupt", "missing", "incomplete")
 
 CSV_FIELDS = (
     "grid",
@@ -47,8 +52,10 @@ class CellResult:
     """What one cell's run folder holds, up to the epochs asked for.
 
     ``status``: ``finished`` (every epoch), ``diverged`` (stopped by a non-finite loss;
-    its best epoch before that counts), ``failed`` (``message`` says why), ``incomplete``
-    or ``missing``.
+    its best epoch before that counts), ``failed`` (``message`` says why), ``corrupt``
+    (its folder cannot be read back; ``message`` says why), ``incomplete`` or
+    ``missing``. ``corrupt`` says why the folder was found corrupt before it was run
+    again from its first epoch.
     """
 
     cell: Cell
@@ -56,6 +63,7 @@ class CellResult:
     records: tuple[dict[str, Any], ...]
     lr: float | None
     message: str = ""
+    corrupt: str = ""
 
     @property
     def best(self) -> tuple[float | None, int | None]:
@@ -69,14 +77,16 @@ class CellResult:
 
 
 def read_cell(cell: Cell, outcome: RunOutcome | None = None) -> CellResult:
-    """``cell``'s result from its folder; ``outcome`` tells a divergence or failure apart."""
+    """``cell``'s result from its folder; ``outcome`` tells a divergence or failure apart.
+    A folder whose files cannot be read back is ``corrupt``, never an error."""
     folder = Path(str(cell.config.out))
-    records = tuple(read_records(folder)[: cell.config.epochs])
-    lr = None
+    corrupt = outcome.corrupt if outcome is not None else ""
     try:
-        lr = json.loads((folder / "config.json").read_text())["resolved"]["lr"]
-    except (OSError, KeyError, json.JSONDecodeError):
-        pass
+        records = tuple(read_records(folder)[: cell.config.epochs])
+    except CorruptRunError as error:
+        return CellResult(cell, "corrupt", (), None, str(error), corrupt)
+    if outcome is not None and outcome.status == "corrupt":
+        return CellResult(cell, "corrupt", records, None, outcome.message, corrupt)
     message = outcome.message if outcome is not None else ""
     if len(records) >= cell.config.epochs:
         status = "finished"
@@ -84,7 +94,16 @@ def read_cell(cell: Cell, outcome: RunOutcome | None = None) -> CellResult:
         status = outcome.status
     else:
         status = "incomplete" if records else "missing"
-    return CellResult(cell, status, records, lr, message)
+    return CellResult(cell, status, records, resolved_lr(folder), message, corrupt)
+
+
+def resolved_lr(folder: Path) -> float | None:
+    """The learning rate ``folder/config.json`` says the run used, if it can be read."""
+    try:
+        lr = read_json_object(folder / "config.json").get("resolved", {}).get("lr")
+    except (CorruptRunError, OSError, AttributeError):
+        return None
+    return float(lr) if is_metric(lr) else None
 
 
 def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
@@ -115,14 +134,15 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
     }
 
 
-def write_csv(grid: Grid, results: Sequence[CellResult], tuned: bool, path: Path) -> None:
+def csv_text(grid: Grid, results: Sequence[CellResult], tuned: bool) -> bytes:
     """``results.csv``: one row per run (cell), empty fields where nothing was measured."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for result in results:
-            row = csv_row(grid, result, tuned)
-            writer.writerow({key: "" if value is None else value for key, value in row.items()})
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    for result in results:
+        row = csv_row(grid, result, tuned)
+        writer.writerow({key: "" if value is None else value for key, value in row.items()})
+    return buffer.getvalue().encode()
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -323,12 +343,14 @@ def markdown(
     if chosen:
         parts.append("Learning-rate tuning (best validation accuracy of each candidate):")
         parts.append(tuning_table(chosen))
-    missing = [r for r in results if r.status in ("failed", "missing", "incomplete")]
-    if notes or missing:
+    missing = [r for r in results if r.status in UNFINISHED]
+    rerun = [r for r in results if r.corrupt and r.status != "corrupt"]
+    if notes or missing or rerun:
         lines = [f"- {note}" for note in notes]
         lines += [
             f"- {r.cell.key}: {r.status}" + (f" ({r.message})" if r.message else "")
             for r in missing
         ]
+        lines += [f"- {r.cell.key}: was corrupt ({r.corrupt}); run again" for r in rerun]
         parts.append("Notes:\n\n" + "\n".join(lines))
     return "\n".join(part.strip("\n") + "\n" for part in parts)

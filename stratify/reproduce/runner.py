@@ -10,21 +10,37 @@ finished runs and resumes the others, so a grid can be finished in several sitti
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from stratify.errors import ConfigError
-from stratify.parallel import Backend, EventHandler, RunOutcome, RunSpec, run_specs
+import torch
+
+from stratify.data.holdout import holdout_validation
+from stratify.errors import ConfigError, CorruptRunError, OutputError, StratifyError
+from stratify.experiment import build_experiment, partition_clients
+from stratify.parallel import (
+    Backend,
+    DatasetCache,
+    EventHandler,
+    RunOutcome,
+    RunSpec,
+    run_specs,
+)
 from stratify.reproduce.grids import Cell, Grid, Settings, grid_named, plan_cells
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
-from stratify.reproduce.results import CellResult, markdown, read_cell, write_csv
+from stratify.reproduce.results import CellResult, csv_text, markdown, read_cell
 from stratify.reproduce.tuning import Choice, Tuning, choices, tuned_cells, tuning_specs
+from stratify.runfiles import read_json_object
+from stratify.runfolder import FolderLock, json_safe, write_output_file
 
 GRID_FILE = "grid.json"
+#: the files a grid writes into its folder besides the plots
+OUTPUTS = (GRID_FILE, "tuning.csv", "results.csv", "results.md")
 #: a display: given a phase's title and runs, the context in which it shows their events
 Display = Callable[[str, Sequence[RunSpec]], AbstractContextManager[EventHandler | None]]
 
@@ -40,10 +56,16 @@ class Report:
     notes: list[str]
     files: list[Path] = field(default_factory=list)
     plots_note: str | None = None
+    markdown: str = ""
 
     @property
     def failed(self) -> list[CellResult]:
-        return [result for result in self.results if result.status in ("failed", "incomplete")]
+        """The cells that did not finish: failed, incomplete, or corrupt and kept."""
+        return [
+            result
+            for result in self.results
+            if result.status in ("failed", "incomplete", "corrupt")
+        ]
 
 
 def identity(grid: Grid, settings: Settings, tuning: Tuning | None) -> dict[str, Any]:
@@ -62,31 +84,72 @@ def identity(grid: Grid, settings: Settings, tuning: Tuning | None) -> dict[str,
     }
 
 
-def check_out(out: Path, expected: dict[str, Any]) -> None:
+def check_out(out: Path, expected: dict[str, Any]) -> bool:
     """Refuse a folder holding another grid (or the same with other fixed settings);
-    record this one's settings in ``grid.json``."""
+    whether ``grid.json`` is still to be written (a new grid)."""
     path = out / GRID_FILE
-    if path.exists():
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            raise ConfigError(
-                f"{path} is unreadable; move {out} away or use another --out"
-            ) from None
-        expected_json = json.loads(json.dumps(expected))
-        differing = [
-            f"{key}: {saved.get(key)!r} there, {value!r} now"
-            for key, value in expected_json.items()
-            if saved.get(key) != value
-        ]
-        if differing:
-            raise ConfigError(
-                f"{out} holds a grid run with other settings ({'; '.join(differing)}); "
-                "give the same settings to continue it, or use another --out"
-            )
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(expected, indent=2) + "\n")
+    try:
+        saved = read_json_object(path)
+    except FileNotFoundError:
+        return True
+    except (CorruptRunError, OSError) as error:
+        reason = str(error) if isinstance(error, CorruptRunError) else error.strerror
+        raise ConfigError(
+            f"{path} is unreadable ({reason}); move {out} away or use another --out"
+        ) from None
+    expected_json = json.loads(json.dumps(expected))
+    differing = [
+        f"{key}: {saved.get(key)!r:.60} there, {value!r} now"
+        for key, value in expected_json.items()
+        if saved.get(key) != value
+    ]
+    if differing:
+        raise ConfigError(
+            f"{out} holds a grid run with other settings ({'; '.join(differing)}); "
+            "give the same settings to continue it, or use another --out"
+        )
+    return False
+
+
+def check_setups(specs: Sequence[RunSpec]) -> None:
+    """Set up every run of ``specs`` as it would start, without training it, so a value
+    that would fail in a cell is refused before anything is written or run.
+
+    Each distinct configuration (seeds aside) is built whole (dataset, validation split,
+    partition, method, model, engine; the plain registry, which accepts what CKKS does);
+    every seed's partition is checked too, since a seed can leave a label with no
+    client. Refused here: an unknown ``--model`` or one that does not fit the data, a
+    missing or unreadable data file, ``--device cuda`` without a GPU, more clients than
+    samples or a partition that leaves a label to no client, a validation share that
+    leaves a label no sample, and dataset options out of range.
+
+    Raises
+    ------
+    StratifyError
+        One line naming the first run whose set-up fails and why.
+    """
+    datasets = DatasetCache(size=2)
+    built: set[str] = set()
+    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
+    try:
+        for spec in specs:
+            config = replace(spec.config, secure=False, out=None)
+            try:
+                dataset = datasets.load(config)
+                setup = json.dumps(json_safe({**config.comparable(), "seed": None}), default=str)
+                if setup not in built:
+                    build_experiment(config, dataset=dataset)
+                    built.add(setup)
+                    continue
+                if config.validation:
+                    dataset = holdout_validation(dataset, config.validation, seed=config.seed)
+                partition_clients(dataset, config)
+            except StratifyError as error:
+                raise ConfigError(f"{spec.name}: {error}") from None
+    finally:
+        # a single-sample set-up switches this process to one thread, oneDNN off
+        torch.set_num_threads(threads)
+        torch.backends.mkldnn.enabled = mkldnn  # type: ignore[assignment]
 
 
 def run_phase(
@@ -99,24 +162,25 @@ def run_phase(
 
 
 def write_tuning_csv(chosen: dict[str, Choice], path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(
-            ["group", "lr", "default_lr", "validation_accuracy", "best_epoch", "status", "chosen"]
-        )
-        for choice in chosen.values():
-            for trial in choice.trials:
-                writer.writerow(
-                    [
-                        choice.group,
-                        trial.lr,
-                        choice.default,
-                        "" if trial.accuracy is None else trial.accuracy,
-                        "" if trial.epoch is None else trial.epoch,
-                        trial.status,
-                        trial.lr == choice.lr,
-                    ]
-                )
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(
+        ["group", "lr", "default_lr", "validation_accuracy", "best_epoch", "status", "chosen"]
+    )
+    for choice in chosen.values():
+        for trial in choice.trials:
+            writer.writerow(
+                [
+                    choice.group,
+                    trial.lr,
+                    choice.default,
+                    "" if trial.accuracy is None else trial.accuracy,
+                    "" if trial.epoch is None else trial.epoch,
+                    trial.status,
+                    trial.lr == choice.lr,
+                ]
+            )
+    write_output_file(path, buffer.getvalue().encode())
 
 
 def reproduce(
@@ -127,8 +191,13 @@ def reproduce(
     tuning: Tuning | None = None,
     backend: Backend | None = None,
     display: Display | None = None,
+    keep_corrupt: bool = False,
 ) -> Report:
     """Run grid ``grid_name`` into ``out`` and write its tables and plots.
+
+    The folder is locked for the whole grid (a second ``reproduce`` on it is refused),
+    and every run is set up once before anything is written (:func:`check_setups`), so a
+    bad value leaves the folder as it was. Each output file is replaced atomically.
 
     Parameters
     ----------
@@ -144,33 +213,65 @@ def reproduce(
         Where the runs execute (default: local workers, one per core).
     display : callable, optional
         ``display(title, specs)`` gives the context that shows a phase's progress.
+    keep_corrupt : bool
+        Leave a run folder whose files cannot be read back (reported ``corrupt``)
+        instead of running it again from its first epoch.
     """
     grid = grid_named(grid_name)
-    out = Path(out)
+    out = grid_folder(out)
     cells, notes = plan_cells(grid, settings, out)
-    check_out(out, identity(grid, settings, tuning))
-    files: list[Path] = []
-    chosen = None
-    if tuning is not None:
-        specs = tuning_specs(cells, tuning, out)
-        outcomes = run_phase(f"{grid.name} · tuning lr", specs, backend, display)
-        chosen = choices(cells, specs, outcomes)
-        write_tuning_csv(chosen, out / "tuning.csv")
-        files.append(out / "tuning.csv")
-        cells = tuned_cells(cells, chosen)
-    specs = [RunSpec(cell.key, cell.config) for cell in cells]
-    outcomes = run_phase(grid.name, specs, backend, display)
-    results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
-    write_csv(grid, results, tuning is not None, out / "results.csv")
-    (out / "results.md").write_text(
-        markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
-    )
-    files += [out / "results.csv", out / "results.md"]
-    report = Report(grid, cells, results, chosen, notes, files)
-    try:
-        report.files += grid_plots(grid, results, out)
-    except PlotsUnavailable as error:
-        report.plots_note = (
-            f"{error}; then run the same command again to draw them (the finished runs are skipped)"
-        )
+    with FolderLock(out, holder="grid") as lock:
+        new_grid = check_out(out, identity(grid, settings, tuning))
+        for name in OUTPUTS:
+            if (out / name).is_dir():
+                raise OutputError(
+                    f"{out / name} is a folder, where the grid writes its {name}; move it "
+                    "away or use another --out"
+                )
+        tuning_runs = tuning_specs(cells, tuning, out) if tuning is not None else []
+        check_setups(tuning_runs + cell_specs(cells))
+        if new_grid:
+            out.mkdir(parents=True, exist_ok=True)
+            lock.lock_folder()
+            write_output_file(
+                out / GRID_FILE,
+                (json.dumps(identity(grid, settings, tuning), indent=2) + "\n").encode(),
+            )
+        files: list[Path] = []
+        chosen = None
+        if tuning is not None:
+            specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in tuning_runs]
+            outcomes = run_phase(f"{grid.name} · tuning lr", specs, backend, display)
+            chosen = choices(cells, specs, outcomes)
+            write_tuning_csv(chosen, out / "tuning.csv")
+            files.append(out / "tuning.csv")
+            cells = tuned_cells(cells, chosen)
+        specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in cell_specs(cells)]
+        outcomes = run_phase(grid.name, specs, backend, display)
+        results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
+        write_output_file(out / "results.csv", csv_text(grid, results, tuning is not None))
+        table = markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
+        write_output_file(out / "results.md", table.encode())
+        files += [out / "results.csv", out / "results.md"]
+        report = Report(grid, cells, results, chosen, notes, files, markdown=table)
+        try:
+            report.files += grid_plots(grid, results, out)
+        except PlotsUnavailable as error:
+            report.plots_note = (
+                f"{error}; then run the same command again to draw them (the finished runs "
+                "are skipped)"
+            )
     return report
+
+
+def grid_folder(out: str | Path) -> Path:
+    """``out`` as a Path; an empty name (which Path would read as the current folder) is
+    refused."""
+    if not str(out).strip():
+        raise OutputError("--out needs a folder name, got an empty one")
+    return Path(out)
+
+
+def cell_specs(cells: Sequence[Cell]) -> list[RunSpec]:
+    """One run per cell, named by its key."""
+    return [RunSpec(cell.key, cell.config) for cell in cells]

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from stratify.algorithms import build_strategy
 from stratify.config import TrainConfig, default_lr
-from stratify.errors import ConfigError
-from stratify.parallel import COMPLETE, RunOutcome, RunSpec, best_of, read_records
+from stratify.errors import ConfigError, CorruptRunError
+from stratify.parallel import COMPLETE, RunOutcome, RunSpec, best_of
 from stratify.reproduce.grids import Cell
+from stratify.runfiles import read_records
 from stratify.validation import check_positive, check_positive_int, check_share
 
 #: the candidate rates, as multiples of each method's default
@@ -45,6 +46,8 @@ class Tuning:
     epochs: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.factors, (list, tuple)):
+            raise ConfigError(f"--tune-factors takes a list of factors, got {self.factors!r:.60}")
         if not self.factors:
             raise ConfigError("--tune-factors: give at least one factor")
         object.__setattr__(
@@ -152,10 +155,13 @@ def choices(
         for spec in specs:
             if not spec.name.startswith(f"tune/{group}/"):
                 continue
-            records = read_records(str(spec.config.out))[: spec.config.epochs]
-            accuracy, epoch = best_of(records)
             outcome = outcomes.get(spec.name)
             status = outcome.status if outcome is not None else "missing"
+            try:
+                records = read_records(str(spec.config.out))[: spec.config.epochs]
+            except CorruptRunError:
+                records, status = [], "corrupt"
+            accuracy, epoch = best_of(records)
             if status not in COMPLETE and len(records) >= spec.config.epochs:
                 status = "finished"
             assert spec.config.lr is not None  # tuning runs always name their rate

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from stratify.errors import ConfigError, DatasetError
+from stratify.errors import ConfigError, CorruptRunError, DatasetError
 from stratify.options import DatasetOptions, check_value
+from stratify.runfolder import file_kind, read_file
 
 
 @dataclass
@@ -222,6 +224,39 @@ def check_labels(
         )
 
 
+def read_data_file(name: str, path: Path) -> bytes:
+    """The bytes of the data file ``path``; a FIFO, a device or a folder in its place is
+    refused at once (reading one would wait for a writer forever).
+
+    Raises
+    ------
+    DatasetError
+        Not a regular file, or unreadable.
+    """
+    try:
+        return read_file(path)
+    except CorruptRunError as error:
+        raise DatasetError(f"{name}: {error}; put the data file there") from None
+    except OSError as error:
+        raise DatasetError(f"{name}: cannot read {path} ({error.strerror or error})") from None
+
+
+def require_regular_files(name: str, folder: Path) -> None:
+    """Refuse a FIFO, a device or a socket among the files of ``folder`` and below, before
+    a reader that opens them blindly (torchvision, scikit-learn) waits on one forever."""
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.rglob("*")):
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue  # a dangling link: the reader reports the missing file
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise DatasetError(
+                f"{name}: {path} is {file_kind(mode)}, not a regular file; put the data file there"
+            )
+
+
 def require_data_dir(name: str, data_dir: str | None, expected: str) -> Path:
     """``data_dir`` as a Path; DatasetError naming ``expected`` if it is unset or absent."""
     if data_dir is None:
@@ -255,7 +290,15 @@ def make_dataset(
     domains_test: np.ndarray | None = None,
     **meta,
 ) -> Dataset:
-    """A :class:`Dataset` on ``device`` from numpy arrays; labels are range-checked."""
+    """A :class:`Dataset` on ``device`` from numpy arrays; labels are range-checked and
+    an empty split is refused (files holding too few samples: nothing to train on or to
+    evaluate, which would otherwise surface as empty means and divisions by zero)."""
+    for split, labels in (("training", y_train), ("test", y_test)):
+        if len(labels) == 0:
+            raise DatasetError(
+                f"{name}: its {split} split is empty ({len(y_train)} training and "
+                f"{len(y_test)} test samples); the files hold too few samples"
+            )
     check_labels(name, y_train, num_classes, "the training split")
     check_labels(name, y_test, num_classes, "the test split")
     train_inputs, train_labels = _tensors(x_train, y_train, device)

@@ -12,6 +12,7 @@ from stratify.data.datasets.base import (
     make_dataset,
     normalise_images,
     require_data_dir,
+    require_regular_files,
 )
 from stratify.errors import DatasetError
 
@@ -32,6 +33,7 @@ def _load_cifar(
 ) -> Dataset:
     expected = f"{folder}/ ({files}), the extracted python version of the archive"
     directory = require_data_dir(name, data_dir, expected)
+    require_regular_files(name, directory / folder)
     import torchvision.datasets
 
     reader = getattr(torchvision.datasets, torchvision_class)

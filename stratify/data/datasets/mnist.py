@@ -17,7 +17,9 @@ from stratify.data.datasets.base import (
     fixed_split,
     make_dataset,
     normalise_images,
+    read_data_file,
     require_data_dir,
+    require_regular_files,
 )
 from stratify.errors import DatasetError
 
@@ -35,10 +37,10 @@ _IDX_FIX = "replace it with an intact copy of the official IDX file"
 
 def read_idx(path: Path) -> np.ndarray:
     """Read a (gzipped) IDX file as used by MNIST; raises DatasetError if unreadable."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    raw = read_data_file("mnist", path)  # a FIFO there is refused, not waited on
     try:
-        with opener(path, "rb") as handle:
-            raw = handle.read()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
         zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
         if zero != 0 or dtype_code != 0x08:
             raise ValueError("bad magic number")
@@ -129,6 +131,7 @@ def full_mnist_arrays(name: str, data_dir: str | None, folder: str, torchvision_
     else:
         import torchvision.datasets
 
+        require_regular_files(name, directory / torchvision_class)
         reader = getattr(torchvision.datasets, torchvision_class)
         try:
             train = reader(str(directory), train=True, download=False)

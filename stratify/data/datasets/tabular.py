@@ -12,6 +12,7 @@ from stratify.data.datasets.base import (
     fixed_split,
     make_dataset,
     require_data_dir,
+    require_regular_files,
 )
 from stratify.errors import DatasetError
 
@@ -30,6 +31,7 @@ def load_covtype(data_dir: str | None, device, seed: int) -> Dataset:
     )
     from sklearn.datasets import fetch_covtype
 
+    require_regular_files("covtype", directory / "covertype")
     try:
         bunch = fetch_covtype(data_home=str(directory), download_if_missing=False)
     except OSError:
