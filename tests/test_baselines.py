@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from engines import CLASSES, FEATURES, tiny_engine
 from torch import nn
 
 from stratify.baselines.common import participants, weighted_average
@@ -15,36 +16,8 @@ from stratify.baselines.fedprox import FedProx, add_proximal_gradient, proximal_
 from stratify.baselines.fedtan import FedTAN, StatisticsExchange
 from stratify.baselines.scaffold import Scaffold, control_variate_update, scaffold_server_update
 from stratify.baselines.sfl import SFL
-from stratify.config import TrainConfig
-from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError
-from stratify.experiment import build_experiment
-from stratify.federation import Federation
 from stratify.nn.norm import SumBatchNorm, client_split
-from stratify.registry import PlainRegistry
-
-FEATURES, CLASSES = 4, 3
-
-
-def tiny_engine(strategy, model, sizes=(3, 5), mode="batch", lr=0.1, seed=0, data_seed=0):
-    """A engine over ``len(sizes)`` clients; client k holds label k % CLASSES only."""
-    generator = torch.Generator().manual_seed(data_seed)
-    labels = np.concatenate([[k % CLASSES] * size for k, size in enumerate(sizes)])
-    x = torch.randn(len(labels), FEATURES, generator=generator) + torch.as_tensor(labels)[:, None]
-    y = torch.as_tensor(labels, dtype=torch.long)
-    dataset = Dataset("tiny", x, y, x[:4].clone(), y[:4].clone(), CLASSES)
-    offsets = np.cumsum([0, *sizes])
-    client_indices = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))]
-    federation = Federation(client_indices, labels)
-    config = TrainConfig(algorithm=strategy.name, mode=mode, lr=lr, seed=seed, secure=False)
-    return build_experiment(
-        config,
-        dataset=dataset,
-        federation=federation,
-        registry=PlainRegistry(seed=0),
-        model=model,
-        strategy=strategy,
-    ).engine
 
 
 def linear(seed=0):

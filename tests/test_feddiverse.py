@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_refused_in_one_line
+from engines import tiny_engine
 from torch import nn
 
 from stratify.baselines.feddiverse import (
@@ -32,9 +33,7 @@ from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset
 from stratify.data.heterogeneity import heterogeneity_triplet, interaction_matrix
 from stratify.errors import ConfigError
-from stratify.experiment import build_experiment
 from stratify.federation import Federation
-from stratify.registry import PlainRegistry
 from stratify.run import Run
 
 # triplets (ΔCI, ΔAI, ΔSC) of five clients; each sums to 1 except clients 3 and 4
@@ -303,25 +302,19 @@ def tiny_dataset(with_domains=True, n=120, seed=0):
     )
 
 
-def tiny_engine(strategy, with_domains=True, clients=6):
+def diverse_engine(strategy, with_domains=True, clients=6):
+    """Six clients, each a consecutive slice of :func:`tiny_dataset`, on a two-feature net."""
     dataset = tiny_dataset(with_domains)
     federation = Federation(
         np.array_split(np.arange(len(dataset.y_train)), clients), dataset.y_train.numpy()
     )
-    config = TrainConfig(algorithm="feddiverse", mode="batch", lr=0.05, secure=False)
-    return build_experiment(
-        config,
-        dataset=dataset,
-        federation=federation,
-        registry=PlainRegistry(seed=0),
-        model=TwoFeatureNet(classes=3),
-        strategy=strategy,
-    ).engine
+    model = TwoFeatureNet(classes=3)
+    return tiny_engine(strategy, model, dataset=dataset, federation=federation, lr=0.05)
 
 
 def test_known_triplets_come_from_the_real_interaction_matrices_after_pretraining():
     strategy = FedDiverse(dht="known", local_epochs=1, client_fraction=0.5)
-    engine = tiny_engine(strategy)
+    engine = diverse_engine(strategy)
     first = engine.run_epoch(1)  # pre-training: 3 of 6 clients drawn uniformly
     assert strategy.triplets is None and first.transfers == 2 * 3
     second = engine.run_epoch(2)
@@ -342,7 +335,7 @@ def test_estimation_round_counts_every_clients_download_and_its_steps():
     strategy = FedDiverse(
         local_epochs=1, client_fraction=0.5, bias_epochs=1, attribute_epochs=1, local_batch_size=8
     )
-    engine = tiny_engine(strategy, with_domains=False)
+    engine = diverse_engine(strategy, with_domains=False)
     engine.run_epoch(1)
     second = engine.run_epoch(2)
     assert strategy.triplets.shape == (6, 3) and np.isfinite(strategy.triplets).all()
@@ -457,4 +450,4 @@ def test_bad_feddiverse_options_are_one_line_exit_2(tmp_path, capsys, arguments,
 
 def test_dht_known_is_refused_on_data_without_attributes():
     with pytest.raises(ConfigError, match="--dht known needs a dataset with attributes"):
-        tiny_engine(FedDiverse(dht="known"), with_domains=False)
+        diverse_engine(FedDiverse(dht="known"), with_domains=False)
