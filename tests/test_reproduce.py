@@ -383,6 +383,7 @@ def test_without_matplotlib_the_tables_are_still_written(tiny, tmp_path, monkeyp
 # -- Ray ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ray_runs_a_two_cell_grid_as_local_workers_do(tiny, tmp_path):
     import ray  # in the test extra: this test runs, never skips, in CI
 

@@ -45,6 +45,7 @@ def test_a_second_holder_is_refused_until_the_first_closes(tmp_path):
     assert sorted(entry.name for entry in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_killed_holder_releases_the_lock(tmp_path):
     script = (
         "import sys, time\n"
