@@ -198,6 +198,32 @@ def test_bn_buffers_average_is_sample_weighted():
     assert int(bn.num_batches_tracked) == 1
 
 
+@pytest.mark.parametrize("bn_buffers", ["average", "local"])
+def test_bn_buffers_follow_equal_weighting_like_the_parameters(bn_buffers):
+    # clients of 3 and 5 samples, each one full-batch step from running mean 0, var 1:
+    # with --weighting equal the global statistics are the plain mean of the two clients'
+    # (FedBSS, FedBR and FedDiverse weigh equally by default), whichever --bn-buffers
+    strategy = FedAvg(
+        local_batch_size=8,
+        local_epochs=1,
+        local_momentum=0.0,
+        weighting="equal",
+        bn_buffers=bn_buffers,
+    )
+    engine = tiny_engine(strategy, bn_mlp(), sizes=(3, 5))
+    start = copy.deepcopy(engine.model)
+    expected_mean = torch.zeros(6, dtype=torch.float64)
+    expected_var = torch.zeros(6, dtype=torch.float64)
+    for client in (0, 1):
+        h = bn_input(start, engine.dataset.x_train[engine.federation.client_indices[client]])
+        expected_mean += 0.5 * 0.1 * h.mean(0)
+        expected_var += 0.5 * (0.9 + 0.1 * h.var(0, unbiased=True))
+    engine.run_epoch(1)
+    bn = engine.model[1]
+    assert torch.allclose(bn.running_mean.double(), expected_mean, atol=1e-6)
+    assert torch.allclose(bn.running_var.double(), expected_var, atol=1e-6)
+
+
 def test_bn_buffers_local_stay_with_their_client():
     engine = tiny_engine(
         FedAvg(local_batch_size=8, bn_buffers="local", local_epochs=1, local_momentum=0.0),

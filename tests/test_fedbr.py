@@ -78,6 +78,29 @@ def test_contrastive_loss_on_fixed_feature_vectors():
     )
 
 
+def test_each_pair_of_l_con_has_its_own_temperature():
+    # cos(pseudo, global) = 1 and cos(pseudo, local) = 3/5 (a 3-4-5 triangle), τ1 = 1 and
+    # τ2 = 0.2: L = −log(e^(1/1) / (e^(1/1) + e^(0.6/0.2))) = log(1 + e^(3 − 1))
+    pseudo, global_, local = (
+        torch.tensor([[1.0, 0.0]]),
+        torch.tensor([[1.0, 0.0]]),
+        torch.tensor([[3.0, 4.0]]),
+    )
+    expected = math.log(1 + math.exp(2.0))  # 2.126928
+    assert contrastive_loss(pseudo, global_, local, 1.0, 0.2).item() == pytest.approx(expected)
+    # swapped: log(1 + e^(0.6/1 − 1/0.2)) = log(1 + e^(−4.4))
+    assert contrastive_loss(pseudo, global_, local, 0.2, 1.0).item() == pytest.approx(
+        math.log(1 + math.exp(-4.4))
+    )
+    # a client's objective passes --positive-temperature and --negative-temperature on
+    objective, _ = make_objective()
+    objective.projection = nn.Identity()
+    objective.options = FedBROptions(
+        positive_temperature=1.0, negative_temperature=0.2, mixture_size=0
+    ).for_mode("batch")
+    assert objective.contrast(pseudo, global_, local).item() == pytest.approx(expected)
+
+
 def test_soft_cross_entropy_and_the_projection_head():
     logits = torch.zeros(2, 4)
     assert soft_cross_entropy(logits, torch.full((2, 4), 0.25)).item() == pytest.approx(math.log(4))
@@ -250,6 +273,29 @@ def test_theta_is_averaged_with_the_aggregation_weights():
     strategy.options = FedBROptions(weighting="samples").for_mode("batch")
     strategy.aggregate(engine.context, None, updates)  # (1·1 + 3·3) / 4
     assert all(torch.all(v == 2.5) for v in strategy.projection.state_dict().values())
+
+
+def test_each_client_takes_its_max_steps_on_its_own_copy_of_theta():
+    strategy = FedBR(local_steps=2, local_batch_size=4)
+    engine = tiny_engine(strategy, TinyNet(), (6, 10), client_labels=EVERY_LABEL, test_samples=5)
+    context = engine.context
+    context.epoch, context.lr = 1, 0.1
+    strategy.configure_rounds(context, 1, np.random.default_rng(0))  # the pseudo-data
+    theta = {key: value.clone() for key, value in strategy.projection.state_dict().items()}
+
+    def client_1_theta():
+        (update,) = strategy.local_round(context, [1], np.random.default_rng(5))
+        return update.extra["projection"]
+
+    alone = client_1_theta()
+    strategy.local_round(context, [0], np.random.default_rng(6))
+    after_client_0 = client_1_theta()
+    # client 1 starts from the round's θ whatever client 0 did before it: the same draws
+    # give the same θ
+    assert all(torch.equal(alone[key], after_client_0[key]) for key in theta)
+    assert any(not torch.equal(alone[key], theta[key]) for key in theta)  # it did move
+    # and the server's θ changes only when the round is aggregated
+    assert all(torch.equal(strategy.projection.state_dict()[key], theta[key]) for key in theta)
 
 
 def test_models_without_features_and_a_linear_head_are_refused():

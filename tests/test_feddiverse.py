@@ -126,6 +126,16 @@ def test_diverse_selection_on_a_fixed_triplet_matrix():
     assert diverse_selection(TRIPLETS, 2, ScriptedRng([4])).tolist() == [4, 2]
 
 
+def test_the_complementary_pick_compares_directions_not_magnitudes():
+    # Δ̲: client 0 (0, 0, 1), client 1 (0.9, 0, 0.1), client 2 (0, 0.5, 0.5)
+    triplets = np.array([[0.0, 0.0, 1.0], [9.0, 0.0, 1.0], [0.0, 0.2, 0.2]])
+    # from client 0: ⟨Δ̲^0, Δ̲^k⟩ = 0.1 (client 1), 0.5 (client 2); the raw triplets' dots,
+    # 1 and 0.2, would take the small but aligned client 2
+    assert diverse_selection(triplets, 2, ScriptedRng([0])).tolist() == [0, 1]
+    # from client 2: 0.5 (client 0), 0.05 (client 1); raw: 0.2 and 0.2
+    assert diverse_selection(triplets, 2, ScriptedRng([2])).tolist() == [2, 1]
+
+
 def test_the_first_pick_rotates_sc_ci_ai_every_three_clients():
     triplets = np.random.default_rng(1).random((12, 3))
     rng = ScriptedRng([])
@@ -228,7 +238,7 @@ def spurious_data(n=240, correlation=0.8, seed=0):
     return torch.tensor(x, dtype=torch.float32), torch.tensor(labels), attributes
 
 
-def estimator(model, x, y, **changes):
+def estimator(model, x, y, kind=Estimator, **changes):
     values = dict(
         q=0.7,
         bias_epochs=20,
@@ -240,7 +250,42 @@ def estimator(model, x, y, **changes):
         rng=np.random.default_rng(0),
     )
     values.update(changes)
-    return Estimator(model, x, y, int(model.head.out_features), **values)
+    return kind(model, x, y, int(model.head.out_features), **values)
+
+
+class RecordingEstimator(Estimator):
+    """An estimator that keeps the data and objective of every model it trains."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fits = []
+
+    def fit(self, model, x, targets, epochs, loss_fn):
+        self.fits.append((x, targets, loss_fn))
+        super().fit(model, x, targets, epochs, loss_fn)
+
+
+def test_the_attribute_classifier_weighs_both_groups_alike():
+    # class 0 holds the only two groups: three samples the biased model got right
+    # (majority, attribute 1) and one it got wrong (minority, 0); class 1 has one group
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 0, 0, 0, 1, 1])
+    correct = np.array([True, True, False, True, True, True])
+    work = estimator(TwoFeatureNet(), x, y, RecordingEstimator, attribute_epochs=1)
+    work.attributes(correct)
+    ((inputs, targets, objective),) = work.fits
+    assert targets.tolist() == [1, 1, 0, 1] and torch.equal(inputs, x[:4])
+
+    # a classifier with logits (0, 2) on every sample: cross-entropy log(1 + e^-2) on the
+    # majority, log(1 + e^2) on the minority; the groups' mean losses count alike, so the
+    # loss is their average, not the mean over the four samples
+    def constant(batch):
+        return torch.tensor([[0.0, 2.0]]).expand(len(batch), 2)
+
+    majority, minority = math.log(1 + math.exp(-2)), math.log(1 + math.exp(2))
+    loss = objective(constant, inputs, targets).item()
+    assert loss == pytest.approx((majority + minority) / 2, rel=1e-6)  # 1.126928
+    assert loss != pytest.approx((3 * majority + minority) / 4, rel=1e-3)  # 0.626928
 
 
 def test_the_attribute_classifier_learns_the_pivot_classes_groups_and_labels_everyone():

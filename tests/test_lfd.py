@@ -161,6 +161,23 @@ def test_first_round_is_margin_cross_entropy_then_the_drift_regulariser_joins():
     assert float(expected) > float(F.nll_loss(log_p, y))
 
 
+def test_the_previous_local_model_is_the_one_the_client_uploaded():
+    strategy = LfD(local_epochs=1)
+    engine = tiny_engine(strategy, lfd_model(), (6, 4), test_samples=5, epochs=3)
+    context = engine.context
+    context.epoch, context.lr = 1, 0.1
+    rng = np.random.default_rng(0)
+    (round_,) = strategy.configure_rounds(context, 1, rng)
+    received = clone_state(context.model.state_dict())
+    updates = strategy.fit(context, round_, rng)
+    assert sorted(strategy.previous_models) == [update.client for update in updates] == [0, 1]
+    for update in updates:
+        kept = strategy.previous_models[update.client]
+        assert all(torch.equal(kept[key], update.state[key]) for key in received)
+        # trained away from the global model it received, so next round's drift is not zero
+        assert not torch.equal(kept["head.weight"], received["head.weight"])
+
+
 def test_a_client_absent_from_a_round_keeps_its_older_model():
     strategy = LfD(local_epochs=1, client_fraction=0.5)
     engine = tiny_engine(strategy, lfd_model(), (6, 4, 5), test_samples=5, epochs=3)
