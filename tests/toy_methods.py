@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
+from torch import nn
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
-from stratify.method import Context
+from stratify.baselines.fedavgm import FedAvgM
+from stratify.client import LocalResult
+from stratify.method import ClientUpdate, Context
 from stratify.options import option
 from stratify.state import State
 from stratify.validation import check_nonnegative
@@ -40,3 +45,44 @@ class NoisyFedAvg(FedAvg):
             key: value + self.options.noise * torch.randn_like(value)
             for key, value in average.items()
         }
+
+
+class ForgetfulFedAvgM(FedAvgM):
+    """FedAvgM whose checkpoint leaves out the server's velocity: a resumed run restarts
+    the server momentum from zero. A broken method, for the conformance checks to refuse."""
+
+    name = "forgetful-fedavgm"
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        del state["velocity"]
+        return state
+
+
+class GlobalNumpyFedAvg(FedAvg):
+    """FedAvg whose server adds noise drawn from numpy's process-wide generator instead of
+    the round's: its numbers depend on whatever drew from that generator before, and no
+    checkpoint carries it. A broken method, for the conformance checks to refuse."""
+
+    name = "global-numpy-fedavg"
+
+    def server_update(self, context: Context, average: State) -> State:
+        return {
+            key: value
+            + 0.01 * torch.as_tensor(np.random.standard_normal(tuple(value.shape))).to(value.dtype)
+            for key, value in average.items()
+        }
+
+
+class OneWayFedAvg(FedAvg):
+    """FedAvg that counts only the upload of each participant's model, not the download:
+    half the traffic it sends. A broken method, for the conformance checks to refuse."""
+
+    name = "one-way-fedavg"
+
+    def client_update(
+        self, context: Context, client: int, model: nn.Module, result: LocalResult
+    ) -> ClientUpdate:
+        update = super().client_update(context, client, model, result)
+        update.stats.transfers = 1
+        return update
