@@ -630,38 +630,7 @@ def test_fedtan_error_in_one_client_is_raised_not_deadlocked():
         engine.run_epoch(1)
 
 
-# -- every method in both settings, and bad options ------------------------------------------
-
-
-def conv_bn(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Unflatten(1, (1, 2, 2)),
-        nn.Conv2d(1, 3, 1),
-        nn.BatchNorm2d(3),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(12, CLASSES),
-    )
-
-
-@pytest.mark.parametrize("mode", ["single-sample", "batch"])
-@pytest.mark.parametrize(
-    "strategy", [FedAvg, FedProx, Scaffold, FedAvgM, SFL, FedTAN], ids=lambda c: c.name
-)
-def test_every_method_runs_in_both_settings(strategy, mode):
-    model = conv_bn() if strategy is FedTAN else mlp()
-    if strategy is FedTAN and mode == "single-sample":
-        # BatchNorm cannot normalise a single sample: FedTAN runs in batch mode only
-        with pytest.raises(ConfigError, match="fedtan runs in --mode batch"):
-            tiny_engine(strategy(), model, sizes=(3, 5), mode=mode)
-        return
-    engine = tiny_engine(strategy(), model, sizes=(3, 5), mode=mode)
-    stats = engine.run_epoch(1)
-    assert stats.steps > 0 and stats.transfers > 0 and stats.bytes_sent > 0
-    assert np.isfinite(stats.train_loss)
-    accuracy, loss = engine.evaluate()
-    assert 0.0 <= accuracy <= 1.0 and np.isfinite(loss)
+# -- bad options (every registered method: tests/test_testing.py) --------------------------
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stratify.algorithms import ALGORITHMS
 from stratify.cli.main import main
 
 
@@ -34,7 +35,7 @@ def fuzz(examples):
 #: values for each option: typical small ones first (what shrinking goes to), then wrong
 #: types, out-of-range, non-finite and huge values
 TRAIN_OPTIONS = {
-    "--algorithm": ["stratify", "fedavg", "fedprox", "scaffold", "fedavgm", "sfl", "fedtan", "x"],
+    "--algorithm": [*ALGORITHMS, "x"],
     "--mode": ["single-sample", "batch", "online"],
     "--partition": ["classes:2", "iid", "dirichlet:0.5", "shards:2", "classes:0", "dirichlet:nan"],
     "--clients": ["3", "10", "1", "0", "-1", "5000", "abc"],
