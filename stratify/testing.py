@@ -65,6 +65,7 @@ from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
 from stratify.options import MODES, flag
+from stratify.parallel import single_thread_settings
 from stratify.run import EpochRecord, Run
 from stratify.runfolder import checkpoint_bytes, strict_json
 
@@ -198,7 +199,8 @@ def _model_settings(case: MethodCase) -> dict[str, Any]:
         for settings in MODEL_SETTINGS:
             config = TrainConfig(**_values(case), **settings)
             try:
-                build_experiment(config, dataset=tiny_dataset())
+                with fresh_process_state(0):
+                    build_experiment(config, dataset=tiny_dataset())
             except ConfigError as error:
                 refusals.append(f"{settings['model']}: {error}")
                 continue
@@ -272,34 +274,45 @@ def _key(case: MethodCase) -> tuple[str, str, str]:
     return (case.algorithm, ALGORITHMS[case.algorithm], case.mode)
 
 
-def reset_global_generators(seed: int) -> None:
-    """Put Python's, numpy's and torch's process-wide generators in the state of ``seed``.
+@contextlib.contextmanager
+def fresh_process_state(seed: int) -> Iterator[None]:
+    """One run's process-wide state: Python's, numpy's and torch's generators in the state
+    of ``seed``, and the settings a worker gives every run (one thread, torch's default
+    backends); the thread count and backends are put back afterwards.
 
-    The runs of a case start from different such states: a method must draw from the
+    The runs of a case start from different generator states: a method must draw from the
     generator its hooks are given (or from torch's, which checkpoints carry), so its
-    numbers cannot depend on them.
+    numbers cannot depend on them. The backend settings are the same for every run, so
+    its numbers do not depend on what the process ran before.
     """
+    threads, onednn = torch.get_num_threads(), torch.backends.mkldnn.enabled
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    single_thread_settings()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.mkldnn.enabled = onednn  # type: ignore[assignment]
 
 
 def reference_run(case: MethodCase) -> Reference:
     """The uninterrupted run of ``case`` (made once per process)."""
     key = _key(case)
     if key not in _REFERENCES:
-        reset_global_generators(1000)
-        run = Run(case_config(case), dataset=tiny_dataset())
-        declared: list[Declared] = [Declared()]
-        _watch(run.strategy, run.engine.context, declared)
-        models = []
+        with fresh_process_state(1000):
+            run = Run(case_config(case), dataset=tiny_dataset())
+            declared: list[Declared] = [Declared()]
+            _watch(run.strategy, run.engine.context, declared)
+            models = []
 
-        def after_epoch(record: EpochRecord) -> None:
-            models.append(_copy(run.engine.model.state_dict()))
-            declared.append(Declared())
+            def after_epoch(record: EpochRecord) -> None:
+                models.append(_copy(run.engine.model.state_dict()))
+                declared.append(Declared())
 
-        run.on_epoch = after_epoch
-        run.train()
+            run.on_epoch = after_epoch
+            run.train()
         model = run.engine.model
         _REFERENCES[key] = Reference(
             records=[_comparable(record) for record in run.records],
@@ -321,11 +334,11 @@ def resumed_run(case: MethodCase) -> Resumed:
         with tempfile.TemporaryDirectory(prefix="stratify-conformance-") as folder:
             config = case_config(case, Path(folder) / "run")
             for stop in range(1, EPOCHS + 1):
-                reset_global_generators(1000 + stop)
                 try:
-                    run = Run(config, resume=stop > 1, dataset=tiny_dataset())
-                    run.on_epoch = _stopper(run, stop, resumed)
-                    run.train()
+                    with fresh_process_state(1000 + stop):
+                        run = Run(config, resume=stop > 1, dataset=tiny_dataset())
+                        run.on_epoch = _stopper(run, stop, resumed)
+                        run.train()
                 except _Stop:
                     continue
                 except Exception as error:  # the checks report it, with the epoch
@@ -544,7 +557,8 @@ def check_state_round_trip(case: MethodCase) -> None:
             f"{case.id}: its state_dict cannot be read back as a checkpoint "
             f"({type(error).__name__}: {error})"
         ) from None
-    fresh = build_experiment(case_config(case), dataset=tiny_dataset()).strategy
+    with fresh_process_state(0):
+        fresh = build_experiment(case_config(case), dataset=tiny_dataset()).strategy
     fresh.load_state_dict(restored_state)
     _assert_same(fresh.state_dict(), state, f"{case.id}: state after load_state_dict")
 
