@@ -8,6 +8,7 @@ from typing import Any
 
 from stratify.errors import ConfigError
 from stratify.method import Strategy
+from stratify.validation import check_choice
 
 # name -> "module:Class"
 ALGORITHMS: dict[str, str] = {
@@ -23,6 +24,16 @@ ALGORITHMS: dict[str, str] = {
     "feddiverse": "stratify.baselines.feddiverse:FedDiverse",
     "lfd": "stratify.baselines.lfd:LfD",
 }
+
+
+def check_algorithm(value: object, flag: str) -> str:
+    """``value`` as the name of a registered method.
+
+    The registry is read when the value is checked, not when a configuration class is
+    defined, so a method registered at run time (``ALGORITHMS["fedtrim"] =
+    "mypackage.fedtrim:FedTrim"``, as :mod:`stratify.testing`'s tests do) is accepted.
+    """
+    return check_choice(value, flag, tuple(ALGORITHMS))
 
 
 def strategy_class(name: str) -> type[Strategy]:

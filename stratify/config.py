@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stratify.algorithms import ALGORITHMS, build_strategy
+from stratify.algorithms import build_strategy, check_algorithm
 from stratify.backend import DEVICES
 from stratify.data.datasets import DATASETS, dataset_options
 from stratify.data.datasets.base import check_options
@@ -75,9 +75,7 @@ class TrainConfig(RunSettings):
     )
     clients: int = option(10, "Number of clients.", check=check_positive_int)
     algorithm: str = option(
-        "stratify",
-        "Federated method (`stratify algorithms` lists them).",
-        choices=tuple(ALGORITHMS),
+        "stratify", "Federated method (`stratify algorithms` lists them).", check=check_algorithm
     )
     mode: str = option("single-sample", "Learning setting.", choices=MODES)
     epochs: int = option(

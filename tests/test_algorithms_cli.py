@@ -84,6 +84,15 @@ def test_library_refuses_options_with_the_cli_message(values, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_method_registered_at_run_time_is_configured_like_the_built_in_ones(monkeypatch):
+    # the registry is read when a configuration is checked, not when TrainConfig is defined
+    with pytest.raises(ConfigError, match="unknown --algorithm 'fedavg-copy'"):
+        TrainConfig(algorithm="fedavg-copy", mode="batch")
+    monkeypatch.setitem(ALGORITHMS, "fedavg-copy", "stratify.baselines.fedavg:FedAvg")
+    config = TrainConfig(algorithm="fedavg-copy", mode="batch", options={"local_epochs": 2})
+    assert config.algorithm == "fedavg-copy" and config.options == {"local_epochs": 2}
+
+
 def test_unknown_option_names_the_valid_ones(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*DIGITS, "--out", str(tmp_path / "run"), "--algorithm", "sfl", "--mu", "1"])

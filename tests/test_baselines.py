@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from engines import CLASSES, FEATURES, tiny_engine
 from torch import nn
 
 from stratify.baselines.common import participants, weighted_average
@@ -15,36 +16,8 @@ from stratify.baselines.fedprox import FedProx, add_proximal_gradient, proximal_
 from stratify.baselines.fedtan import FedTAN, StatisticsExchange
 from stratify.baselines.scaffold import Scaffold, control_variate_update, scaffold_server_update
 from stratify.baselines.sfl import SFL
-from stratify.config import TrainConfig
-from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError
-from stratify.experiment import build_experiment
-from stratify.federation import Federation
 from stratify.nn.norm import SumBatchNorm, client_split
-from stratify.registry import PlainRegistry
-
-FEATURES, CLASSES = 4, 3
-
-
-def tiny_engine(strategy, model, sizes=(3, 5), mode="batch", lr=0.1, seed=0, data_seed=0):
-    """A engine over ``len(sizes)`` clients; client k holds label k % CLASSES only."""
-    generator = torch.Generator().manual_seed(data_seed)
-    labels = np.concatenate([[k % CLASSES] * size for k, size in enumerate(sizes)])
-    x = torch.randn(len(labels), FEATURES, generator=generator) + torch.as_tensor(labels)[:, None]
-    y = torch.as_tensor(labels, dtype=torch.long)
-    dataset = Dataset("tiny", x, y, x[:4].clone(), y[:4].clone(), CLASSES)
-    offsets = np.cumsum([0, *sizes])
-    client_indices = [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))]
-    federation = Federation(client_indices, labels)
-    config = TrainConfig(algorithm=strategy.name, mode=mode, lr=lr, seed=seed, secure=False)
-    return build_experiment(
-        config,
-        dataset=dataset,
-        federation=federation,
-        registry=PlainRegistry(seed=0),
-        model=model,
-        strategy=strategy,
-    ).engine
 
 
 def linear(seed=0):
@@ -223,6 +196,32 @@ def test_bn_buffers_average_is_sample_weighted():
     assert torch.allclose(bn.running_mean.double(), expected_mean, atol=1e-6)
     assert torch.allclose(bn.running_var.double(), expected_var, atol=1e-6)
     assert int(bn.num_batches_tracked) == 1
+
+
+@pytest.mark.parametrize("bn_buffers", ["average", "local"])
+def test_bn_buffers_follow_equal_weighting_like_the_parameters(bn_buffers):
+    # clients of 3 and 5 samples, each one full-batch step from running mean 0, var 1:
+    # with --weighting equal the global statistics are the plain mean of the two clients'
+    # (FedBSS, FedBR and FedDiverse weigh equally by default), whichever --bn-buffers
+    strategy = FedAvg(
+        local_batch_size=8,
+        local_epochs=1,
+        local_momentum=0.0,
+        weighting="equal",
+        bn_buffers=bn_buffers,
+    )
+    engine = tiny_engine(strategy, bn_mlp(), sizes=(3, 5))
+    start = copy.deepcopy(engine.model)
+    expected_mean = torch.zeros(6, dtype=torch.float64)
+    expected_var = torch.zeros(6, dtype=torch.float64)
+    for client in (0, 1):
+        h = bn_input(start, engine.dataset.x_train[engine.federation.client_indices[client]])
+        expected_mean += 0.5 * 0.1 * h.mean(0)
+        expected_var += 0.5 * (0.9 + 0.1 * h.var(0, unbiased=True))
+    engine.run_epoch(1)
+    bn = engine.model[1]
+    assert torch.allclose(bn.running_mean.double(), expected_mean, atol=1e-6)
+    assert torch.allclose(bn.running_var.double(), expected_var, atol=1e-6)
 
 
 def test_bn_buffers_local_stay_with_their_client():
@@ -631,38 +630,7 @@ def test_fedtan_error_in_one_client_is_raised_not_deadlocked():
         engine.run_epoch(1)
 
 
-# -- every method in both settings, and bad options ------------------------------------------
-
-
-def conv_bn(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Unflatten(1, (1, 2, 2)),
-        nn.Conv2d(1, 3, 1),
-        nn.BatchNorm2d(3),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(12, CLASSES),
-    )
-
-
-@pytest.mark.parametrize("mode", ["single-sample", "batch"])
-@pytest.mark.parametrize(
-    "strategy", [FedAvg, FedProx, Scaffold, FedAvgM, SFL, FedTAN], ids=lambda c: c.name
-)
-def test_every_method_runs_in_both_settings(strategy, mode):
-    model = conv_bn() if strategy is FedTAN else mlp()
-    if strategy is FedTAN and mode == "single-sample":
-        # BatchNorm cannot normalise a single sample: FedTAN runs in batch mode only
-        with pytest.raises(ConfigError, match="fedtan runs in --mode batch"):
-            tiny_engine(strategy(), model, sizes=(3, 5), mode=mode)
-        return
-    engine = tiny_engine(strategy(), model, sizes=(3, 5), mode=mode)
-    stats = engine.run_epoch(1)
-    assert stats.steps > 0 and stats.transfers > 0 and stats.bytes_sent > 0
-    assert np.isfinite(stats.train_loss)
-    accuracy, loss = engine.evaluate()
-    assert 0.0 <= accuracy <= 1.0 and np.isfinite(loss)
+# -- bad options (every registered method: tests/test_testing.py) --------------------------
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,7 @@ def test_steps_bench_fails_when_the_engine_does_other_work(tmp_path, capsys, mon
     assert json.loads(path.read_text())["weights_match"] is False
 
 
+@pytest.mark.slow
 def test_steps_bench_runs_seeds_on_worker_processes(tmp_path):
     path = tmp_path / "steps.json"
     main(
@@ -109,6 +110,7 @@ def test_steps_bench_refuses_bad_input_in_one_line(capsys, args, words):
     assert words in one_line_error(capsys, "bench", "steps", *args)
 
 
+@pytest.mark.slow
 def test_plan_bench_measures_each_cell_in_its_own_process(tmp_path, capsys):
     path = tmp_path / "plan.json"
     main(

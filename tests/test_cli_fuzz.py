@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stratify.algorithms import ALGORITHMS
 from stratify.cli.main import main
 from stratify.reproduce.grids import GRIDS, Grid, method_column, partition_row
 
@@ -40,7 +41,7 @@ def fuzz(examples):
 #: values for each option: typical small ones first (what shrinking goes to), then wrong
 #: types, out-of-range, non-finite and huge values
 TRAIN_OPTIONS = {
-    "--algorithm": ["stratify", "fedavg", "fedprox", "scaffold", "fedavgm", "sfl", "fedtan", "x"],
+    "--algorithm": [*ALGORITHMS, "x"],
     "--mode": ["single-sample", "batch", "online"],
     "--partition": ["classes:2", "iid", "dirichlet:0.5", "shards:2", "classes:0", "dirichlet:nan"],
     "--clients": ["3", "10", "1", "0", "-1", "5000", "abc"],

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch._dynamo.utils
+from engines import tiny_engine
 
 import stratify.compiled
 from stratify.compiled import AUTO_COMPILE_AFTER_STEPS
-from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.errors import TrainingError
-from stratify.experiment import build_experiment
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +25,22 @@ def tiny_data():
     )
 
 
-def tiny_engine(data, compile, momentum=0.0, lr=0.05):
-    config = TrainConfig(
-        dataset="synthetic",
-        partition="dirichlet:1.0",
-        clients=4,
-        model="mlp",
-        mlp_hidden=(12,),
+def stratify_engine(data, compile, momentum=0.0, lr=0.05):
+    """Single-sample Stratify on a 4-client split of ``data``, 13 repeats of each label."""
+    return tiny_engine(
+        None,
+        dataset=data,
+        mode="single-sample",
         lr=lr,
         seed=3,
-        secure=False,
-        options={"compile": compile, "momentum": momentum, "repeat_count": 13},
+        settings={
+            "partition": "dirichlet:1.0",
+            "clients": 4,
+            "model": "mlp",
+            "mlp_hidden": (12,),
+            "options": {"compile": compile, "momentum": momentum, "repeat_count": 13},
+        },
     )
-    return build_experiment(config, dataset=data).engine
 
 
 def train(engine, epochs, steps_per_call=2):
@@ -56,24 +58,24 @@ def assert_same_weights(ours, theirs, atol):
 def test_compiled_step_trains_as_the_eager_loop(tiny_data, monkeypatch):
     monkeypatch.setattr(stratify.compiled, "_SHARED", {})  # compile here, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    eager_losses, eager = train(tiny_engine(tiny_data, "off"), epochs=2)
-    compiled_losses, compiled = train(tiny_engine(tiny_data, "on"), epochs=2)
+    eager_losses, eager = train(stratify_engine(tiny_data, "off"), epochs=2)
+    compiled_losses, compiled = train(stratify_engine(tiny_data, "on"), epochs=2)
     assert_same_weights(compiled, eager, atol=1e-5)
     assert np.allclose(compiled_losses, eager_losses, rtol=1e-5)
     # one graph for every call of both epochs (lr and the indices are tensor inputs), and
     # a second model of the architecture reuses it
-    train(tiny_engine(tiny_data, "on"), epochs=1)
+    train(stratify_engine(tiny_data, "on"), epochs=1)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
 
 
 @pytest.mark.compile
 def test_compiled_momentum_keeps_the_optimizer_state(tiny_data, monkeypatch):
     monkeypatch.setattr(stratify.compiled, "BACKEND", "aot_eager")
-    eager_engine = tiny_engine(tiny_data, "off", momentum=0.5, lr=0.02)
+    eager_engine = stratify_engine(tiny_data, "off", momentum=0.5, lr=0.02)
     _, eager = train(eager_engine, epochs=2)
     # a compiled epoch, then an eager one: the eager epoch continues from the momentum
     # buffers the compiled step left in the optimizer
-    engine = tiny_engine(tiny_data, "on", momentum=0.5, lr=0.02)
+    engine = stratify_engine(tiny_data, "on", momentum=0.5, lr=0.02)
     train(engine, epochs=1, steps_per_call=3)
     engine.strategy.options.compile = "off"
     engine.run_epoch(2)
@@ -86,17 +88,17 @@ def test_compiled_momentum_keeps_the_optimizer_state(tiny_data, monkeypatch):
 
 
 def test_auto_compiles_once_the_run_is_long_and_resumes_at_the_same_point(tiny_data):
-    engine = tiny_engine(tiny_data, "auto")
+    engine = stratify_engine(tiny_data, "auto")
     strategy, context = engine.strategy, engine.context
     assert not strategy.uses_compiled_step(context)
     engine.run_epoch(1)
     assert strategy.steps_made == 39 and not strategy.uses_compiled_step(context)
     strategy.steps_made = AUTO_COMPILE_AFTER_STEPS
     assert strategy.uses_compiled_step(context)
-    resumed = tiny_engine(tiny_data, "auto")
+    resumed = stratify_engine(tiny_data, "auto")
     resumed.strategy.load_state_dict(strategy.state_dict())
     assert resumed.strategy.uses_compiled_step(resumed.context)
-    never = tiny_engine(tiny_data, "off")
+    never = stratify_engine(tiny_data, "off")
     never.strategy.steps_made = 10 * AUTO_COMPILE_AFTER_STEPS
     assert not never.strategy.uses_compiled_step(never.context)
 
@@ -109,10 +111,10 @@ def failing_backend(graph, example_inputs):
 def test_a_failed_compile_stops_on_and_falls_back_to_eager_in_auto(tiny_data, monkeypatch):
     monkeypatch.setattr(stratify.compiled, "BACKEND", failing_backend)
     with pytest.raises(TrainingError, match="--compile on: the compiled step failed") as error:
-        train(tiny_engine(tiny_data, "on"), epochs=1)
+        train(stratify_engine(tiny_data, "on"), epochs=1)
     assert "\n" not in str(error.value)
-    _, eager = train(tiny_engine(tiny_data, "off"), epochs=2)
-    engine = tiny_engine(tiny_data, "auto")
+    _, eager = train(stratify_engine(tiny_data, "off"), epochs=2)
+    engine = stratify_engine(tiny_data, "auto")
     engine.strategy.steps_made = AUTO_COMPILE_AFTER_STEPS
     with pytest.warns(UserWarning, match="continuing eagerly"):
         engine.run_epoch(1)

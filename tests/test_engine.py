@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from engines import client_data, tiny_engine
 
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_digits
@@ -14,7 +15,7 @@ from stratify.experiment import build_experiment
 from stratify.method import Round, RoundStats
 from stratify.nn.models import build_model
 from stratify.selection import Plan
-from stratify.stratify import accumulate_batch_gradient
+from stratify.stratify import Stratify, accumulate_batch_gradient
 
 
 def digits_engine(
@@ -148,3 +149,21 @@ def test_batch_norm_models_never_see_a_global_batch_of_one():
     assert (stats.steps, stats.loss_count) == (9, 100)
     with pytest.raises(ConfigError, match="--batch-labels 1 gives global batches of one"):
         digits_engine(mode="batch", model_name="resnet9", norm="bn", batch_labels=1)
+
+
+@pytest.mark.parametrize("mode", ["single-sample", "batch"])
+def test_by_default_an_exhausted_label_starts_a_new_pass(mode):
+    # one client, 8 samples: label 0 twice, label 1 six times. Uniform repeats schedule
+    # each label round(8 / 2) = 4 times, so label 0 runs out after two entries
+    dataset, federation = client_data((8,), [[0, 0, 1, 1, 1, 1, 1, 1]])
+
+    def epoch(strategy):
+        engine = tiny_engine(strategy, dataset=dataset, federation=federation, mode=mode)
+        return engine.run_epoch(1)
+
+    # refill, the default: its third and fourth entries train its two samples again
+    default = epoch(Stratify())
+    assert (default.loss_count, default.skipped, default.reused) == (8, 0, 2)
+    # --exhausted skip drops them
+    skip = epoch(Stratify(exhausted="skip"))
+    assert (skip.loss_count, skip.skipped, skip.reused) == (6, 2, 0)

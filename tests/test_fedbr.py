@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_refused_in_one_line
+from engines import CLASSES, FEATURES, tiny_engine
 from torch import nn
 
 from stratify.baselines.fedbr import (
@@ -22,15 +23,9 @@ from stratify.baselines.fedbr import (
 )
 from stratify.cli.main import main
 from stratify.config import TrainConfig
-from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError
-from stratify.experiment import build_experiment
-from stratify.federation import Federation
 from stratify.method import ClientUpdate
-from stratify.registry import PlainRegistry
 from stratify.run import Run
-
-FEATURES, CLASSES = 4, 3
 
 
 class TinyNet(nn.Module):
@@ -49,25 +44,8 @@ class TinyNet(nn.Module):
         return self.head(self.embed(x))
 
 
-def tiny_engine(strategy, model=None, sizes=(6, 10), lr=0.1):
-    generator = torch.Generator().manual_seed(0)
-    labels = np.concatenate([np.arange(size) % CLASSES for size in sizes])
-    x = torch.randn(len(labels), FEATURES, generator=generator) + torch.as_tensor(labels)[:, None]
-    y = torch.as_tensor(labels, dtype=torch.long)
-    dataset = Dataset("tiny", x, y, x[:5].clone(), y[:5].clone(), CLASSES)
-    offsets = np.cumsum([0, *sizes])
-    federation = Federation(
-        [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))], labels
-    )
-    config = TrainConfig(algorithm="fedbr", mode="batch", lr=lr, secure=False)
-    return build_experiment(
-        config,
-        dataset=dataset,
-        federation=federation,
-        registry=PlainRegistry(seed=0),
-        model=model or TinyNet(),
-        strategy=strategy,
-    ).engine
+#: two clients holding 6 and 10 samples whose labels cycle through every class
+EVERY_LABEL = [list(range(CLASSES))] * 2
 
 
 # -- the math ------------------------------------------------------------------------------
@@ -98,6 +76,29 @@ def test_contrastive_loss_on_fixed_feature_vectors():
     assert both.item() == pytest.approx(
         (math.log(1 + math.exp(-2.0)) + math.log(2.0)) / 2, abs=1e-6
     )
+
+
+def test_each_pair_of_l_con_has_its_own_temperature():
+    # cos(pseudo, global) = 1 and cos(pseudo, local) = 3/5 (a 3-4-5 triangle), τ1 = 1 and
+    # τ2 = 0.2: L = −log(e^(1/1) / (e^(1/1) + e^(0.6/0.2))) = log(1 + e^(3 − 1))
+    pseudo, global_, local = (
+        torch.tensor([[1.0, 0.0]]),
+        torch.tensor([[1.0, 0.0]]),
+        torch.tensor([[3.0, 4.0]]),
+    )
+    expected = math.log(1 + math.exp(2.0))  # 2.126928
+    assert contrastive_loss(pseudo, global_, local, 1.0, 0.2).item() == pytest.approx(expected)
+    # swapped: log(1 + e^(0.6/1 − 1/0.2)) = log(1 + e^(−4.4))
+    assert contrastive_loss(pseudo, global_, local, 0.2, 1.0).item() == pytest.approx(
+        math.log(1 + math.exp(-4.4))
+    )
+    # a client's objective passes --positive-temperature and --negative-temperature on
+    objective, _ = make_objective()
+    objective.projection = nn.Identity()
+    objective.options = FedBROptions(
+        positive_temperature=1.0, negative_temperature=0.2, mixture_size=0
+    ).for_mode("batch")
+    assert objective.contrast(pseudo, global_, local).item() == pytest.approx(expected)
 
 
 def test_soft_cross_entropy_and_the_projection_head():
@@ -231,7 +232,7 @@ def test_the_min_step_loss_is_ce_plus_weighted_soft_ce_plus_weighted_l_con():
 
 def test_a_round_runs_k_iterations_per_client_and_counts_theta_and_pseudo_data():
     strategy = FedBR(local_steps=3, local_batch_size=4)
-    engine = tiny_engine(strategy)
+    engine = tiny_engine(strategy, TinyNet(), (6, 10), client_labels=EVERY_LABEL, test_samples=5)
     first = engine.run_epoch(1)
     assert first.steps == 2 * 3 and first.transfers == 4
     theta_bytes = 4 * sum(p.numel() for p in strategy.projection.parameters())
@@ -246,7 +247,7 @@ def test_a_round_runs_k_iterations_per_client_and_counts_theta_and_pseudo_data()
 
 def test_local_epochs_replace_the_iteration_count():
     strategy = FedBR(local_epochs=2, local_batch_size=4)
-    engine = tiny_engine(strategy, sizes=(6, 10))
+    engine = tiny_engine(strategy, TinyNet(), (6, 10), client_labels=EVERY_LABEL, test_samples=5)
     # ceil(6/4) + ceil(10/4) = 5 batches per pass, 2 passes
     assert engine.run_epoch(1).steps == 10
     assert strategy.options.local_steps is None
@@ -255,7 +256,7 @@ def test_local_epochs_replace_the_iteration_count():
 
 def test_theta_is_averaged_with_the_aggregation_weights():
     strategy = FedBR()
-    engine = tiny_engine(strategy)
+    engine = tiny_engine(strategy, TinyNet(), (6, 10), client_labels=EVERY_LABEL, test_samples=5)
     states = []
     for value in (1.0, 3.0):
         state = {
@@ -274,10 +275,33 @@ def test_theta_is_averaged_with_the_aggregation_weights():
     assert all(torch.all(v == 2.5) for v in strategy.projection.state_dict().values())
 
 
+def test_each_client_takes_its_max_steps_on_its_own_copy_of_theta():
+    strategy = FedBR(local_steps=2, local_batch_size=4)
+    engine = tiny_engine(strategy, TinyNet(), (6, 10), client_labels=EVERY_LABEL, test_samples=5)
+    context = engine.context
+    context.epoch, context.lr = 1, 0.1
+    strategy.configure_rounds(context, 1, np.random.default_rng(0))  # the pseudo-data
+    theta = {key: value.clone() for key, value in strategy.projection.state_dict().items()}
+
+    def client_1_theta():
+        (update,) = strategy.local_round(context, [1], np.random.default_rng(5))
+        return update.extra["projection"]
+
+    alone = client_1_theta()
+    strategy.local_round(context, [0], np.random.default_rng(6))
+    after_client_0 = client_1_theta()
+    # client 1 starts from the round's θ whatever client 0 did before it: the same draws
+    # give the same θ
+    assert all(torch.equal(alone[key], after_client_0[key]) for key in theta)
+    assert any(not torch.equal(alone[key], theta[key]) for key in theta)  # it did move
+    # and the server's θ changes only when the round is aggregated
+    assert all(torch.equal(strategy.projection.state_dict()[key], theta[key]) for key in theta)
+
+
 def test_models_without_features_and_a_linear_head_are_refused():
     torch.manual_seed(0)
     with pytest.raises(ConfigError, match="fedbr needs a model with features and a linear head"):
-        tiny_engine(FedBR(), model=nn.Sequential(nn.Linear(FEATURES, CLASSES)))
+        tiny_engine(FedBR(), nn.Sequential(nn.Linear(FEATURES, CLASSES)), (6, 10))
 
 
 def digits_config(tmp_path, name, epochs, **options):

@@ -128,18 +128,19 @@ CLIENT_0 = [[0.9, 0.05, 0.05], [0.4, 0.3, 0.3], [0.2, 0.7, 0.1], [0.6, 0.2, 0.2]
 CLIENT_1 = [[0.1, 0.8, 0.1], [0.3, 0.35, 0.35]]
 
 
-def logit_engine(strategy, client_0=CLIENT_0, lr=1e-6):
+def logit_engine(strategy, client_0=CLIENT_0, lr=1e-6, norm=None):
     """Two clients whose inputs are the logits ``log p`` of an identity model, so each
     sample's loss and uncertainty can be read off its input (and, at the default lr, the
-    model barely moves between rounds)."""
+    model barely moves between rounds). ``norm`` follows the identity layer."""
     x = torch.log(torch.tensor([*client_0, *CLIENT_1]))
     y = torch.tensor([0, 0, 0, 0, 1, 1])
     dataset = Dataset("logits", x, y, x.clone(), y.clone(), 3)
     federation = Federation([np.arange(4), np.arange(4, 6)], y.numpy())
-    model = nn.Linear(3, 3)
+    identity = nn.Linear(3, 3)
     with torch.no_grad():
-        model.weight.copy_(torch.eye(3))
-        model.bias.zero_()
+        identity.weight.copy_(torch.eye(3))
+        identity.bias.zero_()
+    model = identity if norm is None else nn.Sequential(identity, norm)
     trainer = RecordingTrainer(x, y)
     config = TrainConfig(algorithm="fedbss", mode="batch", epochs=3, lr=lr, secure=False)
     experiment = build_experiment(
@@ -169,6 +170,17 @@ def test_warm_up_rounds_train_on_everything_then_samples_are_paced():
         [[0, 1, 3], [0, 1, 3], [0, 1, 3], [0, 1, 2, 3]],
         [[4, 5]] * 4,
     ]
+
+
+def test_samples_are_scored_by_the_received_model_in_eval_mode():
+    # a BatchNorm after the identity: in eval mode, with its initial running statistics
+    # (mean 0, variance 1), it passes log p through (up to 1/sqrt(1 + 1e-5)), so the split
+    # is the one worked out above; in train mode it would normalise client 0's four
+    # samples by their own statistics and split them as unbiased {0, 3}, biased [1, 2]
+    strategy = FedBSS(client_fraction=1.0, local_epochs=4, local_batch_size=2, warmup_rounds=0)
+    engine, trainer = logit_engine(strategy, norm=nn.BatchNorm1d(3))
+    engine.run_epoch(1)
+    assert trainer.calls[0] == [[0, 1, 3], [0, 1, 3], [0, 1, 3], [0, 1, 2, 3]]
 
 
 def test_the_lowest_loss_biased_samples_enter_first():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_refused_in_one_line
+from engines import tiny_engine
 from torch import nn
 
 from stratify.baselines.feddiverse import (
@@ -32,9 +33,7 @@ from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset
 from stratify.data.heterogeneity import heterogeneity_triplet, interaction_matrix
 from stratify.errors import ConfigError
-from stratify.experiment import build_experiment
 from stratify.federation import Federation
-from stratify.registry import PlainRegistry
 from stratify.run import Run
 
 # triplets (ΔCI, ΔAI, ΔSC) of five clients; each sums to 1 except clients 3 and 4
@@ -125,6 +124,16 @@ def test_diverse_selection_on_a_fixed_triplet_matrix():
     ]
     # from client 4 (Δ̲ = (1/3, 0, 2/3)): dots 0.567, 0.333, 0.167, 0.333, so the AI-heavy 2
     assert diverse_selection(TRIPLETS, 2, ScriptedRng([4])).tolist() == [4, 2]
+
+
+def test_the_complementary_pick_compares_directions_not_magnitudes():
+    # Δ̲: client 0 (0, 0, 1), client 1 (0.9, 0, 0.1), client 2 (0, 0.5, 0.5)
+    triplets = np.array([[0.0, 0.0, 1.0], [9.0, 0.0, 1.0], [0.0, 0.2, 0.2]])
+    # from client 0: ⟨Δ̲^0, Δ̲^k⟩ = 0.1 (client 1), 0.5 (client 2); the raw triplets' dots,
+    # 1 and 0.2, would take the small but aligned client 2
+    assert diverse_selection(triplets, 2, ScriptedRng([0])).tolist() == [0, 1]
+    # from client 2: 0.5 (client 0), 0.05 (client 1); raw: 0.2 and 0.2
+    assert diverse_selection(triplets, 2, ScriptedRng([2])).tolist() == [2, 1]
 
 
 def test_the_first_pick_rotates_sc_ci_ai_every_three_clients():
@@ -229,7 +238,7 @@ def spurious_data(n=240, correlation=0.8, seed=0):
     return torch.tensor(x, dtype=torch.float32), torch.tensor(labels), attributes
 
 
-def estimator(model, x, y, **changes):
+def estimator(model, x, y, kind=Estimator, **changes):
     values = dict(
         q=0.7,
         bias_epochs=20,
@@ -241,7 +250,42 @@ def estimator(model, x, y, **changes):
         rng=np.random.default_rng(0),
     )
     values.update(changes)
-    return Estimator(model, x, y, int(model.head.out_features), **values)
+    return kind(model, x, y, int(model.head.out_features), **values)
+
+
+class RecordingEstimator(Estimator):
+    """An estimator that keeps the data and objective of every model it trains."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fits = []
+
+    def fit(self, model, x, targets, epochs, loss_fn):
+        self.fits.append((x, targets, loss_fn))
+        super().fit(model, x, targets, epochs, loss_fn)
+
+
+def test_the_attribute_classifier_weighs_both_groups_alike():
+    # class 0 holds the only two groups: three samples the biased model got right
+    # (majority, attribute 1) and one it got wrong (minority, 0); class 1 has one group
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 0, 0, 0, 1, 1])
+    correct = np.array([True, True, False, True, True, True])
+    work = estimator(TwoFeatureNet(), x, y, RecordingEstimator, attribute_epochs=1)
+    work.attributes(correct)
+    ((inputs, targets, objective),) = work.fits
+    assert targets.tolist() == [1, 1, 0, 1] and torch.equal(inputs, x[:4])
+
+    # a classifier with logits (0, 2) on every sample: cross-entropy log(1 + e^-2) on the
+    # majority, log(1 + e^2) on the minority; the groups' mean losses count alike, so the
+    # loss is their average, not the mean over the four samples
+    def constant(batch):
+        return torch.tensor([[0.0, 2.0]]).expand(len(batch), 2)
+
+    majority, minority = math.log(1 + math.exp(-2)), math.log(1 + math.exp(2))
+    loss = objective(constant, inputs, targets).item()
+    assert loss == pytest.approx((majority + minority) / 2, rel=1e-6)  # 1.126928
+    assert loss != pytest.approx((3 * majority + minority) / 4, rel=1e-3)  # 0.626928
 
 
 def test_the_attribute_classifier_learns_the_pivot_classes_groups_and_labels_everyone():
@@ -303,25 +347,19 @@ def tiny_dataset(with_domains=True, n=120, seed=0):
     )
 
 
-def tiny_engine(strategy, with_domains=True, clients=6):
+def diverse_engine(strategy, with_domains=True, clients=6):
+    """Six clients, each a consecutive slice of :func:`tiny_dataset`, on a two-feature net."""
     dataset = tiny_dataset(with_domains)
     federation = Federation(
         np.array_split(np.arange(len(dataset.y_train)), clients), dataset.y_train.numpy()
     )
-    config = TrainConfig(algorithm="feddiverse", mode="batch", lr=0.05, secure=False)
-    return build_experiment(
-        config,
-        dataset=dataset,
-        federation=federation,
-        registry=PlainRegistry(seed=0),
-        model=TwoFeatureNet(classes=3),
-        strategy=strategy,
-    ).engine
+    model = TwoFeatureNet(classes=3)
+    return tiny_engine(strategy, model, dataset=dataset, federation=federation, lr=0.05)
 
 
 def test_known_triplets_come_from_the_real_interaction_matrices_after_pretraining():
     strategy = FedDiverse(dht="known", local_epochs=1, client_fraction=0.5)
-    engine = tiny_engine(strategy)
+    engine = diverse_engine(strategy)
     first = engine.run_epoch(1)  # pre-training: 3 of 6 clients drawn uniformly
     assert strategy.triplets is None and first.transfers == 2 * 3
     second = engine.run_epoch(2)
@@ -342,7 +380,7 @@ def test_estimation_round_counts_every_clients_download_and_its_steps():
     strategy = FedDiverse(
         local_epochs=1, client_fraction=0.5, bias_epochs=1, attribute_epochs=1, local_batch_size=8
     )
-    engine = tiny_engine(strategy, with_domains=False)
+    engine = diverse_engine(strategy, with_domains=False)
     engine.run_epoch(1)
     second = engine.run_epoch(2)
     assert strategy.triplets.shape == (6, 3) and np.isfinite(strategy.triplets).all()
@@ -457,4 +495,4 @@ def test_bad_feddiverse_options_are_one_line_exit_2(tmp_path, capsys, arguments,
 
 def test_dht_known_is_refused_on_data_without_attributes():
     with pytest.raises(ConfigError, match="--dht known needs a dataset with attributes"):
-        tiny_engine(FedDiverse(dht="known"), with_domains=False)
+        diverse_engine(FedDiverse(dht="known"), with_domains=False)

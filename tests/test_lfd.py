@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_refused_in_one_line
+from engines import CLASSES, FEATURES, tiny_engine
 from torch import nn
 
 from stratify.baselines.common import participants
@@ -100,40 +101,19 @@ def test_local_loss_is_eq_10_by_hand():
 
 # -- the method in a engine ---------------------------------------------------------------------
 
-FEATURES, CLASSES = 4, 3
 
-
-def tiny_engine(strategy, sizes=(6, 4), epochs=3, client_labels=None):
-    generator = torch.Generator().manual_seed(0)
-    client_labels = client_labels or [[k % CLASSES] for k in range(len(sizes))]
-    labels = np.concatenate(
-        [np.resize(held, size) for held, size in zip(client_labels, sizes)]
-    ).astype(np.int64)
-    x = torch.randn(len(labels), FEATURES, generator=generator) + torch.as_tensor(labels)[:, None]
-    y = torch.as_tensor(labels)
-    dataset = Dataset("tiny", x, y, x[:5].clone(), y[:5].clone(), CLASSES)
-    offsets = np.cumsum([0, *sizes])
-    federation = Federation(
-        [np.arange(offsets[k], offsets[k + 1]) for k in range(len(sizes))], labels
-    )
+def lfd_model():
     torch.manual_seed(0)
-    model = MLP((FEATURES,), CLASSES, hidden=(5,))
-    config = TrainConfig(algorithm="lfd", mode="batch", epochs=epochs, lr=0.1, secure=False)
-    return build_experiment(
-        config,
-        dataset=dataset,
-        federation=federation,
-        registry=PlainRegistry(seed=0),
-        model=model,
-        strategy=strategy,
-    ).engine
+    return MLP((FEATURES,), CLASSES, hidden=(5,))
 
 
 def test_the_global_model_carries_the_cosine_head_and_it_is_what_travels():
     torch.manual_seed(0)
     plain = MLP((FEATURES,), CLASSES, hidden=(5,))
     linear_weight = plain.head.weight.detach().clone()
-    engine = tiny_engine(LfD(local_epochs=1, cosine_temperature=0.2))
+    engine = tiny_engine(
+        LfD(local_epochs=1, cosine_temperature=0.2), lfd_model(), (6, 4), test_samples=5, epochs=3
+    )
     model = engine.model
     assert isinstance(model.head, CosineClassifier) and model.head.temperature == 0.2
     assert torch.equal(model.head.weight, linear_weight)
@@ -152,7 +132,7 @@ def test_the_global_model_carries_the_cosine_head_and_it_is_what_travels():
 
 def test_first_round_is_margin_cross_entropy_then_the_drift_regulariser_joins():
     strategy = LfD(local_epochs=1, margin=0.15, cosine_temperature=0.1)
-    engine = tiny_engine(strategy)
+    engine = tiny_engine(strategy, lfd_model(), (6, 4), test_samples=5, epochs=3)
     context = engine.context
     x, y = context.x_train[:6], context.y_train[:6]
     model = frozen_copy(context.model)
@@ -181,9 +161,26 @@ def test_first_round_is_margin_cross_entropy_then_the_drift_regulariser_joins():
     assert float(expected) > float(F.nll_loss(log_p, y))
 
 
+def test_the_previous_local_model_is_the_one_the_client_uploaded():
+    strategy = LfD(local_epochs=1)
+    engine = tiny_engine(strategy, lfd_model(), (6, 4), test_samples=5, epochs=3)
+    context = engine.context
+    context.epoch, context.lr = 1, 0.1
+    rng = np.random.default_rng(0)
+    (round_,) = strategy.configure_rounds(context, 1, rng)
+    received = clone_state(context.model.state_dict())
+    updates = strategy.fit(context, round_, rng)
+    assert sorted(strategy.previous_models) == [update.client for update in updates] == [0, 1]
+    for update in updates:
+        kept = strategy.previous_models[update.client]
+        assert all(torch.equal(kept[key], update.state[key]) for key in received)
+        # trained away from the global model it received, so next round's drift is not zero
+        assert not torch.equal(kept["head.weight"], received["head.weight"])
+
+
 def test_a_client_absent_from_a_round_keeps_its_older_model():
     strategy = LfD(local_epochs=1, client_fraction=0.5)
-    engine = tiny_engine(strategy, sizes=(6, 4, 5))
+    engine = tiny_engine(strategy, lfd_model(), (6, 4, 5), test_samples=5, epochs=3)
     engine.run_epoch(1)
     first = {c: clone_state(state) for c, state in strategy.previous_models.items()}
     engine.run_epoch(2)

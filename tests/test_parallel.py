@@ -68,6 +68,7 @@ def sequential(tmp_path, configs):
     return results
 
 
+@pytest.mark.slow
 def test_workers_give_the_numbers_of_sequential_runs(tmp_path):
     # three runs on two workers: one worker runs two of them, reusing its loaded dataset
     # and its process (a batch-mode run after a single-sample one must not inherit its
@@ -91,6 +92,7 @@ def test_workers_give_the_numbers_of_sequential_runs(tmp_path):
     assert os.getpid() not in {e.pid for e in epochs}
 
 
+@pytest.mark.slow
 def test_a_killed_worker_run_resumes_to_the_same_result(tmp_path):
     # long enough epochs that the kill lands mid-run, after the first checkpoint
     long = {"repeat_count": 200}
@@ -133,6 +135,7 @@ def group_alive(group):
     return True
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
     out = tmp_path / "seeds"
     command = [

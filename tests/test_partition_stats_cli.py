@@ -131,6 +131,7 @@ def test_bad_input_is_one_line_on_stderr(capsys, args, message):
     assert message in run_error(capsys, *args)
 
 
+@pytest.mark.slow
 def test_console_script_end_to_end():
     command = [
         sys.executable,

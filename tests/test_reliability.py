@@ -296,6 +296,7 @@ def test_the_learning_rate_must_be_finite_and_positive(value):
 # ---------------------------------------------------------------------- run folders
 
 
+@pytest.mark.slow
 def test_two_processes_started_together_on_one_out(tmp_path):
     out = tmp_path / "shared"
     args = ["train", "--no-secure", "--repeat-count", "100", "--epochs", "3", "--out", str(out)]
@@ -480,6 +481,7 @@ def test_a_resumed_run_that_fails_in_its_first_epoch_keeps_the_run(tmp_path, mon
     assert len(metrics) == 1 and configuration["epochs"] == 3
 
 
+@pytest.mark.slow
 def test_runs_killed_in_epoch_one_and_in_epoch_two(capsys, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     long_first_epoch = ["train", "--no-secure", "--repeat-count", "5000", "--out", str(first)]
@@ -570,6 +572,7 @@ def limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
 
 
+@pytest.mark.slow
 def test_a_disk_that_cannot_take_the_checkpoint(tmp_path):
     out = tmp_path / "run"
     process = stratify_process("train", *QUICK, "--out", str(out), preexec_fn=limit_file_size)

@@ -289,6 +289,26 @@ def test_results_csv_and_the_papers_table(tiny, tmp_path):
     assert f"{100 * mean:.2f} ± " in cells[1]
 
 
+def test_a_grid_reads_only_its_own_epochs_from_runs_extended_past_them(tiny, tmp_path):
+    reproduce("tiny", tmp_path, Settings(seeds=(0,), epochs=3), backend=LocalBackend(1))
+    display, phases = recorder()
+    settings = Settings(seeds=(0,), epochs=2)
+    reproduce("tiny", tmp_path, settings, backend=LocalBackend(1), display=display)
+    assert all(status == "skipped" for _, status in statuses(phases["tiny"]))
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert len(rows) == 2
+    for row in rows:
+        records = read_records(row["run_dir"])
+        assert len(records) == 3  # the folders hold the longer runs
+        asked = records[:2]
+        best = max(asked, key=lambda record: record["test_accuracy"])
+        assert (row["status"], int(row["epochs"])) == ("finished", 2)
+        assert float(row["best_accuracy"]) == best["test_accuracy"]
+        assert int(row["best_epoch"]) == best["epoch"]
+        assert float(row["final_accuracy"]) == asked[-1]["test_accuracy"]
+        assert int(row["total_transfers"]) == sum(record["transfers"] for record in asked)
+
+
 def test_tuning_picks_each_lr_on_the_validation_split(tiny, tmp_path):
     tuning = Tuning(factors=(0.5, 2.0), validation=0.2, epochs=1)
     report = reproduce(
@@ -389,6 +409,7 @@ def test_without_matplotlib_the_tables_are_still_written(tiny, tmp_path, monkeyp
 # -- Ray ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ray_runs_a_two_cell_grid_as_local_workers_do(tiny, tmp_path):
     import ray  # in the test extra: this test runs, never skips, in CI
 

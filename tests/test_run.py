@@ -4,7 +4,9 @@ import json
 
 import pytest
 import torch
+from engines import client_data
 
+from stratify.algorithms import ALGORITHMS
 from stratify.cli.main import main
 from stratify.errors import ConfigError, OutputError, StratifyError, TrainingError
 from stratify.run import Run, TrainConfig
@@ -89,6 +91,35 @@ def test_resume_equals_uninterrupted_run(tmp_path, mode):
     straight.pop("total_wall_seconds")
     pieces.pop("total_wall_seconds")
     assert straight == pieces
+
+
+def final_weights(out):
+    return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_resume_restores_the_torch_generator_a_method_draws_from(tmp_path, monkeypatch):
+    # the server adds noise drawn from torch's generator every round: without its state,
+    # a resumed run would draw round 2's noise again in round 3
+    monkeypatch.setitem(ALGORITHMS, "noisy-fedavg", "toy_methods:NoisyFedAvg")
+    changes = {"algorithm": "noisy-fedavg", "mode": "batch", "epochs": 3, "partition": "iid"}
+    changes.update(clients=4, options={"local_epochs": 1})
+    Run(config(tmp_path, "straight", **changes)).train()
+    Run(config(tmp_path, "pieces", **{**changes, "epochs": 2})).train()
+    Run(config(tmp_path, "pieces", **changes), resume=True).train()
+    assert read_metrics(tmp_path / "pieces") == read_metrics(tmp_path / "straight")
+    straight, pieces = final_weights(tmp_path / "straight"), final_weights(tmp_path / "pieces")
+    assert all(torch.equal(pieces[key], straight[key]) for key in straight)
+
+
+def test_metrics_count_the_entries_trained_again_after_a_refill(tmp_path):
+    # one client holding label 0 twice and label 1 six times; uniform repeats schedule
+    # each label round(8 / 2) = 4 times an epoch, so label 0's last two entries of every
+    # epoch train its two samples again
+    dataset, _ = client_data((8,), [[0, 0, 1, 1, 1, 1, 1, 1]])
+    out = tmp_path / "run"
+    Run(config(tmp_path, partition="iid", clients=1, options={}), dataset=dataset).train()
+    rows = read_metrics(out)
+    assert [(row["steps"], row["reused"], row["skipped"]) for row in rows] == [(8, 2, 0)] * 2
 
 
 def test_existing_run_is_refused_without_overwrite(tmp_path):

@@ -7,7 +7,9 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,7 @@ def test_a_second_holder_is_refused_until_the_first_closes(tmp_path):
     assert sorted(entry.name for entry in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_killed_holder_releases_the_lock(tmp_path):
     script = (
         "import sys, time\n"
@@ -326,6 +329,31 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, mon
         write_atomically(target, b"new")
     assert target.read_bytes() == b"good"
     assert [entry.name for entry in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_a_new_version_is_written_beside_its_target_and_renamed_over_it(tmp_path, monkeypatch):
+    # a rename is atomic only within one file system (and fails across two), so the
+    # temporary file is made in the target's folder, never in the system's temporary one
+    system_temporary = tmp_path / "system-tmp"
+    system_temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_temporary))
+    (tmp_path / "run").mkdir()
+    target = tmp_path / "run" / "checkpoint.pt"
+    target.write_bytes(b"old")
+    renames = []
+    rename = os.replace
+
+    def recorded_rename(source, destination):
+        renames.append((Path(source), Path(destination)))
+        rename(source, destination)
+
+    monkeypatch.setattr(runfolder.os, "replace", recorded_rename)
+    write_atomically(target, b"new")
+    assert target.read_bytes() == b"new"
+    ((source, destination),) = renames
+    assert destination == target and source.parent == target.parent
+    assert list(system_temporary.iterdir()) == []
+    assert [entry.name for entry in target.parent.iterdir()] == ["checkpoint.pt"]
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_what_is_kept(tmp_path, monkeypatch):

@@ -262,6 +262,7 @@ def test_resume_after_a_crash_continues_exactly_where_the_checkpoint_was(tmp_pat
     )
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_of_the_command_fed_by_a_pipe(tmp_path):
     """The real thing: `stratify stream --source -` killed with SIGKILL mid-stream."""
     source, out = tmp_path / "events.jsonl", tmp_path / "killed"
