@@ -407,6 +407,12 @@ def limit_file_size(size):
     return limit
 
 
+def environment_without_data_dir():
+    # CI exports STRATIFY_DATA_DIR; the CLI would record it as the grid's data_dir, and the
+    # in-process grid it must match was made without one
+    return {name: value for name, value in os.environ.items() if name != "STRATIFY_DATA_DIR"}
+
+
 @pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_plot_whole(train_run, tmp_path):
     image = tmp_path / "p.png"
@@ -436,6 +442,7 @@ def test_a_full_disk_keeps_the_previous_grid_outputs_whole(tmp_path):
          str(tmp_path), "--dataset", "digits", "--seeds", "0", "--epochs", "1", "--methods",
          "fedavg", "--no-secure", "--workers", "1"],
         capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size(100),
+        env=environment_without_data_dir(),
     )  # fmt: skip
     assert process.returncode == 2, process.stderr
     lines = process.stderr.strip().splitlines()
