@@ -75,8 +75,7 @@ class TrainConfig(RunSettings):
     lr_schedule: str | None = option(
         None,
         "Epoch e trains with lr/e (inverse-epoch) or lr (constant) "
-        "[default: the method's: inverse-epoch for stratify in single-sample mode, "
-        "constant otherwise].",
+        "[default: constant, every method's papers' schedule].",
         choices=LR_SCHEDULES,
         cli_type=str,
     )
@@ -105,7 +104,8 @@ class TrainConfig(RunSettings):
     validation: float = option(
         0.0,
         "Share of the training samples held out (per label) before partitioning; the run "
-        "is evaluated on them instead of the test set (tuning). 0: evaluate on the test set.",
+        "is evaluated on them as well as on the test set, so an epoch or a learning rate "
+        "can be chosen without the test set. 0: no validation split.",
         check=check_share,
     )
     device: str = option("auto", "Where tensors live.", choices=DEVICES)
@@ -121,8 +121,9 @@ class TrainConfig(RunSettings):
         super().__post_init__()
         # the method's options are checked now, before any data is loaded, and kept typed
         given = {key: value for key, value in self.options.items() if value is not None}
-        checked = build_strategy(self.algorithm, given, self.mode).options
-        self.options = {key: getattr(checked, key) for key in given}
+        strategy = build_strategy(self.algorithm, given, self.mode)
+        strategy.check_epochs(self.epochs)
+        self.options = {key: getattr(strategy.options, key) for key in given}
 
 
 def default_lr(dataset: str) -> float:
