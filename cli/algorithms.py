@@ -39,7 +39,9 @@ def describe(name: str) -> tuple[str, str, str]:
     else:
         schedule = "--lr-schedule " + ", ".join(f"{s} ({m})" for m, s in schedules.items())
     rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
-    if any(rate is not None for rate in rates.values()):
+    if cls.lr_note is not None:
+        options.append(f"--lr {cls.lr_note}")
+    elif any(rate is not None for rate in rates.values()):
         if len(set(rates.values())) == 1:
             options.append(f"--lr {next(iter(rates.values()))}")
         else:
