@@ -19,7 +19,14 @@ from typing import Any
 
 from stratify.errors import ConfigError
 from stratify.parallel import Backend, EventHandler, RunOutcome, RunSpec, run_specs
-from stratify.reproduce.grids import Cell, Grid, Settings, grid_named, plan_cells
+from stratify.reproduce.grids import (
+    DEFAULT_CLIENTS,
+    Cell,
+    Grid,
+    Settings,
+    grid_named,
+    plan_cells,
+)
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
 from stratify.reproduce.results import CellResult, markdown, read_cell, write_csv
 from stratify.reproduce.tuning import Choice, Tuning, choices, tuned_cells, tuning_specs
@@ -55,7 +62,7 @@ def identity(grid: Grid, settings: Settings, tuning: Tuning | None) -> dict[str,
         "grid": grid.name,
         "dataset": settings.dataset or grid.values["dataset"],
         "dataset_options": settings.dataset_options,
-        "clients": settings.clients,
+        "clients": settings.clients or grid.values.get("clients", DEFAULT_CLIENTS),
         "model": settings.model,
         "secure": settings.secure,
         "tuning": None if tuning is None else asdict(tuning),
@@ -147,6 +154,11 @@ def reproduce(
     """
     grid = grid_named(grid_name)
     out = Path(out)
+    if grid.paired and tuning is not None:
+        raise ConfigError(
+            f"--tune: grid {grid.name} runs each method and its comparator at the method's "
+            "rate; tuning them apart would unmatch them"
+        )
     cells, notes = plan_cells(grid, settings, out)
     check_out(out, identity(grid, settings, tuning))
     files: list[Path] = []
