@@ -230,10 +230,10 @@ def paired_column(algorithm: str, label: str | None = None, **values: Any) -> Co
     )
 
 
-#: The paired grid's budget, chosen to fit a few hours on two shared CPU cores: 10
+#: The paired grid's budget, chosen to fit a few hours on two shared CPU cores: 20
 #: rounds of one local epoch (E = 1) for every method that trains epochs (FedBR keeps
 #: its K = 20 iterations of 64), each method's own optimizer, batch and clients per round.
-PAIRED_ROUNDS = 10
+PAIRED_ROUNDS = 20
 PAIRED_EPOCHS = 1
 PAIRED_ROWS = (
     partition_row("classes:1", "#C=1"),
@@ -250,14 +250,12 @@ PAIRED_COLUMNS = (
     paired_column("fedbr"),
     # FedDiverse selects by attributes: its pairs run on colored-mnist (10 digits, colour
     # following the label for 90% of the training images, independent of it in the test
-    # split); one epoch for its biased models keeps the one-off estimation affordable
+    # split)
     paired_column(
         "feddiverse",
         "FedDiverse (colored-mnist)",
         dataset="colored-mnist",
         local_epochs=PAIRED_EPOCHS,
-        bias_epochs=1,
-        attribute_epochs=5,
     ),
     paired_column("lfd", local_epochs=PAIRED_EPOCHS),
     paired_column("fedtan", local_epochs=PAIRED_EPOCHS),
@@ -269,13 +267,13 @@ SEED_PAPER_ROWS = (
     Row(
         "fedbss-shards-2",
         "FedBSS: shards:2, 100 clients, C=0.1",
-        {"partition": "shards:2", "clients": 100, "epochs": 100},
+        {"partition": "shards:2", "clients": 100, "epochs": 200},
         columns=("fedbss",),
     ),
     Row(
         "fedbr-rotated-dir-0-1",
         "FedBR: rotated-mnist, Dir(0.1), 10 clients",
-        {"dataset": "rotated-mnist", "partition": "dirichlet:0.1", "clients": 10, "epochs": 30},
+        {"dataset": "rotated-mnist", "partition": "dirichlet:0.1", "clients": 10, "epochs": 60},
         columns=("fedbr",),
     ),
     Row(
@@ -286,19 +284,19 @@ SEED_PAPER_ROWS = (
             "dataset_options": {"binary_labels": True},
             "partition": "dirichlet:0.5",
             "clients": 24,
-            "epochs": 25,
+            "epochs": 30,
         },
         columns=("feddiverse",),
     ),
     Row(
         "lfd-dir-0-5",
         "LfD: Dir(0.5), 10 clients",
-        {"partition": "dirichlet:0.5", "clients": 10, "epochs": 10},
+        {"partition": "dirichlet:0.5", "clients": 10, "epochs": 20},
         columns=("lfd",),
     ),
 )
 SEED_PAPER_COLUMNS = (
-    paired_column("fedbss", warmup_rounds=25),
+    paired_column("fedbss", warmup_rounds=50),
     paired_column("fedbr"),
     paired_column("feddiverse"),
     paired_column("lfd"),
