@@ -16,7 +16,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests
 
 train: $(STAMP)
-	$(VENV)/bin/stratify train --mode single-sample --chunk 5
+	$(VENV)/bin/stratify train --mode single-sample --chunk 5 --lr 0.01
 
 # mypy checks an installed copy: baselines/ and cli/ only become stratify.baselines and
 # stratify.cli through setup.cfg's package_dir, which mypy cannot follow in the source tree
