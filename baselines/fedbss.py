@@ -182,7 +182,9 @@ class FedBSS(FedAvg):
     Notes
     -----
     A warm-up longer than the run is refused when the configuration is made; one equal
-    to it makes every round a warm-up round. The split and pacing are in
+    to it makes every round a warm-up round. With one local epoch (``E = 1``) the pacing
+    gives ``α_1 = 1``: every round trains on all samples and only the unweighted average
+    is left of the method. The split and pacing are in
     :func:`split_by_uncertainty` and :func:`paced_epochs` (ties and an empty biased set
     are described there). The scoring pass is a forward pass over the client's data and
     is not counted as steps. Each stage-2 round reports (``info`` in ``metrics.jsonl``)

@@ -354,9 +354,12 @@ def describe(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int], tuning: Tu
     config = cells[0].config
     modes = sorted({cell.config.mode for cell in cells})
     epochs = sorted({cell.config.epochs for cell in cells})
+    datasets = sorted({cell.config.dataset for cell in cells})
+    clients = sorted({cell.config.clients for cell in cells})
     text = (
-        f"Grid `{grid.name}`: {grid.description}. Dataset `{config.dataset}`, "
-        f"{' and '.join(modes)} mode, {config.clients} clients, "
+        f"Grid `{grid.name}`: {grid.description}. Dataset "
+        f"{' and '.join(f'`{name}`' for name in datasets)}, "
+        f"{' and '.join(modes)} mode, {'/'.join(map(str, clients))} clients, "
         f"{'/'.join(map(str, epochs))} epochs, seeds {', '.join(map(str, seeds))}"
     )
     if config.model:
