@@ -559,10 +559,10 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
 PAIRED_HEADER = (
     "split",
     "method",
-    "method",
-    "matched comparator",
-    "difference (points, 95% interval)",
-    "best, chosen on test: method / comparator",
+    "method, %",
+    "matched comparator, %",
+    "difference, points [95% interval]",
+    "best (chosen on test), %: method / comparator",
     "sample-gradients per round: method / comparator",
     "MB per round: method / comparator",
     "notes",
@@ -589,7 +589,7 @@ def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
             "attribute) groups), last-rounds mean, where the data has attributes:\n"
         )
         header = list(PAIRED_HEADER)
-        header[5] = "best worst group, chosen on test: method / comparator"
+        header[5] = "best worst group (chosen on test), %: method / comparator"
         lines = paired_lines_worst(results, seeds)
         parts.append(markdown_table(header, lines))
     return parts
