@@ -14,6 +14,8 @@ The base class of the averaging baselines. Its hooks, each overridden by one var
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,13 +27,16 @@ from stratify.baselines.common import (
     BN_BUFFER_MODES,
     ClientSamplingOptions,
     client_weights,
+    participant_count,
     participants,
     weighted_average,
 )
 from stratify.client import GradientHook, LocalResult, LossFunction, cross_entropy_loss
+from stratify.errors import ConfigError
 from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
 from stratify.options import inherit, option
 from stratify.state import State, buffer_names, clone_state, load_into, parameter_names
+from stratify.validation import check_positive_int
 
 #: NIID-Bench's local training in batch mode: 10 local epochs, SGD momentum 0.9.
 BATCH_LOCAL_EPOCHS = 10
@@ -57,11 +62,29 @@ class FedAvgOptions(ClientSamplingOptions):
         per_mode={"batch": BATCH_LOCAL_MOMENTUM, "single-sample": 0.0}
     )
 
+    local_steps: int | None = option(
+        None,
+        "Local iterations K per round: K mini-batches drawn with replacement from the "
+        "client's samples, instead of --local-epochs passes over them.",
+        check=check_positive_int,
+        cli_type=int,
+    )
     bn_buffers: str = option(
         "average",
         "BatchNorm running statistics: averaged like the parameters, or kept by each client.",
         choices=tuple(BN_BUFFER_MODES),
     )
+
+    def for_mode(self: FedAvgOptionsT, mode: str) -> FedAvgOptionsT:
+        """``--local-steps`` replaces the local epochs: giving both is refused."""
+        if self.local_steps is not None and self.local_epochs is not None:
+            raise ConfigError(
+                "--local-epochs and --local-steps both set how long a client trains; give one"
+            )
+        options = super().for_mode(mode)
+        if options.local_steps is not None:
+            return dataclasses.replace(options, local_epochs=None)
+        return options
 
 
 class FedAvg(Strategy):
@@ -69,9 +92,10 @@ class FedAvg(Strategy):
     locally and the server replaces it by the sample-weighted average.
 
     Options (:class:`FedAvgOptions`, defaults NIID-Bench's in batch mode): ``local_epochs``
-    E, ``local_batch_size``, ``local_momentum`` and ``local_weight_decay`` of the clients'
-    SGD; ``client_fraction`` C (``max(1, round(C·K))`` clients drawn without replacement
-    each round); ``weighting`` (``samples``: weights ``n_k``; ``equal``: every
+    E (or ``local_steps`` K mini-batches drawn with replacement), ``local_batch_size``,
+    ``local_momentum`` and ``local_weight_decay`` of the clients' SGD; ``client_fraction``
+    C (``max(1, round(C·K))`` clients drawn without replacement each round);
+    ``weighting`` (``samples``: weights ``n_k``; ``equal``: every
     participant alike) and ``bn_buffers``. ``average``: BatchNorm running statistics (all
     non-parameter state) are averaged with the aggregation weights like the parameters
     (``num_batches_tracked`` becomes the rounded weighted mean). ``local``: each client
@@ -139,13 +163,17 @@ class FedAvg(Strategy):
     ) -> LocalResult:
         """The client's local SGD on ``model`` with the method's options.
 
-        By default on all its samples for ``local_epochs`` passes, with
-        :meth:`gradient_hook` and :meth:`local_objective`; a variant may pass other
-        ``indices`` (one array, or one per local epoch), ``epochs`` or ``loss_fn``.
+        By default on :meth:`local_samples` (all its samples for ``local_epochs`` passes,
+        or ``local_steps`` mini-batches), with :meth:`gradient_hook` and
+        :meth:`local_objective`; a variant may pass other ``indices`` (one array, or one
+        per local epoch), ``epochs`` or ``loss_fn``.
         """
+        if indices is None:
+            indices, passes = self.local_samples(context, client, rng)
+            epochs = passes if epochs is None else epochs
         return context.trainer.train(
             model,
-            context.federation.client_indices[client] if indices is None else indices,
+            indices,
             epochs=self.local_epochs if epochs is None else epochs,
             batch_size=self.batch_size,
             lr=context.lr,
@@ -155,6 +183,31 @@ class FedAvg(Strategy):
             before_step=self.gradient_hook(context, client),
             loss_fn=self.local_objective(context, client) if loss_fn is None else loss_fn,
         )
+
+    def local_samples(
+        self, context: Context, client: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, int]:
+        """The samples a client trains on this round and how many passes it makes: all its
+        samples ``local_epochs`` times, or, with ``local_steps`` K, ``K·B`` draws with
+        replacement in one pass (K mini-batches of B)."""
+        indices = context.federation.client_indices[client]
+        if self.local_steps is None:
+            return indices, self.local_epochs
+        return rng.choice(indices, size=self.local_steps * self.batch_size), 1
+
+    def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
+        """``max(1, round(C·K))`` participants times a client's local work in expectation:
+        ``E · n_k`` (mean over the clients) or ``K_steps · B``."""
+        count = participant_count(len(client_sizes), self.options.client_fraction)
+        if self.local_steps is not None:
+            return float(count * self.local_steps * self.batch_size)
+        return count * self.local_epochs * statistics.fmean(client_sizes)
+
+    @property
+    def local_steps(self) -> int | None:
+        """K local iterations, or ``None`` (local epochs); FedTAN's options, which share
+        only the client sampling with FedAvg's, have none."""
+        return getattr(self.options, "local_steps", None)
 
     @property
     def local_epochs(self) -> int:
@@ -201,6 +254,7 @@ class FedAvg(Strategy):
                 transfers=2,
                 loss_sum=result.loss_sum,
                 loss_count=result.samples,
+                sample_gradients=result.samples,
             ),
         )
 

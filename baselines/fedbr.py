@@ -14,10 +14,23 @@ with ``L_con = −log(f1 / (f1 + f2))``, ``f1 = exp(cos(Pθφ_i(x_p), Pθφ_g(x_
 ``f2 = exp(cos(Pθφ_i(x_p), Pθφ_i(x)) / τ2)`` and ``φ_g`` the global extractor of the round,
 frozen. The server averages ``ω``, ``φ`` and ``θ`` uniformly.
 
-Official values (slides and the public code LINs-lab/FedBR): ``λ = 1``, ``μ = 0.5``,
-``τ1 = τ2 = 0.5`` (the code multiplies the cosine by 2), ``K = 20`` local iterations per
-round, local SGD with momentum 0.9 for both steps, batch 64 and weight decay 0 on 28×28
-images, ``|D_p|`` = 32 pseudo-samples, each the mean of 10 samples.
+Defaults follow the official code, LINs-lab/FedBR, in its current version: commit
+``d382a37`` ("minor improve the code", 2023-05-23; the later commits change only the
+README and the licence). Where its first public commit ``3e24f7f`` (2023-05-22)
+differed, the current one is followed and the difference is named:
+
+* ``λ = 1``, ``μ = 0.5``, ``τ1 = τ2 = 0.5`` (the code multiplies the cosine by 2): the
+  same in both commits (``FedBR.update`` in ``fedbr/algorithms.py``);
+* ``K = 20`` local iterations per round (``--local_steps 20``, ``scripts/train_fed.py``),
+  batch 64 and weight decay 0 on 28×28 images (``hparams_registry.py``): both commits;
+* **plain SGD** for both steps, no momentum: ``d382a37`` (``3e24f7f`` used momentum 0.9);
+* **lr 1e-3 on 28×28 images** (the registry's ``SMALL_IMAGES``: RotatedMNIST,
+  ColoredMNIST) and 1e-2 on the others (``hparams_registry.py``, both commits);
+* **one pseudo-data path at a time**, RSM by default: ``d382a37`` builds ``|D_p|`` = batch
+  size pseudo-samples, each the mean of 10 samples of one random client, unless
+  ``--use_Mixture`` is given, which instead mixes means of a proxy data set with local
+  samples (Eq. 4); ``3e24f7f`` always mixed 32 proxy means (and added a decorrelation
+  term that ``d382a37`` removed).
 """
 
 from __future__ import annotations
@@ -41,7 +54,6 @@ from stratify.options import inherit, option
 from stratify.state import State, clone_state
 from stratify.validation import (
     check_fits_in_memory,
-    check_int,
     check_nonnegative,
     check_positive,
     check_positive_int,
@@ -50,20 +62,29 @@ from stratify.validation import (
 #: Local iterations per round of the official code (``--local_steps 20``).
 OFFICIAL_LOCAL_STEPS = 20
 
+#: The official learning rates: 1e-3 on the 28×28 images of its ``SMALL_IMAGES`` data
+#: sets (RotatedMNIST, ColoredMNIST), 1e-2 on the others (``hparams_registry.py``).
+OFFICIAL_SMALL_IMAGE_LR = 1e-3
+OFFICIAL_LR = 1e-2
+SMALL_IMAGE_DATASETS = ("mnist", "mnist-10k", "fashion-mnist", "rotated-mnist", "colored-mnist")
+
+#: Samples averaged into one RSM pseudo-sample in the official code.
+OFFICIAL_RSM_SIZE = 10
+
+#: How the pseudo-data is built: random sample means of the clients' data (the official
+#: default), or those means mixed with local samples at every iteration (Eq. 4).
+PSEUDO_DATA = ("rsm", "mixture")
+
 #: Bytes per element of the pseudo-data and the projection head (float32).
 FLOAT_BYTES = 4
 
 FedBROptionsT = TypeVar("FedBROptionsT", bound="FedBROptions")
 
 
-def check_nonnegative_int(value: object, flag: str) -> int:
-    """``value`` as an int ``>= 0``."""
-    return check_int(value, flag, minimum=0)
-
-
 @dataclass
 class FedBROptions(FedAvgOptions):
-    """FedAvg's options (equal weights by default) and FedBR's.
+    """FedAvg's options with the official code's defaults (equal weights, plain SGD, K = 20
+    local iterations) and FedBR's.
 
     A client trains ``local_steps`` K mini-batches per round (the official code's 20)
     unless ``--local-epochs`` is given, which trains that many passes instead.
@@ -72,12 +93,12 @@ class FedBROptions(FedAvgOptions):
     algorithm = "fedbr"
 
     weighting: str = inherit("equal")
-    local_steps: int | None = option(
-        None,
-        "Local iterations K per round: mini-batches drawn with replacement from the "
-        "client's samples (unless --local-epochs is given).",
-        check=check_positive_int,
-        cli_type=int,
+    local_momentum: float | None = inherit(0.0)
+    pseudo_data: str = option(
+        "rsm",
+        "Pseudo-data: random sample means of the clients' data (rsm, the official default), "
+        "or those means mixed with local samples at every iteration (mixture, Eq. 4).",
+        choices=PSEUDO_DATA,
     )
     pseudo_weight: float = option(
         1.0, "Weight λ ≥ 0 of the pseudo-data's soft-label cross-entropy.", check=check_nonnegative
@@ -96,26 +117,31 @@ class FedBROptions(FedAvgOptions):
         check=check_positive,
     )
     rsm_size: int = option(
-        10, "Samples averaged into one random-sample-mean pseudo-sample.", check=check_positive_int
+        OFFICIAL_RSM_SIZE,
+        "Samples averaged into one random-sample-mean pseudo-sample.",
+        check=check_positive_int,
     )
-    mixture_size: int = option(
-        1,
-        "Local samples mixed into every pseudo-sample at each iteration (Eq. 4's K, the "
-        "Mixture construction); 0 keeps the plain random sample means (RSM).",
-        check=check_nonnegative_int,
+    mixture_size: int | None = option(
+        None,
+        "Local samples mixed into every pseudo-sample at each iteration (Eq. 4's K; "
+        "--pseudo-data mixture only) [default: 1, the official code's].",
+        check=check_positive_int,
+        cli_type=int,
     )
 
     def for_mode(self: FedBROptionsT, mode: str) -> FedBROptionsT:
-        if self.local_epochs is not None and self.local_steps is not None:
+        if self.pseudo_data == "rsm" and self.mixture_size is not None:
             raise ConfigError(
-                "--local-epochs and --local-steps both set how long a FedBR client trains; give one"
+                "--mixture-size applies to --pseudo-data mixture; --pseudo-data rsm uses the "
+                "random sample means as they are"
             )
-        options = super().for_mode(mode)
-        if self.local_epochs is not None:
-            return options
-        # K iterations: the epoch count FedAvg resolves does not apply
-        steps = self.local_steps or OFFICIAL_LOCAL_STEPS
-        return dataclasses.replace(options, local_epochs=None, local_steps=steps)
+        options = self
+        if self.local_epochs is None and self.local_steps is None:
+            # K iterations: the epoch count FedAvg would resolve does not apply
+            options = dataclasses.replace(options, local_steps=OFFICIAL_LOCAL_STEPS)
+        if self.pseudo_data == "mixture" and self.mixture_size is None:
+            options = dataclasses.replace(options, mixture_size=1)
+        return super(FedBROptions, options).for_mode(mode)
 
 
 # -- the math -----------------------------------------------------------------------------
@@ -292,7 +318,9 @@ class LocalObjective:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This iteration's pseudo-data, soft labels and global features ``φ_g(x_p)``."""
         mixes = self.options.mixture_size
-        if mixes == 0:  # plain RSM: fixed pseudo-data, so φ_g(x_p) is the same all round
+        if self.options.pseudo_data == "rsm" or not mixes:
+            # RSM: fixed pseudo-data, so φ_g(x_p) is the same all round (the official code
+            # computes it once per round too)
             if self.global_rsm_features is None:
                 with torch.no_grad():
                     self.global_rsm_features = embed(self.global_model, self.pseudo_x)
@@ -351,40 +379,45 @@ class FedBR(FedAvg):
     """FedBR: FedAvg whose clients debias their classifier with pseudo-data and their
     features with a max/min contrastive game through a projection head ``θ``.
 
-    Options: :class:`FedBROptions`. Batch mode only (its losses need mini-batches).
+    Options: :class:`FedBROptions`, defaults from the official code's current version
+    (module docstring: which commit each follows). Batch mode only (its losses need
+    mini-batches).
 
     Notes
     -----
     Choices where the paper and the official code leave room:
 
-    * **Pseudo-data is shared.** ``|D_p|`` = the local batch size. It is built once, in
-      the first round, by RSM over the clients' data (:func:`random_sample_means`: each
-      pseudo-sample is the mean of ``--rsm-size`` samples of one random client; the code
-      commented out in the official script), and sent once to every client. The official
-      script averages samples of a public proxy set (CIFAR-10) instead, which this toolkit
-      cannot download; pseudo-data per client would, under label skew, look like the
-      client's own classes, while FedBR's λ-term asks the classifier to be undecided on
-      data that looks like the *global* mix.
-    * **Mixture** (default, ``--mixture-size 1`` as in the official code): at every local
-      iteration each pseudo-sample is mixed with ``K`` samples drawn from the current
-      mini-batch (Eq. 4), and ``φ_g`` is applied to the mixed sample (the official code
-      keeps the global features of the first iteration's mix all round; the loss is
-      defined on the same ``x_p``). ``--mixture-size 0`` uses the RSM samples as they are.
+    * **Pseudo-data is shared.** ``|D_p|`` = the local batch size, as the official
+      ``d382a37`` builds it. It is built once, in the first round, by RSM over the
+      clients' data (:func:`random_sample_means`: each pseudo-sample is the mean of
+      ``--rsm-size`` samples of one random client, the official default path), and sent
+      once to every client; its soft labels are uniform.
+    * **Mixture** (``--pseudo-data mixture``; ``--mixture-size`` K, 1 as in the official
+      code): at every local iteration each pseudo-sample is mixed with K samples drawn
+      from the current mini-batch and its label with theirs (Eq. 4), and ``φ_g`` is
+      applied to the mixed sample (the official code keeps the global features of the
+      first iteration's mix all round; the loss is defined on the same ``x_p``). The
+      official mixture averages a public proxy set (CIFAR-10/100) instead of the
+      clients' data, which this toolkit cannot download, so here the means come from the
+      clients' data as for RSM; the official code runs mixture only on CIFAR (it raises
+      ``NotImplementedError`` on the MNIST variants), so RSM is also the only path it
+      runs on 28×28 images.
     * Pseudo-sample ``i`` is paired with local sample ``i`` of the mini-batch in ``f2``
       (cycling if the batch is shorter), as the official code pairs them row by row.
     * ``φ_g`` is a frozen copy of the global model received in the round, in training
       mode like the local model (the same normalisation for both features).
     * The max step uses its own SGD on ``θ`` with the client's rate, momentum and weight
-      decay (official: both optimizers SGD, momentum 0.9). The official code also adds
-      Mixup and a decorrelation term in its latest version; they are not part of FedBR as
-      the slides define it and are left out.
+      decay (official ``d382a37``: both optimizers plain SGD at the same rate). Mixup
+      (off by default in the official code) is left out.
     * ``θ`` is part of the global state: averaged with the aggregation weights (equal by
-      default) and saved in the checkpoint with the pseudo-data, so ``--resume`` is exact.
+      default, Algorithm 1) and saved in the checkpoint with the pseudo-data, so
+      ``--resume`` is exact.
     * The reported training loss is the min step's whole objective.
-    * No rate of its own (``default_lr`` is ``None``): the official code uses 1e-3 on 28×28
-      images and 1e-2 on the others, a choice by dataset that the dataset's default
-      (0.01, digits 0.05) takes here, like the FedAvg family's; ``|D_p|`` follows the
-      issue's "batch size" (64) where the official script builds 32.
+    * The rate (:meth:`lr_for`) is the official one by data set: 1e-3 on the 28×28 MNIST
+      variants, 1e-2 on every other data set.
+    * The official FedAvg (its ``ERM``) steps with momentum 0.9 while its FedBR steps
+      without; a matched comparison here gives FedAvg FedBR's plain SGD
+      (:func:`stratify.reproduce.paired.comparator_for`).
 
     Traffic: FedAvg's 2 model transfers per participant and round, plus ``θ`` down and up
     (2 × its float32 bytes) per participant and round, plus the pseudo-data once in the
@@ -399,6 +432,14 @@ class FedBR(FedAvg):
     modes = ("batch",)
     options_class = FedBROptions
     options: FedBROptions
+    lr_note = f"{OFFICIAL_SMALL_IMAGE_LR} on 28×28 images, {OFFICIAL_LR} otherwise"
+
+    def lr_for(self, mode: str, dataset: str | None = None) -> float | None:
+        """The official rate: 1e-3 on 28×28 images (the MNIST variants), 1e-2 otherwise;
+        ``None`` when the data set is not known (the dataset's default then applies)."""
+        if dataset is None:
+            return None
+        return OFFICIAL_SMALL_IMAGE_LR if dataset in SMALL_IMAGE_DATASETS else OFFICIAL_LR
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -424,7 +465,7 @@ class FedBR(FedAvg):
             per_draw = 8 + FLOAT_BYTES * context.x_train[0].numel()
             for flag, draws in (
                 ("--rsm-size", self.options.rsm_size),
-                ("--mixture-size", self.options.mixture_size),
+                ("--mixture-size", self.options.mixture_size or 0),
             ):
                 check_fits_in_memory(
                     self.batch_size * draws * per_draw,
@@ -463,25 +504,12 @@ class FedBR(FedAvg):
                 weight_decay=self.options.local_weight_decay,
                 rng=rng,
             )
-            indices, epochs = self.local_samples(context, client, rng)
-            result = self.train_client(
-                context, client, model, rng, indices=indices, epochs=epochs, loss_fn=objective
-            )
+            result = self.train_client(context, client, model, rng, loss_fn=objective)
             update = self.client_update(context, client, model, result)
             update.extra["projection"] = clone_state(projection.state_dict())
             update.stats.extra_bytes += 2 * self.projection_bytes
             updates.append(update)
         return updates
-
-    def local_samples(
-        self, context: Context, client: int, rng: np.random.Generator
-    ) -> tuple[np.ndarray, int]:
-        """The samples a client trains on this round and how many passes it makes: ``K·B``
-        draws with replacement in one pass (K iterations of B), or all its samples E times."""
-        indices = context.federation.client_indices[client]
-        if self.options.local_steps is None:
-            return indices, self.local_epochs
-        return rng.choice(indices, size=self.options.local_steps * self.batch_size), 1
 
     def aggregate(
         self, context: Context, round_: Round, updates: list[ClientUpdate]

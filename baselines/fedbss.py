@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -44,11 +44,14 @@ PAPER_LR = 1e-3
 PAPER_MOMENTUM = 1e-4
 PAPER_WEIGHT_DECAY = 1e-5
 PAPER_CLIENT_FRACTION = 0.1
-#: The paper warms up for 50 of its 200 rounds; by default a run warms up for a quarter.
-WARMUP_SHARE = 4
+#: The paper warms up for 50 of its 200 rounds ("we set the number of warmup rounds to 50").
+PAPER_WARMUP_ROUNDS = 50
 
 #: Samples scored per forward pass when a client splits its data (bounds the memory).
 SCORING_BATCH = 1024
+
+
+FedBSSOptionsT = TypeVar("FedBSSOptionsT", bound="FedBSSOptions")
 
 
 def check_warmup(value: object, flag: str) -> int:
@@ -68,13 +71,21 @@ class FedBSSOptions(FedAvgOptions):
     local_weight_decay: float = inherit(PAPER_WEIGHT_DECAY)
     client_fraction: float = inherit(PAPER_CLIENT_FRACTION)
     weighting: str = inherit("equal")
-    warmup_rounds: int | None = option(
-        None,
-        "Rounds of plain local training before the paced sample selection starts "
-        "[default: a quarter of --epochs, rounded down; the paper's 50 of 200].",
+    warmup_rounds: int = option(
+        PAPER_WARMUP_ROUNDS,
+        "Rounds of plain local training before the paced sample selection starts (the "
+        "paper: 50 of its 200 rounds); at most --epochs.",
         check=check_warmup,
-        cli_type=int,
     )
+
+    def for_mode(self: FedBSSOptionsT, mode: str) -> FedBSSOptionsT:
+        """Local epochs only: the pacing adds biased samples epoch by epoch."""
+        if self.local_steps is not None:
+            raise ConfigError(
+                "--local-steps does not apply to --algorithm fedbss: its pacing admits biased "
+                "samples epoch by epoch; use --local-epochs"
+            )
+        return super().for_mode(mode)
 
 
 def uncertainty(probabilities: torch.Tensor) -> torch.Tensor:
@@ -136,19 +147,23 @@ def paced_epochs(unbiased: np.ndarray, biased: np.ndarray, epochs: int) -> list[
 @torch.no_grad()
 def score_samples(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = SCORING_BATCH
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample cross-entropy and uncertainty (Eq. 4) of ``model`` in eval mode.
-
-    The model is put back in training mode afterwards.
-    """
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sample cross-entropy, uncertainty (Eq. 4) and correctness of ``model`` in eval
+    mode. The model is put back in training mode afterwards."""
     model.eval()
-    losses, uncertainties = [], []
+    losses, uncertainties, correct = [], [], []
     for start in range(0, len(x), batch_size):
         logits = model(x[start : start + batch_size])
-        losses.append(F.cross_entropy(logits, y[start : start + batch_size], reduction="none"))
+        targets = y[start : start + batch_size]
+        losses.append(F.cross_entropy(logits, targets, reduction="none"))
         uncertainties.append(uncertainty(logits.softmax(dim=1)))
+        correct.append(logits.argmax(dim=1) == targets)
     model.train()
-    return torch.cat(losses).cpu().numpy(), torch.cat(uncertainties).cpu().numpy()
+    return (
+        torch.cat(losses).cpu().numpy(),
+        torch.cat(uncertainties).cpu().numpy(),
+        torch.cat(correct).cpu().numpy(),
+    )
 
 
 class FedBSS(FedAvg):
@@ -159,19 +174,25 @@ class FedBSS(FedAvg):
     E = 10 local epochs, batch 64, SGD with lr 1e-3 (:attr:`default_lr`), momentum 1e-4
     and weight decay 1e-5 (the paper states SGD, so no other optimizer is used), client
     fraction 0.1 (the paper's 10 of 100 clients), unweighted aggregation (Alg. 1,
-    line 12; ``--weighting equal``, also in the warm-up). ``warmup_rounds`` defaults to a
-    quarter of the run, ``⌊T/4⌋`` of ``T = --epochs`` rounds (the paper: 50 of 200).
+    line 12; ``--weighting equal``, also in the warm-up). ``warmup_rounds``: the paper's
+    50 of 200 rounds, a number of rounds whatever the run's length, so a tuning run and
+    the run it tunes warm up alike (a tuning run is at least ``warmup_rounds + 2``
+    rounds long, :meth:`informative_epochs`).
 
     Notes
     -----
-    The warm-up is resolved once, when the run starts, and kept in the checkpoint, so a
-    run resumed with a larger ``--epochs`` keeps the warm-up it started with (an
-    uninterrupted run of the original length gives the same rounds). A warm-up longer
-    than the run is refused; one equal to it makes every round a warm-up round. The
-    split and pacing are in :func:`split_by_uncertainty` and :func:`paced_epochs` (ties
-    and an empty biased set are described there). The scoring pass is a forward pass over
-    the client's data and is not counted as steps. Traffic: as FedAvg, the model down
-    and up per participant and round.
+    A warm-up longer than the run is refused when the configuration is made; one equal
+    to it makes every round a warm-up round. With one local epoch (``E = 1``) the pacing
+    gives ``α_1 = 1``: every round trains on all samples and only the unweighted average
+    is left of the method. The split and pacing are in
+    :func:`split_by_uncertainty` and :func:`paced_epochs` (ties and an empty biased set
+    are described there). The scoring pass is a forward pass over the client's data and
+    is not counted as steps. Each stage-2 round reports (``info`` in ``metrics.jsonl``)
+    the share of the participants' samples in the biased set and how many of them the
+    received model classifies correctly; the summary gives the test accuracy of the warm
+    model, the global model at the end of the last warm-up round, so a run shows whether
+    the split had a model to act on. Traffic: as FedAvg, the model down and up per
+    participant and round.
     """
 
     name = "fedbss"
@@ -183,43 +204,62 @@ class FedBSS(FedAvg):
 
     def setup(self, context: Context) -> None:
         super().setup(context)
+        if context.total_epochs is not None:
+            self.check_epochs(context.total_epochs)
+        self.round_scores: list[tuple[int, int, int]] = []
+
+    def check_epochs(self, epochs: int) -> None:
         warmup = self.options.warmup_rounds
-        total = context.total_epochs
-        if warmup is None:
-            if total is None:
-                raise ConfigError(
-                    "fedbss needs the run's --epochs to default --warmup-rounds to a quarter "
-                    "of it; give --warmup-rounds"
-                )
-            warmup = total // WARMUP_SHARE
-        elif total is not None and warmup > total:
+        if warmup > epochs:
             raise ConfigError(
-                f"--warmup-rounds {warmup} is longer than the run (--epochs {total}); "
-                f"give at most {total}"
+                f"--warmup-rounds {warmup} is longer than the run (--epochs {epochs}); give "
+                f"at most {epochs} (the paper warms up {PAPER_WARMUP_ROUNDS} of its 200 rounds)"
             )
-        self.options = dataclasses.replace(self.options, warmup_rounds=warmup)
+
+    def informative_epochs(self) -> int:
+        return self.warmup_rounds + 2
 
     @property
     def warmup_rounds(self) -> int:
-        assert self.options.warmup_rounds is not None, "setup() resolves the warm-up"
         return self.options.warmup_rounds
 
     def local_round(
         self, context: Context, clients: list[int], rng: np.random.Generator
     ) -> list[ClientUpdate]:
+        self.round_scores = []
         if context.epoch <= self.warmup_rounds:
             return super().local_round(context, clients, rng)
         return [self.paced_client(context, client, rng) for client in clients]
+
+    def epoch_info(self, context: Context) -> dict[str, Any]:
+        """The stage, and in stage 2 the share of the participants' samples in the biased
+        set and the share the received model classified correctly when scoring."""
+        if context.epoch <= self.warmup_rounds or not self.round_scores:
+            return {"stage": 1}
+        biased, correct, total = (sum(values) for values in zip(*self.round_scores))
+        return {"stage": 2, "biased_share": biased / total, "scored_accuracy": correct / total}
+
+    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """The warm-up, the warm model's test accuracy (end of the last warm-up round; None
+        without a warm-up) and the mean biased share over the stage-2 rounds."""
+        warm = next((r for r in records if r["epoch"] == self.warmup_rounds), None)
+        shares = [r["info"]["biased_share"] for r in records if "biased_share" in r.get("info", {})]
+        return {
+            "warmup_rounds": self.warmup_rounds,
+            "warm_test_accuracy": None if warm is None else warm["test_accuracy"],
+            "biased_share_mean": sum(shares) / len(shares) if shares else None,
+        }
 
     def paced_client(self, context: Context, client: int, rng: np.random.Generator) -> ClientUpdate:
         """One participant's stage-2 round: score, split, train epoch by epoch."""
         model = self.receive(context, client)
         indices = context.federation.client_indices[client]
         positions = torch.as_tensor(indices, device=context.device)
-        losses, uncertainties = score_samples(
+        losses, uncertainties, correct = score_samples(
             model, context.x_train[positions], context.y_train[positions]
         )
         unbiased, biased = split_by_uncertainty(losses, uncertainties)
+        self.round_scores.append((len(biased), int(correct.sum()), len(indices)))
         per_epoch = [indices[part] for part in paced_epochs(unbiased, biased, self.local_epochs)]
         result = self.train_client(context, client, model, rng, indices=per_epoch)
         return self.client_update(context, client, model, result)
@@ -229,4 +269,5 @@ class FedBSS(FedAvg):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        # a checkpoint of a version that resolved the warm-up from --epochs keeps its own
         self.options = dataclasses.replace(self.options, warmup_rounds=int(state["warmup_rounds"]))

@@ -142,14 +142,43 @@ def proportional_pick(weights: np.ndarray, available: np.ndarray, rng: np.random
     return int(rng.choice(candidates))
 
 
-def complementary_pick(normalised: np.ndarray, anchor: int, available: np.ndarray) -> int:
-    """``argmin over available k of ⟨Δ̲^anchor, Δ̲^k⟩``; ties go to the lowest client id."""
-    scores = normalised @ normalised[anchor]
-    return int(np.argmin(np.where(available, scores, np.inf)))
+#: Scores closer than this count as tied (exact ties arise when clients share a triplet).
+TIE_TOLERANCE = 1e-12
 
 
-def orthogonal_pick(normalised: np.ndarray, first: int, second: int, available: np.ndarray) -> int:
-    """``argmax over available k of |⟨Δ̲^first × Δ̲^second, Δ̲^k⟩|``; ties to the lowest id.
+def pick_among_best(
+    scores: np.ndarray, available: np.ndarray, rng: np.random.Generator | None
+) -> int:
+    """The available client with the highest score; ties (within :data:`TIE_TOLERANCE`)
+    drawn uniformly with ``rng``, which draws only when there is a tie (``None``: the
+    lowest id)."""
+    masked = np.where(available, scores, -np.inf)
+    best = np.flatnonzero(masked >= masked.max() - TIE_TOLERANCE)
+    if len(best) == 1 or rng is None:
+        return int(best[0])
+    return int(rng.choice(best))
+
+
+def complementary_pick(
+    normalised: np.ndarray,
+    anchor: int,
+    available: np.ndarray,
+    rng: np.random.Generator | None = None,
+) -> int:
+    """``argmin over available k of ⟨Δ̲^anchor, Δ̲^k⟩``; ties drawn at random with ``rng``
+    (:func:`pick_among_best`)."""
+    return pick_among_best(-(normalised @ normalised[anchor]), available, rng)
+
+
+def orthogonal_pick(
+    normalised: np.ndarray,
+    first: int,
+    second: int,
+    available: np.ndarray,
+    rng: np.random.Generator | None = None,
+) -> int:
+    """``argmax over available k of |⟨Δ̲^first × Δ̲^second, Δ̲^k⟩|``; ties drawn at random
+    with ``rng`` (:func:`pick_among_best`).
 
     The absolute value makes the pick independent of the cross product's orientation,
     which the order of the two vectors sets: with triplets (CI, AI, SC), SC × CI points
@@ -158,8 +187,22 @@ def orthogonal_pick(normalised: np.ndarray, first: int, second: int, available: 
     perpendicular to both, is the same either way.
     """
     normal = np.cross(normalised[first], normalised[second])
-    scores = np.abs(normalised @ normal)
-    return int(np.argmax(np.where(available, scores, -np.inf)))
+    return pick_among_best(np.abs(normalised @ normal), available, rng)
+
+
+def selection_blocker(triplets: np.ndarray, count: int) -> str | None:
+    """Why the triplets leave the selection nothing to choose, or ``None``.
+
+    Every client chosen every round, or every client with the same normalised triplet
+    (then each pick is a uniform draw, as random selection): FedDiverse is then its
+    comparator, FedAvgM with uniformly drawn clients.
+    """
+    normalised = normalise_triplets(triplets)
+    if count >= len(triplets):
+        return f"all {len(triplets)} clients take part in every round"
+    if np.allclose(normalised, normalised[0], rtol=0.0, atol=1e-9):
+        return "every client has the same triplet, so each pick is uniformly random"
+    return None
 
 
 def diverse_selection(triplets: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -168,7 +211,8 @@ def diverse_selection(triplets: np.ndarray, count: int, rng: np.random.Generator
     Groups of three until ``count`` clients are chosen, without replacement: the group's
     first client drawn ∝ its dimension of ``triplets`` (SC, then CI, then AI for the next
     group, and so on), the second by :func:`complementary_pick`, the third by
-    :func:`orthogonal_pick`. Random numbers are drawn only for the first pick of a group.
+    :func:`orthogonal_pick`. Random numbers are drawn for the first pick of a group and,
+    where scores tie, to break the tie in the other two.
 
     Parameters
     ----------
@@ -196,9 +240,9 @@ def diverse_selection(triplets: np.ndarray, count: int, rng: np.random.Generator
         dimension = DIMENSION_ORDER[group % len(DIMENSION_ORDER)]
         first = take(proportional_pick(triplets[:, dimension], available, rng))
         if len(chosen) < count:
-            second = take(complementary_pick(normalised, first, available))
+            second = take(complementary_pick(normalised, first, available, rng))
             if len(chosen) < count:
-                take(orthogonal_pick(normalised, first, second, available))
+                take(orthogonal_pick(normalised, first, second, available, rng))
         group += 1
     return np.asarray(chosen, dtype=np.int64)
 
@@ -323,6 +367,7 @@ class Estimator:
         self.weight_decay = weight_decay
         self.rng = rng
         self.steps = 0
+        self.samples = 0
 
     def copy_with_head(self, outputs: int | None) -> nn.Module:
         """A trainable copy of the received model; a fresh ``outputs``-wide head if given."""
@@ -353,6 +398,7 @@ class Estimator:
             loss_fn=loss_fn,
         )
         self.steps += result.steps
+        self.samples += result.samples
 
     @torch.no_grad()
     def outputs(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -449,9 +495,17 @@ class FedDiverse(FedAvgM):
       the attribute classifier's cross-entropy weighs the two groups equally (the paper
       says neither; without them most estimates on ``colored-mnist`` collapsed to "one
       attribute", see :meth:`Estimator.attributes`).
-    * Ties in the pivot class and in the complementary and orthogonal picks go to the
-      lowest id; the orthogonal pick is orientation-free (:func:`orthogonal_pick`); an
+    * Ties in the complementary and orthogonal picks are drawn at random from the
+      round's seeded generator (the lowest id, as before, would take the same clients
+      every round whenever triplets tie: clients 0 and 1 in every round of ``classes:1``
+      on MNIST); ties in the pivot class, a client's own estimate, go to the lowest
+      class. The orthogonal pick is orientation-free (:func:`orthogonal_pick`); an
       all-zero triplet normalises to zeros (:func:`normalise_triplets`).
+    * Each round reports whether the selection could act (``info`` in
+      ``metrics.jsonl``; :func:`selection_blocker`: not when every client takes part or
+      every triplet is the same) and whether the data has an attribute at all (without
+      one, the triplets measure class imbalance only); the clients trained per round and
+      over the run are in every run's records and summary.
     * The biased and attribute models are copies of the received model: the biased
       one-vs-rest models and the attribute classifier get a fresh 1- or 2-wide head;
       they predict in evaluation mode.
@@ -493,6 +547,36 @@ class FedDiverse(FedAvgM):
             self.triplets = self.collect_triplets(context, rng, stats)
         count = participant_count(context.federation.num_clients, self.options.client_fraction)
         return [Round(clients=diverse_selection(self.triplets, count, rng), stats=stats)]
+
+    def informative_epochs(self) -> int:
+        return self.options.pretrain_rounds + 2
+
+    def epoch_info(self, context: Context) -> dict[str, Any]:
+        """How this round's clients were chosen, and whether the selection could act."""
+        attribute = context.domains_train is not None
+        if self.triplets is None:
+            return {"selection": "uniform (pre-training)", "attribute": attribute}
+        count = participant_count(context.federation.num_clients, self.options.client_fraction)
+        blocker = selection_blocker(self.triplets, count)
+        info: dict[str, Any] = {
+            "selection": "diverse",
+            "selection_acts": blocker is None,
+            "attribute": attribute,
+        }
+        if blocker is not None:
+            info["blocked_by"] = blocker
+        return info
+
+    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Whether the selection acted in every diverse round, and why not where it did not."""
+        diverse = [r["info"] for r in records if r.get("info", {}).get("selection") == "diverse"]
+        blockers = sorted({info["blocked_by"] for info in diverse if "blocked_by" in info})
+        return {
+            "diverse_rounds": len(diverse),
+            "selection_acts": bool(diverse) and not blockers,
+            "blocked_by": blockers[0] if blockers else None,
+            "attribute": bool(records) and bool(records[-1].get("info", {}).get("attribute")),
+        }
 
     def collect_triplets(
         self, context: Context, rng: np.random.Generator, stats: RoundStats
@@ -536,6 +620,7 @@ class FedDiverse(FedAvgM):
         matrix = estimator.interaction_matrix()
         stats.transfers += 1  # the global model after pre-training, downloaded
         stats.steps += estimator.steps
+        stats.sample_gradients += estimator.samples
         return matrix
 
     def state_dict(self) -> dict[str, Any]:

@@ -226,6 +226,8 @@ class FedTAN(FedAvg):
     def bn_buffer_mode(self) -> str:
         return "average"
 
+    requires_batch_norm = True
+
     def setup(self, context: Context) -> None:
         super().setup(context)
         if not has_batch_norm(context.model):

@@ -10,7 +10,8 @@ import numpy as np
 
 from stratify.baselines.common import LocalTrainingOptions
 from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
-from stratify.options import inherit
+from stratify.options import inherit, option
+from stratify.selection import HOPS, chain_transfers
 
 #: The SFL paper's local mini-batch (its code's ``--batch-size 20`` in every reported run).
 BATCH_SIZE = 20
@@ -36,6 +37,12 @@ class SFLOptions(LocalTrainingOptions):
 
     local_weight_decay: float = inherit(WEIGHT_DECAY)
     local_batch_size: int | None = inherit(per_mode={"batch": BATCH_SIZE})
+    hops: str = option(
+        "server",
+        "How the model moves between two clients: relayed by the server (an upload and a "
+        "download, two transfers) or sent client to client (one).",
+        choices=HOPS,
+    )
 
 
 class SFL(Strategy):
@@ -48,8 +55,11 @@ class SFL(Strategy):
     -----
     The order is a fresh permutation of the clients every round, drawn from the round's
     seeded generator. The global model itself travels, BN buffers included, so there is
-    nothing to average. Traffic: one model transfer per hop, the first hop (server or
-    previous round's last client → first client) included, as for Stratify's hops.
+    nothing to average. Traffic, as for Stratify's hops
+    (:func:`~stratify.selection.chain_transfers`): the server sends the model to the first
+    client and receives it from the last; between two clients it is relayed by the server
+    (two transfers, ``--hops server``) or sent directly (one, ``--hops direct``): ``2K``
+    or ``K + 1`` transfers a round for ``K`` clients.
     """
 
     name = "sfl"
@@ -61,6 +71,11 @@ class SFL(Strategy):
         self, context: Context, epoch: int, rng: np.random.Generator
     ) -> Iterable[Round]:
         return [Round(clients=rng.permutation(context.federation.num_clients))]
+
+    def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
+        """Every client's ``E · n_k``: each trains on all its data, every round."""
+        assert self.options.local_epochs is not None
+        return float(self.options.local_epochs * sum(client_sizes))
 
     def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
         options = self.options
@@ -81,7 +96,12 @@ class SFL(Strategy):
                 weight_decay=options.local_weight_decay,
             )
             stats = RoundStats(
-                steps=result.steps, transfers=1, loss_sum=result.loss_sum, loss_count=result.samples
+                steps=result.steps,
+                loss_sum=result.loss_sum,
+                loss_count=result.samples,
+                sample_gradients=result.samples,
             )
             updates.append(ClientUpdate(client=client, num_samples=len(indices), stats=stats))
+        if updates:
+            updates[0].stats.transfers = chain_transfers(len(updates), options.hops)
         return updates

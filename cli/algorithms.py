@@ -53,7 +53,9 @@ def option_defaults(name: str) -> list[tuple[str, str]]:
         entries.append((flag(entry.name), shown))
     strategy = cls()
     rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
-    if any(rate is not None for rate in rates.values()):
+    if cls.lr_note is not None:
+        entries.append(("--lr", cls.lr_note))
+    elif any(rate is not None for rate in rates.values()):
         entries.append(("--lr", by_mode(rates)))
     schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
     entries.append(("--lr-schedule", by_mode(schedules)))

@@ -50,7 +50,7 @@ from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.nn.models import MODELS, NORMS, check_model_norm, default_model
 from stratify.options import option_default
-from stratify.selection import SELECTIONS
+from stratify.selection import HOPS, SELECTIONS
 from stratify.stratify import (
     BATCH_PATHS,
     SINGLE_SAMPLE_BYTES_PER_STEP,
@@ -154,7 +154,13 @@ def parse_int_list(text: str, flag: str) -> list[int]:
 
 
 def build_engine(
-    dataset: Dataset, clients: int, spec: str, seed: int, chunk: int, model_name: str
+    dataset: Dataset,
+    clients: int,
+    spec: str,
+    seed: int,
+    chunk: int,
+    model_name: str,
+    selection: str = "uniform",
 ) -> Engine:
     """A single-sample Stratify engine on ``dataset`` (plain registry: no CKKS set-up cost)."""
     config = TrainConfig(
@@ -164,7 +170,7 @@ def build_engine(
         model=model_name,
         seed=seed,
         secure=False,
-        options={"chunk": chunk},
+        options={"chunk": chunk, "selection": selection},
     )
     return build_experiment(config, dataset=dataset).engine
 
@@ -185,32 +191,53 @@ def bench() -> None:
     callback=checked(check_repeats),
     help="Epochs (schedules) averaged.",
 )
+@click.option("--selection", type=click.Choice(SELECTIONS), default="uniform", show_default=True)
+@click.option(
+    "--hops",
+    type=click.Choice(HOPS),
+    default="server",
+    show_default=True,
+    help="Between two holders the model is relayed by the server (2 transfers) or sent "
+    "directly (1); the chain starts and ends at the server.",
+)
 @JSON_OUTPUT
-def transfers(dataset, data_dir, spec, clients, chunks, seeds, json_path) -> None:
+def transfers(dataset, data_dir, spec, clients, chunks, seeds, selection, hops, json_path) -> None:
     """Model transfers per epoch for chunk sizes CS (planning only, no training)."""
     chunk_sizes = parse_int_list(chunks, "--chunks")
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
     results: list[dict[str, Any]] = []
     for chunk in chunk_sizes:
-        counts = []
+        arrivals, counts = [], []
         # planning only: the cheapest model, never trained
-        engine = build_engine(data, clients, spec, 0, chunk, "mlp")
+        engine = build_engine(data, clients, spec, 0, chunk, "mlp", selection)
         stratify = engine.strategy
         assert isinstance(stratify, Stratify)
         for seed in range(seeds):
             plan = stratify.plan_epoch(engine.context, np.random.default_rng([seed, 1]))
-            counts.append(plan.transfers)
-        results.append({"chunk": chunk, "transfers": float(np.mean(counts)), "runs": counts})
+            arrivals.append(plan.holders)
+            counts.append(plan.model_transfers(hops))
+        results.append(
+            {
+                "chunk": chunk,
+                "holders": float(np.mean(arrivals)),
+                "transfers": float(np.mean(counts)),
+                "runs": counts,
+            }
+        )
     baseline = results[0]["transfers"]
     table = Table(
-        title=f"transfers per epoch · {dataset} · {spec} · {clients} clients · mean of {seeds}"
+        title=f"transfers per epoch · {dataset} · {spec} · {clients} clients · {selection} "
+        f"selection · hops via {hops} · mean of {seeds}"
     )
-    for column in ("CS", "transfers", f"vs CS={chunk_sizes[0]}"):
+    for column in ("CS", "arrivals", "transfers", f"vs CS={chunk_sizes[0]}"):
         table.add_column(column, justify="right")
     for row in results:
         row["reduction"] = 1.0 - row["transfers"] / baseline
         table.add_row(
-            str(row["chunk"]), f"{row['transfers']:.1f}", f"{-100 * row['reduction']:+.1f}%"
+            str(row["chunk"]),
+            f"{row['holders']:.1f}",
+            f"{row['transfers']:.1f}",
+            f"{-100 * row['reduction']:+.1f}%",
         )
     Console().print(table)
     if json_path:

@@ -80,7 +80,7 @@ def measure_cell(cell: PlanCell) -> dict[str, Any]:
     row["plan_ms"] = 1000 * (time.perf_counter() - start)
     row["entries"] = len(plan.samples) + plan.skipped
     row["pairs"] = int((federation.placeholder_counts(engine.placeholders) > 0).sum())
-    row["transfers"] = plan.transfers
+    row["transfers"] = plan.model_transfers()
     row["plan_rss_mb"] = resident_mb()
     if cell.train:
         start = time.perf_counter()

@@ -13,7 +13,8 @@ from stratify.cli.board import RunBoard
 from stratify.cli.common import DATA_DIR, DATASET_OPTION, parse_options
 from stratify.errors import ConfigError, StratifyError
 from stratify.parallel import RayBackend, RunsInterrupted, RunSpec, folder_state, make_backend
-from stratify.reproduce.grids import GRIDS, Settings, grid_named, plan_cells
+from stratify.reproduce.grids import GRIDS, Cell, Settings, grid_named, plan_cells
+from stratify.reproduce.paired import pair_budgets
 from stratify.reproduce.runner import (
     Display,
     cell_specs,
@@ -78,6 +79,21 @@ def print_plan(
             )
 
 
+def print_pairs(console: Console, cells: Sequence[Cell]) -> None:
+    """Every method and its matched comparator, with their planned local work per round."""
+    for budget in pair_budgets(cells):
+        ours, theirs = budget.method_sample_gradients, budget.comparator_sample_gradients
+        shown = "–" if ours is None else f"{ours:,.0f}"
+        if budget.equal:
+            check = f"{shown} sample-gradients per round each"
+        else:
+            other = "–" if theirs is None else f"{theirs:,.0f}"
+            check = f"UNEQUAL: {shown} against {other} sample-gradients per round"
+        console.print(
+            f"{budget.row} · {budget.method} vs {budget.comparator}: {check}", soft_wrap=True
+        )
+
+
 # "\b": click keeps the grid list's lines as they are
 @click.command("reproduce", epilog="Grids:\n\n\b\n" + GRID_LIST)
 @click.argument("grid", metavar="GRID")
@@ -90,7 +106,7 @@ def print_plan(
     "--seeds", default="0,1,2", show_default=True, metavar="LIST", help="One run per seed and cell."
 )
 @click.option(
-    "--clients", default="10", show_default=True, metavar="INTEGER", help="Clients of every run."
+    "--clients", metavar="INTEGER", help="Clients of every run [default: the grid's, else 10]."
 )
 @click.option(
     "--methods", metavar="LIST", help="Only these methods' columns, e.g. fedavg,stratify."
@@ -149,7 +165,7 @@ def reproduce_command(
     dataset_options: tuple[str, ...],
     epochs: str | None,
     seeds: str,
-    clients: str,
+    clients: str | None,
     methods: str | None,
     model: str | None,
     device: str,
@@ -174,7 +190,7 @@ def reproduce_command(
         dataset_options=parse_options(dataset_options),
         epochs=None if epochs is None else check_positive_int(epochs, "--epochs"),
         seeds=check_seeds(seeds),
-        clients=check_positive_int(clients, "--clients"),
+        clients=None if clients is None else check_positive_int(clients, "--clients"),
         methods=None if methods is None else parse_list(methods, "--methods"),
         model=model,
         secure=secure,
@@ -197,6 +213,11 @@ def reproduce_command(
     if isinstance(runner, RayBackend) and not dry_run:
         runner.check()  # a dead address: one line now, before anything is written
     if dry_run:
+        if chosen_grid.paired and tuning is not None:
+            raise ConfigError(
+                f"--tune: grid {chosen_grid.name} runs each method and its comparator at the "
+                "method's rate; tuning them apart would unmatch them"
+            )
         cells, notes = plan_cells(chosen_grid, settings, out)
         phases = []
         if tuning is not None:
@@ -205,6 +226,8 @@ def reproduce_command(
         check_setups([spec for _, specs in phases for spec in specs])
         for note in notes:
             console.print(f"note: {note}")
+        if chosen_grid.paired:
+            print_pairs(console, cells)
         print_plan(console, phases, keep_corrupt)
         return
     try:

@@ -26,6 +26,7 @@ from stratify.cli.board import RunBoard
 from stratify.cli.common import DATASET_OPTION, Choice, parse_options
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, CorruptRunError, StratifyError
+from stratify.measures import accuracy_summary
 from stratify.options import flag
 from stratify.parallel import (
     COMPLETE,
@@ -223,7 +224,12 @@ class TrainingProgress:
             self.epoch_task,
             completed=record.epoch,
             count=f"{record.epoch}/{self.epochs} epochs",
-            status=f"acc {record.test_accuracy:.4f} · train loss {record.train_loss:.4f}",
+            status=f"acc {record.test_accuracy:.4f} · train loss {record.train_loss:.4f}"
+            + (
+                ""
+                if record.validation_accuracy is None
+                else f" · validation {record.validation_accuracy:.4f}"
+            ),
         )
 
     def samples_done(self, count: int) -> None:
@@ -273,10 +279,19 @@ def print_results(console: Console, run: Run, summary: dict) -> None:
         if groups
         else ""
     )
+    chosen = (
+        f"epoch {summary['best_val_epoch']} chosen on validation: test "
+        f"{summary['test_accuracy_at_best_val']:.4f}, "
+        if summary["best_val_epoch"] is not None
+        else ""
+    )
     console.print(
-        f"best accuracy {summary['best_accuracy']:.4f} at epoch {summary['best_epoch']}, "
-        f"final {summary['final_accuracy']:.4f}, {worst}{summary['total_transfers']} transfers, "
-        f"{summary['total_wall_seconds']:.1f} s · run folder: {run.out}"
+        f"final accuracy {summary['final_accuracy']:.4f}, mean of the last "
+        f"{summary['last_rounds']} epochs {summary['last_mean_accuracy']:.4f} ± "
+        f"{summary['last_std_accuracy']:.4f}, {chosen}best accuracy {summary['best_accuracy']:.4f} "
+        f"at epoch {summary['best_epoch']} (chosen on test), {worst}"
+        f"{summary['total_transfers']} transfers, {summary['total_wall_seconds']:.1f} s · "
+        f"run folder: {run.out}"
     )
 
 
@@ -333,32 +348,38 @@ def print_seed_results(console: Console, specs: list[RunSpec], outcomes: list[Ru
     """One line per seed from its run folder, and the mean ± std of the best accuracies."""
     first = specs[0].config
     table = Table(title=f"{first.algorithm} · {first.dataset} · {first.partition}")
-    for column in ("seed", "status", "best acc", "epoch", "final acc", "transfers", "seconds"):
+    columns = ("seed", "status", "last-rounds acc", "final acc", "best acc", "epoch")
+    for column in (*columns, "transfers", "seconds"):
         table.add_column(column, justify="right")
-    bests = []
+    bests, lasts = [], []
     for spec, outcome in zip(specs, outcomes):
         try:
             records = read_records(str(spec.config.out))[: spec.config.epochs]
         except CorruptRunError:
             records = []  # its outcome says what happened
         if not records:
-            table.add_row(str(spec.config.seed), outcome.status, "", "", "", "", "")
+            table.add_row(str(spec.config.seed), outcome.status, *[""] * len(columns))
             continue
         best = max(records, key=lambda record: record["test_accuracy"])
         bests.append(best["test_accuracy"])
+        last = accuracy_summary(records)["last_mean_accuracy"]
+        lasts.append(last)
         table.add_row(
             str(spec.config.seed),
             outcome.status,
+            f"{last:.4f}",
+            f"{records[-1]['test_accuracy']:.4f}",
             f"{best['test_accuracy']:.4f}",
             str(best["epoch"]),
-            f"{records[-1]['test_accuracy']:.4f}",
             str(sum(record["transfers"] for record in records)),
             f"{sum(record['wall_seconds'] for record in records):.1f}",
         )
     console.print(table)
     if bests:
-        mean, std = mean_std(bests)
+        mean, std = mean_std(lasts)
+        best_mean, best_std = mean_std(bests)
         console.print(
-            f"best accuracy {mean:.4f} ± {std:.4f} (mean ± std over {len(bests)} seeds) · "
+            f"last-rounds accuracy {mean:.4f} ± {std:.4f}, best accuracy {best_mean:.4f} ± "
+            f"{best_std:.4f} (chosen on test; mean ± std over {len(bests)} seeds) · "
             f"run folders: {Path(str(first.out)).parent}"
         )

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> float:
         args.dataset, args.capacity, args.report_every = "digits", 30, 250
         args.window = min(args.window, 250)
     if args.lr is None:
-        args.lr = default_lr(args.dataset)
+        args.lr = default_lr(args.dataset, "single-sample")  # one event, one step
 
     torch.manual_seed(args.seed)
     dataset = load_dataset(args.dataset, data_dir=args.data_dir, seed=args.seed)

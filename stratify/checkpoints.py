@@ -72,6 +72,10 @@ def is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def record_problem(index: int, record: object, record_type: type) -> str | None:
     """What is wrong with epoch record ``index`` (0-based) of the checkpoint, or ``None``.
 
@@ -88,19 +92,27 @@ def record_problem(index: int, record: object, record_type: type) -> str | None:
         return f"{name} has fields no epoch record has ({', '.join(unknown[:3])})"
     for key, entry in fields.items():
         if key not in record:
-            if entry.default is dataclasses.MISSING:
+            if (
+                entry.default is dataclasses.MISSING
+                and entry.default_factory is dataclasses.MISSING
+            ):
                 return f"{name} lacks {key}"
             continue
         value = record[key]
         annotation = str(entry.type)
         if value is None and "None" in annotation:
             continue
-        if annotation.startswith("int"):
-            valid = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if annotation.startswith("list[int]"):
+            valid = isinstance(value, list) and all(is_count(item) for item in value)
+            wanted = "a list of client ids"
+        elif annotation.startswith("dict"):
+            valid = isinstance(value, dict) and all(isinstance(item, str) for item in value)
+            wanted = "a dictionary"
+        elif annotation.startswith("int"):
+            valid, wanted = is_count(value), "a count"
         else:
-            valid = is_number(value)
+            valid, wanted = is_number(value), "a number"
         if not valid:
-            wanted = "a count" if annotation.startswith("int") else "a number"
             return f"{name}.{key} is {value!r:.40}, not {wanted}"
     if record["epoch"] != index + 1:
         return f"{name}.epoch is {record['epoch']}, not {index + 1}"

@@ -14,6 +14,7 @@ from torch import nn
 
 from stratify.client import LocalTrainer
 from stratify.data.datasets import Dataset
+from stratify.data.holdout import EvaluationSet
 from stratify.errors import TrainingError
 from stratify.evaluation import TestMetrics, test_metrics
 from stratify.federation import Federation
@@ -54,6 +55,8 @@ class Engine:
         Local training of the clients (default: plain SGD on ``dataset``).
     total_epochs : int, optional
         The run's number of epochs, passed to the strategy (:class:`Context`).
+    validation : EvaluationSet, optional
+        Training samples held out to choose on (:meth:`validation_metrics`).
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Engine:
         seed: int,
         trainer: LocalTrainer | None = None,
         total_epochs: int | None = None,
+        validation: EvaluationSet | None = None,
     ) -> None:
         check_choice(mode, "--mode", MODES)
         check_choice(lr_schedule, "--lr-schedule", LR_SCHEDULES)
@@ -82,6 +86,7 @@ class Engine:
         self.mode = mode
         self.lr_schedule = lr_schedule
         self.seed = seed
+        self.validation = validation
         self.device = dataset.x_train.device
         self.context = Context(
             model=model,
@@ -114,6 +119,7 @@ class Engine:
     def run_epoch(self, epoch: int) -> EpochStats:
         """Run one epoch of the strategy; returns its counters."""
         stats = EpochStats()
+        clients: set[int] = set()
         self.context.epoch = epoch
         self.context.lr = learning_rate(self.base_lr, epoch, self.lr_schedule)
         rng = self.epoch_rng(epoch)
@@ -123,6 +129,8 @@ class Engine:
             updates = self.strategy.fit(self.context, round_, rng)
             for update in updates:
                 stats.add(update.stats)
+                if update.client >= 0:
+                    clients.add(update.client)
             new_state = self.strategy.aggregate(self.context, round_, updates)
             if new_state is not None:
                 load_into(self.model, new_state)
@@ -131,6 +139,8 @@ class Engine:
             + stats.uploads * self.gradient_bytes
             + stats.extra_bytes
         )
+        stats.clients = sorted(clients)
+        stats.info = self.strategy.epoch_info(self.context)
         if not np.isfinite(stats.loss_sum):
             raise TrainingError(f"the training loss became non-finite in epoch {epoch}")
         return stats
@@ -148,4 +158,12 @@ class Engine:
             self.dataset.y_test,
             self.dataset.domains_test,
             batch_size,
+        )
+
+    def validation_metrics(self, batch_size: int = 1000) -> TestMetrics | None:
+        """The global model on the held-out validation split; ``None`` without one."""
+        if self.validation is None:
+            return None
+        return test_metrics(
+            self.model, self.validation.x, self.validation.y, self.validation.domains, batch_size
         )

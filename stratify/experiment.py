@@ -21,7 +21,7 @@ from stratify.backend import configure_cpu_for_single_sample, resolve_device
 from stratify.client import LocalTrainer
 from stratify.config import TrainConfig, default_lr
 from stratify.data.datasets import Dataset, load_dataset
-from stratify.data.holdout import holdout_validation
+from stratify.data.holdout import EvaluationSet, holdout_validation
 from stratify.data.partition import partition
 from stratify.engine import Engine
 from stratify.errors import ConfigError
@@ -48,6 +48,7 @@ class Experiment:
     engine: Engine
     lr: float
     lr_schedule: str
+    validation: EvaluationSet | None = None
 
 
 def build_experiment(
@@ -69,7 +70,8 @@ def build_experiment(
         dataset's and the method's defaults.
     dataset : Dataset, optional
         An already loaded dataset (default: load ``config.dataset``), on its device. With
-        ``config.validation`` > 0 its validation split is taken here, from either.
+        ``config.validation`` > 0 its validation split is taken here, from either; the
+        engine then evaluates on the split and on the test set.
     federation : Federation, optional
         The clients (default: partition the training labels by ``config.partition``; only
         then are labels that no client holds refused, since a caller's federation, e.g. a
@@ -95,10 +97,10 @@ def build_experiment(
             seed=config.seed,
             **config.dataset_options,
         )
+    validation = None
     if config.validation:
-        # before partitioning: the held-out samples belong to no client, and the test
-        # set is dropped, so tuning on this run never sees it
-        dataset = holdout_validation(dataset, config.validation, seed=config.seed)
+        # before partitioning: the held-out samples belong to no client
+        dataset, validation = holdout_validation(dataset, config.validation, seed=config.seed)
     if federation is None:
         federation = partition_clients(dataset, config)
     if registry is None:
@@ -108,7 +110,7 @@ def build_experiment(
         strategy = build_strategy(config.algorithm, config.options, config.mode)
     lr = config.lr
     if lr is None:
-        lr = strategy.lr_for(config.mode) or default_lr(config.dataset)
+        lr = strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
     lr_schedule = config.lr_schedule or strategy.lr_schedule_for(config.mode)
     if model is None:
         model_name = config.model or default_model(dataset.input_shape)
@@ -140,9 +142,20 @@ def build_experiment(
         seed=config.seed,
         trainer=trainer,
         total_epochs=config.epochs,
+        validation=validation,
     )
     return Experiment(
-        config, device, dataset, federation, placeholders, strategy, model, engine, lr, lr_schedule
+        config,
+        device,
+        dataset,
+        federation,
+        placeholders,
+        strategy,
+        model,
+        engine,
+        lr,
+        lr_schedule,
+        validation,
     )
 
 

@@ -50,6 +50,11 @@ class RoundStats:
     extra_bytes : int
         Bytes of payloads that are neither a model nor parameter-sized, counted as they
         are: FedBR's projection head and pseudo-data, FedDiverse's triplets.
+    sample_gradients : int
+        Training samples whose loss gradient a step used (each local pass counted): the
+        local work that a matched comparison holds equal (docs/architecture.md,
+        "Traffic counting"). Gradients on other inputs (FedBR's pseudo-data) are not
+        counted here.
     """
 
     steps: int = 0
@@ -60,6 +65,7 @@ class RoundStats:
     loss_sum: float = 0.0
     loss_count: int = 0
     extra_bytes: int = 0
+    sample_gradients: int = 0
 
     def add(self, other: RoundStats) -> None:
         self.steps += other.steps
@@ -70,6 +76,7 @@ class RoundStats:
         self.extra_bytes += other.extra_bytes
         self.loss_sum += other.loss_sum
         self.loss_count += other.loss_count
+        self.sample_gradients += other.sample_gradients
 
     @property
     def train_loss(self) -> float:
@@ -78,9 +85,14 @@ class RoundStats:
 
 @dataclass
 class EpochStats(RoundStats):
-    """An epoch's counters, as written to ``metrics.jsonl``; ``bytes_sent`` from traffic."""
+    """An epoch's counters, as written to ``metrics.jsonl``: ``bytes_sent`` from traffic,
+    ``clients`` the ids of the clients that returned an update (sorted; empty when the
+    work was spread over many clients, as Stratify's plans), ``info`` the method's own
+    diagnostics (:meth:`Strategy.epoch_info`)."""
 
     bytes_sent: int = 0
+    clients: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -206,6 +218,12 @@ class Strategy(ABC):
     #: the base learning rate of the method's paper, used when ``--lr`` is not given;
     #: ``None`` leaves it to the dataset's default (:func:`stratify.config.default_lr`)
     default_lr: ClassVar[float | None] = None
+    #: how :meth:`lr_for` chooses the rate when it depends on the data set (shown by
+    #: ``stratify algorithms``); ``None`` when it does not
+    lr_note: ClassVar[str | None] = None
+    #: whether the method needs BatchNorm layers in the model (FedTAN); a grid leaves such
+    #: a method out, with a note, where its model has none
+    requires_batch_norm: ClassVar[bool] = False
 
     def __init__(self, options: StrategyOptions | None = None, **values: Any) -> None:
         if options is not None and values:
@@ -241,10 +259,39 @@ class Strategy(ABC):
         """The learning-rate schedule used in ``mode`` when the run gives none."""
         return self.default_lr_schedule
 
-    def lr_for(self, mode: str) -> float | None:
-        """The method's own base learning rate in ``mode``, or ``None`` to take the
-        dataset's default, when the run gives no ``--lr``."""
+    def lr_for(self, mode: str, dataset: str | None = None) -> float | None:
+        """The method's own base learning rate in ``mode`` (on ``dataset``, where the
+        method's paper sets it by data set), or ``None`` to take the dataset's default,
+        when the run gives no ``--lr``."""
         return self.default_lr
+
+    def check_epochs(self, epochs: int) -> None:
+        """Refuse, with a :class:`~stratify.errors.ConfigError`, a run of ``epochs``
+        epochs that these options cannot make (FedBSS: a warm-up longer than the run).
+        Called when a configuration is made, before any data is read."""
+
+    def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
+        """The local training samples (each local pass counted) one round is planned to
+        take with clients of ``client_sizes`` samples, in expectation over uniformly drawn
+        participants; ``None`` where the method plans no such budget. A matched
+        comparison checks it is the same for a method and its comparator."""
+        return None
+
+    def informative_epochs(self) -> int:
+        """The fewest epochs in which the method's own mechanism acts for at least two
+        rounds (FedBSS: its warm-up + 2); a tuning run is at least this long, so that it
+        tunes the method and not only its warm-up."""
+        return 1
+
+    def epoch_info(self, context: Context) -> dict[str, Any]:
+        """Diagnostics of the epoch just run, written into its ``metrics.jsonl`` line
+        under ``info`` (FedBSS: the share of samples in the biased set). JSON values."""
+        return {}
+
+    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """The method's entries of ``summary.json`` from the epochs' records (dicts as in
+        ``metrics.jsonl``, ``info`` included). JSON values."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """Strategy state a checkpoint must carry (e.g. control variates, momentum)."""

@@ -7,8 +7,9 @@ Files written to the run folder (docs/architecture.md, "Run folder"): ``config.j
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from stratify.config import RESUMABLE_CHANGES, TrainConfig
 from stratify.data.datasets import Dataset
 from stratify.errors import CheckpointError, ConfigError, StratifyError, TrainingError
 from stratify.experiment import build_experiment
+from stratify.measures import accuracy_summary
 from stratify.runfolder import (
     RunFolder,
     check_same_settings,
@@ -48,6 +50,15 @@ class EpochRecord:
     # the lowest accuracy over the test set's (label, attribute) groups; None without
     # attributes (and in records written before it existed)
     worst_group_accuracy: float | None = None
+    # on the held-out validation split (--validation); None without one
+    validation_accuracy: float | None = None
+    validation_loss: float | None = None
+    # training samples whose gradient a step used (None in records written before it existed)
+    sample_gradients: int | None = None
+    # the clients that returned an update this epoch, sorted (empty for Stratify's plans)
+    clients_trained: list[int] = field(default_factory=list)
+    # the method's own diagnostics of the epoch (Strategy.epoch_info)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class Run:
@@ -157,8 +168,11 @@ class Run:
                 "model": self.engine.model.__class__.__name__,
                 "num_placeholders": self.placeholders.num_placeholders,
                 "model_bytes": self.engine.model_bytes,
-                "evaluated_on": "validation" if self.config.validation else "test",
+                "evaluated_on": "validation and test" if self.config.validation else "test",
                 "evaluation_samples": len(self.dataset.y_test),
+                "validation_samples": (
+                    0 if self.experiment.validation is None else len(self.experiment.validation)
+                ),
             },
             "versions": software_versions(),
         }
@@ -247,6 +261,7 @@ class Run:
                     f"{self._step_flags()}"
                 ) from None
         metrics = self.engine.test_metrics()
+        validation = self.engine.validation_metrics()
         record = EpochRecord(
             epoch=epoch,
             test_accuracy=metrics.accuracy,
@@ -259,6 +274,11 @@ class Run:
             reused=stats.reused,
             wall_seconds=round(timer.seconds, 4),
             worst_group_accuracy=metrics.worst_group_accuracy,
+            validation_accuracy=None if validation is None else validation.accuracy,
+            validation_loss=None if validation is None else validation.loss,
+            sample_gradients=stats.sample_gradients,
+            clients_trained=stats.clients,
+            info=stats.info,
         )
         self.records.append(record)
         if self.folder is not None:
@@ -278,26 +298,36 @@ class Run:
         return f"no checkpoint was written and {self.folder.given} is left as it was"
 
     def summary(self) -> dict[str, Any]:
-        """The run so far: best and final accuracy (``None`` before the first epoch); the
-        worst-group entries are ``None`` without attributes."""
-        best = max(self.records, key=lambda record: record.test_accuracy, default=None)
-        groups = [record.worst_group_accuracy for record in self.records]
-        known_groups = [value for value in groups if value is not None]
+        """The run so far (:func:`~stratify.measures.accuracy_summary`): the final
+        accuracy, the mean ± std over the last rounds, the epoch chosen on the validation
+        split with the test accuracy there, and the best test accuracy (chosen on test);
+        budgets per epoch; the method's own entries under ``method``. Entries that cannot
+        be computed yet are ``None``."""
+        records = [dataclasses.asdict(record) for record in self.records]
+        trained = set().union(*(record.clients_trained for record in self.records))
+        gradients = [r.sample_gradients for r in self.records if r.sample_gradients is not None]
         return {
             "algorithm": self.config.algorithm,
             "dataset": self.config.dataset,
             "partition": self.config.partition,
             "mode": self.config.mode,
             "epochs_completed": len(self.records),
-            "best_accuracy": best.test_accuracy if best else None,
-            "best_epoch": best.epoch if best else None,
-            "final_accuracy": self.records[-1].test_accuracy if self.records else None,
+            **accuracy_summary(records),
             "total_transfers": sum(record.transfers for record in self.records),
             "total_steps": sum(record.steps for record in self.records),
             "total_wall_seconds": round(sum(record.wall_seconds for record in self.records), 4),
-            "best_worst_group_accuracy": max(known_groups) if known_groups else None,
-            "final_worst_group_accuracy": groups[-1] if groups else None,
+            "sample_gradients_per_round": statistics.fmean(gradients) if gradients else None,
+            "transfers_per_round": per_round([record.transfers for record in self.records]),
+            "bytes_per_round": per_round([record.bytes_sent for record in self.records]),
+            # None where no client returned an update of its own (Stratify's plans)
+            "distinct_clients_trained": len(trained) if trained else None,
+            "method": self.strategy.summarize(records),
         }
+
+
+def per_round(values: list[int]) -> float | None:
+    """The mean of per-epoch counts, ``None`` before the first epoch."""
+    return statistics.fmean(values) if values else None
 
 
 def record_line(record: EpochRecord) -> str:

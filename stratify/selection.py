@@ -63,9 +63,10 @@ class Plan:
         return len(self.batch_starts) - 1
 
     @property
-    def transfers(self) -> int:
-        """Model sends: every change of holder (single-sample; the first hop counts), or
-        every participating client of every global batch (batch-data)."""
+    def holders(self) -> int:
+        """Single-sample: how many times the model arrives at a client along the plan (1
+        + the changes of holder; the first arrival of an epoch counts). Batch: the
+        participants of every global batch, summed."""
         if len(self.clients) == 0:
             return 0
         if self.batch_starts is None:
@@ -74,6 +75,31 @@ class Plan:
             len(np.unique(self.clients[start:stop]))
             for start, stop in zip(self.batch_starts[:-1], self.batch_starts[1:])
         )
+
+    def model_transfers(self, hops: str = "server") -> int:
+        """Model-sized payloads sent for the plan (docs/architecture.md, "Traffic
+        counting"): single-sample, :func:`chain_transfers` of its holders by ``hops``;
+        batch, one model download per participant of a global batch."""
+        if self.batch_starts is not None:
+            return self.holders
+        return chain_transfers(self.holders, hops)
+
+
+#: How the model travels between two consecutive holders: through the server (uploaded,
+#: then downloaded: two transfers, as the paper's router relays it) or client to client.
+HOPS = ("server", "direct")
+
+
+def chain_transfers(holders: int, hops: str = "server") -> int:
+    """Model transfers of a chain of ``holders`` arrivals that starts and ends at the
+    server: one download to the first holder, one upload from the last, and between two
+    holders an upload and a download via the server (``2 · holders`` in all) or one
+    direct send (``holders + 1``). No holder, no transfer."""
+    if hops not in HOPS:
+        raise ConfigError(f"unknown --hops {hops!r}; choose one of {', '.join(HOPS)}")
+    if holders <= 0:
+        return 0
+    return 2 * holders if hops == "server" else holders + 1
 
 
 class ClientSelector:

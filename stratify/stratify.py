@@ -31,6 +31,7 @@ from stratify.nn.norm import client_split, has_batch_norm
 from stratify.options import StrategyOptions, option
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
 from stratify.selection import (
+    HOPS,
     SELECTIONS,
     ClientSelector,
     Plan,
@@ -95,6 +96,13 @@ class StratifyOptions(StrategyOptions):
     )
     momentum: float = option(
         0.0, "SGD momentum of the global optimizer, in [0, 1).", check=check_momentum
+    )
+    hops: str = option(
+        "server",
+        "How the model moves between two holders: relayed by the server (an upload and a "
+        "download, two transfers) or sent client to client (one).",
+        choices=HOPS,
+        modes=("single-sample",),
     )
     exhausted: str = option(
         "refill",
@@ -221,16 +229,9 @@ class Stratify(Strategy):
     name = "stratify"
     description = "SLS + label-aware client selection + single-sample hops or global batches"
     options_class = StratifyOptions
-    default_lr_schedule = "inverse-epoch"
     options: StratifyOptions
     #: single-sample steps per compiled call (K)
     steps_per_call = STEPS_PER_CALL
-
-    def lr_schedule_for(self, mode: str) -> str:
-        """``inverse-epoch`` for batch-of-one steps; ``constant`` for global batches, where
-        lr/e starves the later epochs (mnist-10k, dirichlet:0.5, B = 64, lr 0.01, 5 epochs:
-        42.95% with lr/e against 74.40% constant, README "Batch-data learning")."""
-        return "inverse-epoch" if mode == "single-sample" else "constant"
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -313,11 +314,11 @@ class Stratify(Strategy):
             group["lr"] = context.lr
         if plan.mode == "single-sample":
             stats = self.execute_single_sample(context, plan.samples)
-            stats.transfers = plan.transfers
+            stats.transfers = plan.model_transfers(self.options.hops)
         else:
             stats = self.execute_global_batches(context, plan)
             # each participant downloads the model and uploads its summed gradient
-            stats.transfers = stats.uploads = plan.transfers
+            stats.transfers = stats.uploads = plan.model_transfers()
         return [ClientUpdate(client=-1, num_samples=len(plan.samples), stats=stats)]
 
     def execute_single_sample(self, context: Context, samples: np.ndarray) -> RoundStats:
@@ -354,7 +355,9 @@ class Stratify(Strategy):
                 context.model, self.optimizer, context.x_train, context.y_train, block, context.lr
             )
             context.progress(len(block))
-        stats = RoundStats(steps=len(samples), loss_count=len(samples))
+        stats = RoundStats(
+            steps=len(samples), loss_count=len(samples), sample_gradients=len(samples)
+        )
         if losses:
             stats.loss_sum = float(torch.stack(losses).sum())
         return stats
@@ -394,7 +397,7 @@ class Stratify(Strategy):
                 context.progress(block_stop - block_start)
         except Exception as error:  # a failed call has not touched the tensors
             self.give_up_compiling(error)
-        stats = RoundStats(steps=done, loss_count=done)
+        stats = RoundStats(steps=done, loss_count=done, sample_gradients=done)
         if losses:
             stats.loss_sum = float(torch.cat(losses).sum())
         if done < len(samples):
@@ -447,6 +450,7 @@ class Stratify(Strategy):
             self.optimizer.step()
             stats.steps += 1
             stats.loss_count += len(samples)
+            stats.sample_gradients += len(samples)
             context.progress(len(samples))
         return stats
 

@@ -13,7 +13,8 @@ being registered and no list of methods is kept anywhere::
 A :class:`MethodCase` is one registered algorithm in one mode it runs in
 (``Strategy.modes``). Every case runs on the same tiny federation (:func:`tiny_dataset`:
 48 training images of three digits, three clients of two labels each) with the method's
-own default options, for :data:`EPOCHS` epochs, as the user's ``Run`` would. The checks
+own default options (those of :data:`CASE_OPTIONS` aside), for :data:`EPOCHS` epochs, as
+the user's ``Run`` would. The checks
 (:data:`CHECKS`, docs/architecture.md "Testing and data"):
 
 * :func:`check_first_epoch`: one epoch runs, trains, and its losses are finite;
@@ -27,7 +28,9 @@ own default options, for :data:`EPOCHS` epochs, as the user's ``Run`` would. The
 * :func:`check_state_round_trip`: ``state_dict`` survives a checkpoint file and
   ``load_state_dict`` into a newly built method;
 * :func:`check_bad_options`: a bad value of every option, an option of another method or
-  mode and a mode the method does not run in are each refused with one line.
+  mode and a mode the method does not run in are each refused with one line;
+* :func:`check_comparator` (a method with a registered base): its matched comparator
+  differs only by the method's mechanism and plans the same local work a round.
 
 The runs a case needs are made once per process and shared by its checks.
 
@@ -70,9 +73,13 @@ from stratify.run import EpochRecord, Run
 from stratify.runfolder import checkpoint_bytes, strict_json
 
 #: Epochs of every run a case makes: enough for a method's phases to change within the run
-#: (FedBSS warms up for a quarter of it, FedDiverse estimates its triplets in round 2) and
+#: (FedBSS warms up for its first round, FedDiverse estimates its triplets in round 2) and
 #: for a resume after each of them.
 EPOCHS = 4
+
+#: Options a method's defaults need changed to fit a run of :data:`EPOCHS` epochs: FedBSS
+#: warms up for its paper's 50 rounds, which a shorter run refuses.
+CASE_OPTIONS: dict[str, dict[str, Any]] = {"fedbss": {"warmup_rounds": 1}}
 
 #: The tiny federation: three clients of two labels each over three classes of digits.
 CLASSES = 3
@@ -186,6 +193,7 @@ def _values(case: MethodCase) -> dict[str, Any]:
         "seed": 0,
         "device": "cpu",
         "secure": False,
+        "options": dict(CASE_OPTIONS.get(case.algorithm, {})),
     }
 
 
@@ -500,8 +508,8 @@ def check_traffic(case: MethodCase) -> None:
     * a copy of the global model a client receives is one transfer and a model state it
       sends back another (download and upload): where every update carries a state, the
       transfers are exactly those, and every round's participants each send one;
-    * where the model itself travels (an update without a state), an update that trained
-      declares at least one transfer, the hop that brought the model to its holder.
+    * where the model itself travels (an update without a state), the updates declare at
+      least one transfer per holder that trained, the hops that brought it there.
     """
     reference = reference_run(case)
     for record, declared in zip(reference.records, reference.declared, strict=True):
@@ -528,10 +536,14 @@ def check_traffic(case: MethodCase) -> None:
                 f"{where}: {stats.transfers} transfers, fewer than the {declared.received_copies} "
                 f"copies received and {declared.states_sent} states sent"
             )
-            for update in declared.travelling_updates:
-                assert update.steps == 0 or update.transfers >= 1, (
-                    f"{where}: the travelling model trained {update.steps} steps without a hop"
-                )
+            # a chain's hops may be declared on any of its updates (SFL counts the round's
+            # chain on its first): every holder that trained needs a hop that brought it
+            holders = sum(update.steps > 0 for update in declared.travelling_updates)
+            hops = sum(update.transfers for update in declared.travelling_updates)
+            assert hops >= holders, (
+                f"{where}: the travelling model trained at {holders} holders but the updates "
+                f"declare {hops} hops"
+            )
         else:
             assert stats.transfers == copies, (
                 f"{where}: {stats.transfers} transfers, but {declared.received_copies} copies "
@@ -641,6 +653,7 @@ def _assert_refused(
     with ``cli``, ``stratify train`` with those arguments exits with code 2 and one line
     on stderr holding ``cli_words`` (default: ``words``), and writes nothing."""
     values = {**_values(case), **changes}
+    values["options"] = {**_values(case)["options"], **changes.get("options", {})}
     try:
         TrainConfig(**values)
     except ConfigError as error:
@@ -688,6 +701,54 @@ def _assert_refused(
         assert not out.exists(), f"{command}: wrote {out}"
 
 
+#: Client sizes the comparator check plans a round for: uneven, so that a budget taken
+#: over the mean where it should be a sum (or the reverse) shows.
+COMPARATOR_CLIENT_SIZES = (20, 32, 44)
+
+
+def has_comparator(case: MethodCase) -> bool:
+    """Whether ``case``'s method has a base registered to be matched against."""
+    from stratify.reproduce.paired import BASES
+
+    return case.algorithm in BASES
+
+
+def check_comparator(case: MethodCase) -> None:
+    """The method's matched comparator (docs/architecture.md "Paired grids") differs from
+    it only by the method's mechanism: ``matched_config`` gives a valid configuration of
+    the base, in the same mode, on the same data, split, model, rounds and seed, at the
+    method's resolved learning rate and schedule, and a round of the two is planned to
+    take the same local training samples."""
+    from stratify.reproduce.paired import (
+        BASES,
+        matched_config,
+        method_lr,
+        planned_sample_gradients,
+    )
+
+    config = case_config(case)
+    matched = matched_config(config)
+    assert matched.algorithm == BASES[case.algorithm], (
+        f"{case.id}: comparator {matched.algorithm}, not the registered base "
+        f"{BASES[case.algorithm]}"
+    )
+    unchanged = ("mode", "dataset", "partition", "clients", "epochs", "seed", "model", "norm")
+    for name in unchanged:
+        assert getattr(matched, name) == getattr(config, name), (
+            f"{case.id}: the comparator's {name} is {getattr(matched, name)!r}, the "
+            f"method's {getattr(config, name)!r}"
+        )
+    assert matched.lr == method_lr(config), (
+        f"{case.id}: the comparator steps at lr {matched.lr}, the method at {method_lr(config)}"
+    )
+    sizes = list(COMPARATOR_CLIENT_SIZES)
+    ours = planned_sample_gradients(config, sizes)
+    theirs = planned_sample_gradients(matched, sizes)
+    assert ours is None or theirs == ours, (
+        f"{case.id}: a round is planned to take {ours} sample-gradients, its comparator's {theirs}"
+    )
+
+
 #: The checks every case must pass, in order (see "Adding a check" above).
 CHECKS: list[Check] = [
     Check("first_epoch", check_first_epoch),
@@ -696,6 +757,7 @@ CHECKS: list[Check] = [
     Check("traffic", check_traffic),
     Check("state_round_trip", check_state_round_trip),
     Check("bad_options", check_bad_options),
+    Check("comparator", check_comparator, applies=has_comparator),
 ]
 
 

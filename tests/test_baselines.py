@@ -493,8 +493,8 @@ def test_sfl_round_equals_training_clients_one_after_another(mode):
     stats = engine.run_epoch(1)
     for ours, theirs in zip(engine.model.parameters(), reference.parameters()):
         assert torch.allclose(ours, theirs, atol=1e-7)
-    assert stats.transfers == len(sizes)
-    assert stats.bytes_sent == len(sizes) * engine.model_bytes
+    assert stats.transfers == 2 * len(sizes)  # server -> c1 -> c2 -> c3 -> server, relayed
+    assert stats.bytes_sent == 2 * len(sizes) * engine.model_bytes
 
 
 def test_sfl_defaults_are_its_papers_plain_sgd_with_batch_20_and_weight_decay():
@@ -724,3 +724,16 @@ def test_local_trainer_minimises_the_given_loss_function():
     torch.testing.assert_close(model.bias.detach(), before / 4)
     torch.testing.assert_close(model.weight.detach(), weight)
     assert seen == [4, 4] and result.steps == 2
+
+
+def test_fedavg_local_steps_draw_k_batches_with_replacement_instead_of_epochs():
+    strategy = FedAvg(local_steps=3, local_batch_size=4)
+    engine = tiny_engine(strategy, linear(), sizes=(3, 5))
+    stats = engine.run_epoch(1)
+    # K = 3 mini-batches of 4 per client whatever its size: 3 steps, 12 samples each
+    assert (stats.steps, stats.sample_gradients) == (2 * 3, 2 * 12)
+    assert strategy.options.local_epochs is None
+    assert strategy.planned_sample_gradients([3, 5]) == 2 * 12
+    assert FedAvg(local_epochs=2).options.for_mode("batch").local_steps is None
+    with pytest.raises(ConfigError, match="--local-epochs and --local-steps both"):
+        FedAvg(local_epochs=2, local_steps=3).options.for_mode("batch")

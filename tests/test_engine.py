@@ -57,12 +57,14 @@ def test_single_sample_plan_equals_hand_written_sgd():
 
 
 def test_plan_traffic_is_counted():
-    # holders 0, 0, 3, 0: the first hop and two changes of holder are model sends
+    # holders 0, 0, 3, 0: three arrivals (0, 3, 0); relayed by the server, down to 0, up
+    # and down twice (0 -> 3 -> 0), back up at the end: 1 + 2 + 2 + 1 = 6 transfers
     engine = digits_engine()
     plan = Plan("single-sample", np.array([0, 1, 2, 3]), np.array([0, 0, 3, 0]), skipped=2)
     round_ = Round(payload=plan, stats=RoundStats(skipped=2))
     (update,) = engine.strategy.fit(engine.context, round_, np.random.default_rng(0))
-    assert (update.stats.transfers, update.stats.uploads, update.stats.steps) == (3, 0, 4)
+    assert (update.stats.transfers, update.stats.uploads, update.stats.steps) == (6, 0, 4)
+    assert update.stats.sample_gradients == 4
     assert update.state is None  # the model travelled: nothing to aggregate
     assert engine.strategy.aggregate(engine.context, round_, [update]) is None
 

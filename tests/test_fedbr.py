@@ -11,6 +11,7 @@ from conftest import assert_refused_in_one_line
 from engines import CLASSES, FEATURES, tiny_engine
 from torch import nn
 
+from stratify.baselines import fedbr as fedbr_module
 from stratify.baselines.fedbr import (
     FedBR,
     FedBROptions,
@@ -24,6 +25,7 @@ from stratify.baselines.fedbr import (
 from stratify.cli.main import main
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError
+from stratify.experiment import build_experiment
 from stratify.method import ClientUpdate
 from stratify.run import Run
 
@@ -95,9 +97,9 @@ def test_each_pair_of_l_con_has_its_own_temperature():
     # a client's objective passes --positive-temperature and --negative-temperature on
     objective, _ = make_objective()
     objective.projection = nn.Identity()
-    objective.options = FedBROptions(
-        positive_temperature=1.0, negative_temperature=0.2, mixture_size=0
-    ).for_mode("batch")
+    objective.options = FedBROptions(positive_temperature=1.0, negative_temperature=0.2).for_mode(
+        "batch"
+    )
     assert objective.contrast(pseudo, global_, local).item() == pytest.approx(expected)
 
 
@@ -142,13 +144,14 @@ def test_random_sample_means_average_samples_of_one_client():
     assert values & {1.0, 2.0, 3.0} and values & {10.0, 20.0, 30.0}
 
 
-def make_objective(lr=0.1, momentum=0.0, mixture_size=0, seed=0):
+def make_objective(lr=0.1, momentum=0.0, mixture_size=None, seed=0):
     torch.manual_seed(seed)
     model = TinyNet(seed)
     global_model = copy.deepcopy(model).requires_grad_(False)
     projection = projection_head(5).requires_grad_(False)
     pseudo_x = torch.randn(4, FEATURES)
-    options = FedBROptions(mixture_size=mixture_size).for_mode("batch")
+    pseudo_data = "rsm" if mixture_size is None else "mixture"
+    options = FedBROptions(pseudo_data=pseudo_data, mixture_size=mixture_size).for_mode("batch")
     objective = LocalObjective(
         projection,
         global_model,
@@ -212,16 +215,12 @@ def test_the_min_step_leaves_theta_fixed_and_descends_l_con_through_the_features
 
 def test_the_min_step_loss_is_ce_plus_weighted_soft_ce_plus_weighted_l_con():
     objective, model = make_objective()
-    objective.options = FedBROptions(
-        pseudo_weight=0.0, contrast_weight=0.0, mixture_size=0
-    ).for_mode("batch")
+    objective.options = FedBROptions(pseudo_weight=0.0, contrast_weight=0.0).for_mode("batch")
     x = torch.randn(4, FEATURES)
     y = torch.tensor([0, 1, 2, 0])
     expected = torch.nn.functional.cross_entropy(model(x), y)
     assert objective(model, x, y).item() == pytest.approx(expected.item())
-    objective.options = FedBROptions(
-        pseudo_weight=2.0, contrast_weight=0.0, mixture_size=0
-    ).for_mode("batch")
+    objective.options = FedBROptions(pseudo_weight=2.0, contrast_weight=0.0).for_mode("batch")
     uniform = torch.full((4, CLASSES), 1 / CLASSES)
     soft = soft_cross_entropy(model(objective.pseudo_x), uniform)
     assert objective(model, x, y).item() == pytest.approx((expected + 2.0 * soft).item(), rel=1e-6)
@@ -243,6 +242,43 @@ def test_a_round_runs_k_iterations_per_client_and_counts_theta_and_pseudo_data()
     assert first.bytes_sent == model_traffic + 2 * 2 * theta_bytes + 3 * pseudo_bytes
     second = engine.run_epoch(2)
     assert second.bytes_sent == model_traffic + 2 * 2 * theta_bytes
+
+
+def test_defaults_follow_the_current_official_code():
+    options = FedBROptions().for_mode("batch")
+    # d382a37: plain SGD, K = 20 iterations of 64, RSM pseudo-data, one path at a time
+    assert (options.local_momentum, options.local_weight_decay) == (0.0, 0.0)
+    assert (options.local_steps, options.local_batch_size, options.local_epochs) == (20, 64, None)
+    assert (options.pseudo_data, options.mixture_size, options.rsm_size) == ("rsm", None, 10)
+    assert FedBROptions(pseudo_data="mixture").for_mode("batch").mixture_size == 1
+    # the official rates by data set: 1e-3 on the 28×28 MNIST variants, 1e-2 otherwise
+    assert FedBR().lr_for("batch", "rotated-mnist") == FedBR().lr_for("batch", "mnist-10k") == 1e-3
+    assert FedBR().lr_for("batch", "digits") == FedBR().lr_for("batch", "cifar10") == 1e-2
+    config = TrainConfig(
+        algorithm="fedbr",
+        dataset="digits",
+        partition="iid",
+        clients=4,
+        epochs=1,
+        secure=False,
+        mode="batch",
+    )
+    assert build_experiment(config).lr == 1e-2
+    # the docstring names the version each default follows
+    for cited in ("d382a37", "3e24f7f", "plain SGD", "lr 1e-3 on 28×28 images", "RSM by default"):
+        assert cited in fedbr_module.__doc__
+
+
+def test_rsm_keeps_the_pseudo_data_fixed_all_round():
+    objective, model = make_objective()
+    x = torch.randn(5, FEATURES)
+    y = torch.tensor([0, 1, 2, 0, 1])
+    first = objective.pseudo_batch(x, y)
+    second = objective.pseudo_batch(torch.randn(5, FEATURES), y)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    assert torch.equal(first[0], objective.pseudo_x)
+    torch.testing.assert_close(first[1], torch.full((4, CLASSES), 1 / CLASSES))
 
 
 def test_local_epochs_replace_the_iteration_count():
@@ -357,7 +393,9 @@ def test_train_cli_runs_fedbr(tmp_path, capsys):
         (["--positive-temperature", "0"], "--positive-temperature must be a positive"),
         (["--negative-temperature", "-1"], "--negative-temperature must be a positive"),
         (["--rsm-size", "0"], "--rsm-size must be a positive integer"),
-        (["--mixture-size", "-1"], "--mixture-size must be an integer >= 0"),
+        (["--pseudo-data", "mixture", "--mixture-size", "0"], "--mixture-size must be a positive"),
+        (["--mixture-size", "2"], "--mixture-size applies to --pseudo-data mixture"),
+        (["--pseudo-data", "proxy"], "unknown --pseudo-data 'proxy'"),
         (["--local-steps", "0"], "--local-steps must be a positive integer"),
         (["--local-steps", "5", "--local-epochs", "2"], "--local-epochs and --local-steps both"),
         (["--mode", "single-sample"], "--algorithm fedbr runs in --mode batch, not single-sample"),

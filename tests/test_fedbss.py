@@ -24,6 +24,8 @@ from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.registry import PlainRegistry
+from stratify.reproduce.grids import Column, Grid, Row, Settings, plan_cells
+from stratify.reproduce.tuning import Tuning, tuning_specs
 from stratify.run import Run
 
 # -- the defining pieces, by hand -------------------------------------------------------------
@@ -142,7 +144,14 @@ def logit_engine(strategy, client_0=CLIENT_0, lr=1e-6, norm=None):
         identity.bias.zero_()
     model = identity if norm is None else nn.Sequential(identity, norm)
     trainer = RecordingTrainer(x, y)
-    config = TrainConfig(algorithm="fedbss", mode="batch", epochs=3, lr=lr, secure=False)
+    config = TrainConfig(
+        algorithm="fedbss",
+        mode="batch",
+        epochs=3,
+        lr=lr,
+        secure=False,
+        options={"warmup_rounds": strategy.options.warmup_rounds},
+    )
     experiment = build_experiment(
         config,
         dataset=dataset,
@@ -158,10 +167,10 @@ def logit_engine(strategy, client_0=CLIENT_0, lr=1e-6, norm=None):
 def test_warm_up_rounds_train_on_everything_then_samples_are_paced():
     strategy = FedBSS(client_fraction=1.0, local_epochs=4, local_batch_size=2, warmup_rounds=1)
     engine, trainer = logit_engine(strategy)
-    engine.run_epoch(1)
+    assert engine.run_epoch(1).info == {"stage": 1}
     assert trainer.calls == [[[0, 1, 2, 3]] * 4, [[4, 5]] * 4]  # warm-up: all samples
     trainer.calls.clear()
-    engine.run_epoch(2)
+    assert engine.run_epoch(2).info["biased_share"] == 1 / 6  # sample 2 of the six, below
     # client 0 in ascending loss −log p_0: sample 0 (0.11), 3 (0.51), 1 (0.92), 2 (1.61);
     # their uncertainties 1 − (max p − min p): 0.15, 0.6, 0.9, 0.4 → the split point is
     # sample 1: unbiased {0, 3, 1}, biased {2}; E = 4 takes ⌊α_e · 1⌋ = 0, 0, 0, 1 of it.
@@ -188,10 +197,13 @@ def test_the_lowest_loss_biased_samples_enter_first():
     client_0 = [CLIENT_0[0], [0.3, 0.65, 0.05], CLIENT_0[2], CLIENT_0[3]]
     strategy = FedBSS(client_fraction=1.0, local_epochs=4, local_batch_size=2, warmup_rounds=0)
     engine, trainer = logit_engine(strategy, client_0)
-    engine.run_epoch(1)
+    stats = engine.run_epoch(1)
     # ascending loss: 0 (0.11), 3 (0.51), 1 (1.20), 2 (1.61); uncertainty 0.15, 0.6, 0.4,
     # 0.4 → split at sample 3: unbiased {0, 3}, biased [1, 2]; ⌊α_e · 2⌋ = 0, 1, 1, 2
     assert trainer.calls[0] == [[0, 3], [0, 1, 3], [0, 1, 3], [0, 1, 2, 3]]
+    # reported: 2 of the 6 samples biased (client 1 has none); the received identity model
+    # gets samples 0, 3 (label 0) and 4, 5 (label 1; 0.35 = 0.35 goes to the first class) right
+    assert stats.info == {"stage": 2, "biased_share": 2 / 6, "scored_accuracy": 4 / 6}
 
 
 def test_fedbss_averages_without_weights_and_counts_fedavg_traffic():
@@ -240,18 +252,34 @@ def digits_config(tmp_path, name, epochs, **options):
     )
 
 
-@pytest.mark.parametrize("epochs, warmup", [(1, 0), (4, 1), (8, 2), (15, 3), (200, 50)])
-def test_warm_up_defaults_to_a_quarter_of_the_run(epochs, warmup):
-    config = TrainConfig(
-        dataset="digits",
-        partition="iid",
-        clients=2,
-        algorithm="fedbss",
-        mode="batch",
-        epochs=epochs,
-        secure=False,
+def test_warm_up_is_a_number_of_rounds_the_papers_fifty_by_default():
+    assert FedBSS().options.warmup_rounds == 50
+    assert FedBSS(warmup_rounds=3).informative_epochs() == 5
+    # the paper's 200 rounds fit; a shorter run must name its warm-up, in one line
+    TrainConfig(algorithm="fedbss", mode="batch", epochs=200, secure=False)
+    with pytest.raises(
+        ConfigError, match=r"--warmup-rounds 50 is longer than the run \(--epochs 30"
+    ):
+        TrainConfig(algorithm="fedbss", mode="batch", epochs=30, secure=False)
+
+
+def test_tuning_runs_warm_up_as_long_as_the_run_they_tune(tmp_path):
+    # a 10-round grid cell with 6 warm-up rounds, tuned for 3 epochs: the tuning runs keep
+    # the 6 warm-up rounds and last 6 + 2 = 8 rounds, so stage 2 is what gets tuned
+    grid = Grid(
+        "fedbss-tune",
+        "test",
+        {"dataset": "digits", "mode": "batch", "epochs": 10},
+        (Row("iid", "IID", {"partition": "iid"}),),
+        (Column("fedbss", "FedBSS", {"algorithm": "fedbss"}, {"warmup_rounds": 6}),),
     )
-    assert build_experiment(config).strategy.options.warmup_rounds == warmup
+    cells, _ = plan_cells(grid, Settings(seeds=(0,), clients=4), tmp_path)
+    specs = tuning_specs(cells, Tuning(factors=(1.0,), epochs=3), tmp_path)
+    for spec in specs:
+        assert spec.config.epochs == 8 and spec.config.validation > 0
+        for config in (spec.config, cells[0].config):
+            strategy = build_experiment(config).strategy
+            assert strategy.options.warmup_rounds == 6
 
 
 def read_metrics(path):
@@ -259,14 +287,21 @@ def read_metrics(path):
     return [{k: v for k, v in row.items() if k != "wall_seconds"} for row in rows]
 
 
-def test_a_resumed_run_keeps_the_warm_up_it_started_with(tmp_path):
-    # started for 4 rounds (warm-up 1), resumed to 8: the warm-up stays 1, not 8 // 4 = 2
-    Run(digits_config(tmp_path, "pieces", 4)).train()
+def test_a_resumed_run_keeps_its_warm_up_and_reports_the_stages(tmp_path):
+    # started for 4 rounds (warm-up 1), resumed to 8: the same rounds as 8 in one go
+    Run(digits_config(tmp_path, "pieces", 4, warmup_rounds=1)).train()
     config = json.loads((tmp_path / "pieces" / "config.json").read_text())
     assert config["resolved"]["options"]["warmup_rounds"] == 1
-    resumed = Run(digits_config(tmp_path, "pieces", 8), resume=True)
+    resumed = Run(digits_config(tmp_path, "pieces", 8, warmup_rounds=1), resume=True)
     assert resumed.strategy.options.warmup_rounds == 1
-    resumed.train()
+    summary = resumed.train()
+    rows = read_metrics(tmp_path / "pieces")
+    assert [row["info"]["stage"] for row in rows] == [1] + [2] * 7
+    assert all(0 <= row["info"]["biased_share"] <= 1 for row in rows[1:])
+    assert summary["method"]["warmup_rounds"] == 1
+    assert summary["method"]["warm_test_accuracy"] == rows[0]["test_accuracy"]
+    shares = [row["info"]["biased_share"] for row in rows[1:]]
+    assert summary["method"]["biased_share_mean"] == pytest.approx(sum(shares) / 7)
     Run(digits_config(tmp_path, "straight", 8, warmup_rounds=1)).train()
     assert read_metrics(tmp_path / "pieces") == read_metrics(tmp_path / "straight")
     # and the run really depends on the warm-up: warming up 2 rounds gives other numbers
@@ -274,19 +309,16 @@ def test_a_resumed_run_keeps_the_warm_up_it_started_with(tmp_path):
     assert read_metrics(tmp_path / "other") != read_metrics(tmp_path / "straight")
 
 
-def test_warm_up_longer_than_the_run_is_refused():
-    config = TrainConfig(
-        dataset="digits",
-        partition="iid",
-        clients=2,
-        algorithm="fedbss",
-        mode="batch",
-        epochs=3,
-        secure=False,
-        options={"warmup_rounds": 4},
-    )
+def test_warm_up_longer_than_the_run_is_refused_before_any_data_is_read():
     with pytest.raises(ConfigError, match=r"--warmup-rounds 4 is longer than the run \(--epochs 3"):
-        build_experiment(config)
+        TrainConfig(
+            dataset="no-such-files",
+            algorithm="fedbss",
+            mode="batch",
+            epochs=3,
+            secure=False,
+            options={"warmup_rounds": 4},
+        )
 
 
 # -- command line --------------------------------------------------------------------------------
@@ -307,6 +339,8 @@ def test_fedbss_runs_end_to_end_from_the_command_line(tmp_path, capsys):
             "2",
             "--client-fraction",
             "0.5",
+            "--warmup-rounds",
+            "0",
             "--out",
             str(out),
         ]
@@ -315,6 +349,9 @@ def test_fedbss_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     rows = read_metrics(out)
     assert summary["algorithm"] == "fedbss" and len(rows) == 2
     assert summary["total_transfers"] == 2 * 5 * 2  # 2 rounds × 5 of 10 clients × (down + up)
+    assert summary["distinct_clients_trained"] == len(
+        set(rows[0]["clients_trained"]) | set(rows[1]["clients_trained"])
+    )
     resolved = json.loads((out / "config.json").read_text())["resolved"]
     assert resolved["lr"] == 1e-3 and resolved["options"]["warmup_rounds"] == 0
     assert all(np.isfinite(row["train_loss"]) for row in rows)
@@ -325,6 +362,7 @@ def test_fedbss_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     [
         ([], "--algorithm fedbss runs in --mode batch, not single-sample"),
         (["--mode", "batch", "--warmup-rounds", "-1"], "--warmup-rounds must be an integer >= 0"),
+        (["--mode", "batch", "--epochs", "2"], "--warmup-rounds 50 is longer than the run"),
         (
             ["--mode", "batch", "--epochs", "2", "--warmup-rounds", "3"],
             "--warmup-rounds 3 is longer than the run (--epochs 2); give at most 2",

@@ -27,6 +27,7 @@ from stratify.baselines.feddiverse import (
     orthogonal_pick,
     pivot_class,
     proportional_pick,
+    selection_blocker,
 )
 from stratify.cli.main import main
 from stratify.config import TrainConfig
@@ -496,3 +497,63 @@ def test_bad_feddiverse_options_are_one_line_exit_2(tmp_path, capsys, arguments,
 def test_dht_known_is_refused_on_data_without_attributes():
     with pytest.raises(ConfigError, match="--dht known needs a dataset with attributes"):
         diverse_engine(FedDiverse(dht="known"), with_domains=False)
+
+
+# -- ties, distinct clients, a selection that cannot act ----------------------------------
+
+
+def test_tied_picks_are_drawn_at_random_not_the_lowest_id():
+    # five clients with one triplet: every complementary and orthogonal score ties
+    tied = normalise_triplets(np.tile([1.0, 0.0, 0.0], (5, 1)))
+    available = np.array([False, True, True, True, True])
+    picks = {complementary_pick(tied, 0, available, np.random.default_rng(s)) for s in range(40)}
+    assert picks == {1, 2, 3, 4}
+    picks = {orthogonal_pick(tied, 0, 1, available, np.random.default_rng(s)) for s in range(40)}
+    assert picks == {1, 2, 3, 4}
+    # without a generator (or without a tie) the pick is deterministic, as before
+    assert complementary_pick(tied, 0, available) == 1
+    assert (
+        complementary_pick(
+            normalise_triplets(TRIPLETS), 0, np.ones(5, bool) ^ np.eye(5, dtype=bool)[0]
+        )
+        == 1
+    )
+    # seeded: the same generator state gives the same round
+    rounds = [
+        diverse_selection(np.tile([1.0, 0, 0], (10, 1)), 4, np.random.default_rng(7))
+        for _ in range(2)
+    ]
+    assert rounds[0].tolist() == rounds[1].tolist()
+
+
+def test_selection_blocker_names_rounds_where_the_selection_cannot_act():
+    assert selection_blocker(TRIPLETS, 5) == "all 5 clients take part in every round"
+    same = np.tile([0.2, 0.3, 0.5], (4, 1))
+    assert "same triplet" in selection_blocker(same * np.array([[1], [2], [3], [4]]), 2)
+    assert selection_blocker(TRIPLETS, 2) is None
+
+
+def test_on_one_class_per_client_it_trains_more_than_two_distinct_clients(tmp_path):
+    # digits classes:1: ten one-class clients, 4 a round; with ties broken by the lowest
+    # id the complementary and orthogonal picks took clients 0 and 1 in every round
+    config = TrainConfig(
+        algorithm="feddiverse",
+        dataset="digits",
+        partition="classes:1",
+        clients=10,
+        mode="batch",
+        epochs=20,
+        secure=False,
+        options={"local_epochs": 1, "bias_epochs": 1, "attribute_epochs": 1},
+        out=str(tmp_path / "run"),
+    )
+    summary = Run(config).train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert all(len(row["clients_trained"]) == 4 for row in rows)
+    diverse = rows[config.options.get("pretrain_rounds", 1) :]
+    assert len({client for row in diverse for client in row["clients_trained"]}) > 2
+    assert summary["distinct_clients_trained"] > 2
+    assert all(row["info"]["selection"] == "diverse" for row in diverse)
+    assert summary["method"]["diverse_rounds"] == 19
+    # digits has no attribute: the summary says so
+    assert summary["method"]["attribute"] is False

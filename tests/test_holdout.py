@@ -37,25 +37,25 @@ def test_holdout_is_seeded():
     assert not np.array_equal(first, stratified_holdout(labels, 0.2, seed=4)[1])
 
 
-def test_validation_dataset_never_holds_the_test_set():
+def test_validation_split_is_held_out_of_training_and_the_test_set_kept():
     dataset = load_dataset("digits")
-    split = holdout_validation(dataset, 0.25, seed=0)
+    training, validation = holdout_validation(dataset, 0.25, seed=0)
     _, held = stratified_holdout(dataset.train_labels, 0.25, seed=0)
-    assert torch.equal(split.x_test, dataset.x_train[torch.as_tensor(held)])
-    assert torch.equal(split.y_test, dataset.y_train[torch.as_tensor(held)])
-    assert len(split.y_train) + len(split.y_test) == len(dataset.y_train)
-    # no test image is among the validation or training images
-    test_rows = {row.numpy().tobytes() for row in dataset.x_test.flatten(1)}
-    assert not any(row.numpy().tobytes() in test_rows for row in split.x_test.flatten(1))
-    assert split.meta["evaluated_on"] == "validation"
-    assert len(dataset.y_test) == 360  # the loaded dataset is left as it was
+    assert torch.equal(validation.x, dataset.x_train[torch.as_tensor(held)])
+    assert torch.equal(validation.y, dataset.y_train[torch.as_tensor(held)])
+    assert len(training.y_train) + len(validation) == len(dataset.y_train)
+    # no validation image is a training image, and the test set is the dataset's own
+    kept_rows = {row.numpy().tobytes() for row in training.x_train.flatten(1)}
+    assert not any(row.numpy().tobytes() in kept_rows for row in validation.x.flatten(1))
+    assert torch.equal(training.x_test, dataset.x_test)
+    assert len(dataset.y_test) == 360 and len(dataset.y_train) == 1437  # left as it was
 
 
-def test_a_run_with_validation_partitions_and_evaluates_on_the_split(tmp_path):
+def test_a_run_with_validation_evaluates_on_the_split_and_the_test_set(tmp_path):
     config = TrainConfig(
         dataset="digits",
         partition="classes:2",
-        epochs=1,
+        epochs=3,
         secure=False,
         validation=0.2,
         options={"repeat_count": 20},
@@ -63,13 +63,20 @@ def test_a_run_with_validation_partitions_and_evaluates_on_the_split(tmp_path):
     )
     experiment = build_experiment(config)
     held = stratified_holdout(load_dataset("digits").train_labels, 0.2, seed=0)[1]
-    assert len(experiment.dataset.y_test) == len(held)
+    assert experiment.validation is not None and len(experiment.validation) == len(held)
     assert experiment.federation.client_sizes.sum() == len(experiment.dataset.y_train)
-    Run(config).train()
+    summary = Run(config).train()
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["validation"] == 0.2
-    assert saved["resolved"]["evaluated_on"] == "validation"
-    assert saved["resolved"]["evaluation_samples"] == len(held)
+    assert saved["resolved"]["evaluated_on"] == "validation and test"
+    assert saved["resolved"]["validation_samples"] == len(held)
+    assert saved["resolved"]["evaluation_samples"] == 360
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert all(0 <= r["validation_accuracy"] <= 1 and 0 <= r["test_accuracy"] <= 1 for r in records)
+    # the epoch is chosen on validation; the test accuracy is the one of that epoch
+    chosen = max(records, key=lambda r: r["validation_accuracy"])
+    assert summary["best_val_epoch"] == chosen["epoch"]
+    assert summary["test_accuracy_at_best_val"] == chosen["test_accuracy"]
 
 
 @pytest.mark.parametrize("share", [-0.1, 1.0, "half"])

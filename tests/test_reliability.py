@@ -253,7 +253,17 @@ def test_click_usage_errors_are_one_line(capsys, args, message):
             "--rsm-size 1,000,000,000 (64 pseudo-samples of that many samples) would need",
         ),
         (
-            ["train", "--algorithm", "fedbr", "--mode", "batch", "--mixture-size", "1000000000"],
+            [
+                "train",
+                "--algorithm",
+                "fedbr",
+                "--mode",
+                "batch",
+                "--pseudo-data",
+                "mixture",
+                "--mixture-size",
+                "1000000000",
+            ],
             "--mixture-size 1,000,000,000 (64 pseudo-samples of that many samples) would need",
         ),
     ],

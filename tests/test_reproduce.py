@@ -34,7 +34,7 @@ from stratify.reproduce.grids import (
 )
 from stratify.reproduce.results import format_accuracy, mean_std, median_epoch
 from stratify.reproduce.runner import reproduce
-from stratify.reproduce.tuning import Trial, Tuning, candidates, choose
+from stratify.reproduce.tuning import Trial, Tuning, best_validation, candidates, choose
 from stratify.run import Run
 
 # two methods, one partition, batch mode on the embedded digits: a few seconds per cell
@@ -87,9 +87,17 @@ def test_every_grid_plans_valid_cells(tmp_path):
             (row, column)
             for row in grid.rows
             for column in grid.columns
-            if runnable(column, {**grid.values, **row.values, **column.values}["mode"]) is None
+            if runnable(column, {**grid.values, **row.values, **column.values}) is None
+            and (row.columns is None or column.key in row.columns)
         ]
-        assert len(cells) == 2 * len(runnable_pairs)
+        methods = [cell for cell in cells if "-matched-" not in cell.column.key]
+        assert len(methods) == 2 * len(runnable_pairs)
+        # a paired method's cells each name a comparator that is planned in its row
+        planned = {(cell.row.key, cell.column.key, cell.seed) for cell in cells}
+        for cell in methods:
+            assert (cell.comparator is not None) == cell.column.paired
+            if cell.comparator is not None:
+                assert (cell.row.key, cell.comparator, cell.seed) in planned
         assert len({cell.key for cell in cells}) == len(cells)
         assert len({cell.config.out for cell in cells}) == len(cells)
         for cell in cells:
@@ -127,7 +135,9 @@ def test_fedbss_trains_every_client_like_the_other_columns(tmp_path, grid):
     # its paper's 10% of 100 clients would be one client a round out of a grid's 10
     cells, _ = plan_cells(GRIDS[grid], Settings(seeds=(0,)), tmp_path)
     fedbss = [cell for cell in cells if cell.column.key == "fedbss"]
-    assert fedbss and all(cell.config.options == {"client_fraction": 1.0} for cell in fedbss)
+    assert fedbss and all(
+        cell.config.options == {"client_fraction": 1.0, "warmup_rounds": 7} for cell in fedbss
+    )
     assert {cell.config.mode for cell in fedbss} == {"batch"}
 
 
@@ -273,20 +283,32 @@ def test_results_csv_and_the_papers_table(tiny, tmp_path):
     report = reproduce("tiny", tmp_path, Settings(seeds=(0, 1)), backend=LocalBackend(1))
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert len(rows) == 4
+    lasts = {}
     for row in rows:
         records = read_records(row["run_dir"])
         best = max(records, key=lambda record: record["test_accuracy"])
         assert float(row["best_accuracy"]) == best["test_accuracy"]
         assert int(row["best_epoch"]) == best["epoch"]
         assert row["status"] == "finished" and row["tuned"] == "False"
+        # two epochs: the last-rounds window is both; the final one is the last epoch's
+        accuracies = [record["test_accuracy"] for record in records]
+        assert float(row["last_mean_accuracy"]) == pytest.approx(sum(accuracies) / 2)
+        assert float(row["final_accuracy"]) == accuracies[-1] and row["last_rounds"] == "2"
+        gradients = sum(record["sample_gradients"] for record in records) / 2
+        assert float(row["sample_gradients_per_round"]) == gradients > 0
+        assert float(row["bytes_per_round"]) == sum(r["bytes_sent"] for r in records) / 2
+        lasts.setdefault(row["column"], []).append(float(row["last_mean_accuracy"]))
     table = (tmp_path / "results.md").read_text()
-    assert "| Partitioning | FedAvg | Stratify |" in table
+    assert "| Partitioning | FedAvg | Stratify |" in table and "chosen on the test set" in table
     line = next(line for line in table.splitlines() if line.startswith("| #C=2 |"))
     cells = line.strip("|").split("|")[1:]
-    assert all(re.fullmatch(r" \d+\.\d\d ± \d+\.\d\d%, E[12] ", cell) for cell in cells), line
+    pattern = r" \d+\.\d\d ± \d+\.\d\d% \(best \d+\.\d\d ± \d+\.\d\d%, E[12]\) "
+    assert all(re.fullmatch(pattern, cell) for cell in cells), line
     stratify = [r for r in report.results if r.cell.column.key == "stratify"]
-    mean = sum(r.best[0] for r in stratify) / 2
-    assert f"{100 * mean:.2f} ± " in cells[1]
+    best_mean = sum(r.best[0] for r in stratify) / 2
+    last_mean, last_std = mean_std(lasts["Stratify"])
+    assert cells[1].startswith(f" {100 * last_mean:.2f} ± {100 * last_std:.2f}% (best ")
+    assert f"(best {100 * best_mean:.2f} ± " in cells[1]
 
 
 def test_a_grid_reads_only_its_own_epochs_from_runs_extended_past_them(tiny, tmp_path):
@@ -325,8 +347,9 @@ def test_tuning_picks_each_lr_on_the_validation_split(tiny, tmp_path):
             folder = tmp_path / "tune" / group / f"lr-{trial.lr:g}"
             saved = json.loads((folder / "config.json").read_text())
             assert saved["validation"] == 0.2 and saved["seed"] == 0 and saved["epochs"] == 1
-            assert saved["resolved"]["evaluated_on"] == "validation"
-            best[trial.lr] = max(r["test_accuracy"] for r in read_records(folder))
+            assert saved["resolved"]["evaluated_on"] == "validation and test"
+            best[trial.lr] = max(r["validation_accuracy"] for r in read_records(folder))
+            assert trial.accuracy == best[trial.lr]
         assert choice.lr == choose(choice.trials, choice.default)
         assert best[choice.lr] == max(best.values())
     for result in report.results:
@@ -342,6 +365,16 @@ def test_tuning_picks_each_lr_on_the_validation_split(tiny, tmp_path):
     for choice in report.chosen.values():
         assert f"· lr {choice.lr:g}" in table
     assert (tmp_path / "tuning.csv").exists()
+
+
+def test_tuning_reads_the_validation_accuracy_never_the_test_accuracy():
+    records = [
+        {"epoch": 1, "validation_accuracy": 0.5, "test_accuracy": 0.99},
+        {"epoch": 2, "validation_accuracy": 0.7, "test_accuracy": 0.10},
+    ]
+    assert best_validation(records) == (0.7, 2)
+    # a folder of a version whose tuning runs measured the split as test_accuracy
+    assert best_validation([{"epoch": 1, "test_accuracy": 0.4}]) == (0.4, 1)
 
 
 def test_a_folder_of_another_grid_setting_is_refused(tiny, tmp_path):
@@ -442,4 +475,4 @@ def test_defaults_grid_runs_stratify_single_sample_and_the_others_in_batch(tmp_p
     assert set(modes.values()) == {"batch"}
     assert {cell.row.key for cell in cells} == {"classes-1", "classes-3", "dirichlet-0-5", "iid"}
     fedbss = next(cell for cell in cells if cell.column.key == "fedbss")
-    assert fedbss.config.options == {"client_fraction": 1.0}
+    assert fedbss.config.options == {"client_fraction": 1.0, "warmup_rounds": 7}

@@ -59,12 +59,23 @@ def test_run_writes_its_output_files(tmp_path):
         "wall_seconds",
         "reused",
         "worst_group_accuracy",
+        "validation_accuracy",
+        "validation_loss",
+        "sample_gradients",
+        "clients_trained",
+        "info",
     }
     labels = json.loads((out / "config.json").read_text())["resolved"]["num_placeholders"]
     assert rows[0]["steps"] + rows[0]["skipped"] == 40 * labels
     saved = json.loads((out / "summary.json").read_text())
     assert saved == summary
     assert saved["best_accuracy"] == max(row["test_accuracy"] for row in rows)
+    # two epochs: the last-rounds window is both of them
+    accuracies = [row["test_accuracy"] for row in rows]
+    assert saved["final_accuracy"] == accuracies[-1] and saved["last_rounds"] == 2
+    assert saved["last_mean_accuracy"] == pytest.approx(sum(accuracies) / 2)
+    assert saved["last_std_accuracy"] == pytest.approx(abs(accuracies[0] - accuracies[1]) / 2**0.5)
+    assert saved["best_val_epoch"] is None and saved["test_accuracy_at_best_val"] is None
     assert json.loads((out / "config.json").read_text())["versions"]["torch"] == torch.__version__
 
 

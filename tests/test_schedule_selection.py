@@ -10,6 +10,7 @@ from stratify.schedule import label_repeats, stratified_label_schedule
 from stratify.selection import (
     ClientSelector,
     Plan,
+    chain_transfers,
     plan_global_batches,
     plan_single_sample,
     select_or_refill,
@@ -113,17 +114,27 @@ def test_chunk_keeps_model_with_client_while_it_has_the_label():
     selector = ClientSelector(federation.placeholder_counts(registry), registry.global_counts)
     plan = plan_single_sample(schedule, pools, selector, chunk=8, rng=rng)
     assert plan.clients.tolist() == [0] * 8
-    assert plan.transfers == 1
+    assert plan.holders == 1
 
 
 def test_transfers_count_changes_of_holder():
     plan = Plan("single-sample", np.arange(6), np.array([2, 2, 0, 0, 2, 1]), 0)
-    assert plan.transfers == 4
+    assert plan.holders == 4  # arrivals at 2, 0, 2, 1
+    # server -> 2 -> 0 -> 2 -> 1 -> server: 1 + 3 relays of 2 + 1, or 1 + 3 direct + 1
+    assert plan.model_transfers("server") == 8
+    assert plan.model_transfers("direct") == 5
     batches = Plan(
         "batch", np.arange(6), np.array([0, 1, 1, 0, 0, 2]), 0, batch_starts=np.array([0, 3, 6])
     )
-    assert batches.transfers == 2 + 2
+    assert batches.holders == batches.model_transfers() == 2 + 2
     assert batches.steps == 2
+
+
+def test_chain_transfers_by_hand():
+    assert [chain_transfers(n, "server") for n in range(4)] == [0, 2, 4, 6]
+    assert [chain_transfers(n, "direct") for n in range(4)] == [0, 2, 3, 4]
+    with pytest.raises(ConfigError, match="--hops"):
+        chain_transfers(2, "carrier pigeon")
 
 
 def test_weighted_selection_follows_client_share():
@@ -220,7 +231,7 @@ HAND_SCHEDULE = [1, 0, 1, 0, 1, 0, 0, 1, 1]
 
 @pytest.mark.parametrize("selection", ["uniform", "weighted"])
 @pytest.mark.parametrize(
-    "chunk, clients, transfers, selections",
+    "chunk, clients, holders, selections",
     [
         (1, [1, 0, 1, 0, 1, 0, 0, 1, 2], 8, 9),
         (2, [1, 1, 1, 1, 1, 0, 0, 1, 2], 4, 7),  # starts 0,2,4,6,8 + p5, p7 on empty/absent
@@ -229,7 +240,7 @@ HAND_SCHEDULE = [1, 0, 1, 0, 1, 0, 0, 1, 1]
     ],
 )
 def test_single_sample_plan_reselects_at_every_chunk_start(
-    chunk, clients, transfers, selections, selection
+    chunk, clients, holders, selections, selection
 ):
     labels = np.asarray(HAND_LABELS)
     federation = Federation([np.asarray(ix) for ix in HAND_CLIENTS], labels)
@@ -239,7 +250,7 @@ def test_single_sample_plan_reselects_at_every_chunk_start(
     draws = ZeroDraws()
     plan = plan_single_sample(np.asarray(HAND_SCHEDULE), pools, selector, chunk, draws)
     assert plan.clients.tolist() == clients
-    assert plan.transfers == transfers
+    assert plan.holders == holders
     assert draws.draws == selections
     assert plan.skipped == 0
     # every sample is drawn from the client the plan names, with the scheduled label

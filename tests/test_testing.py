@@ -8,6 +8,7 @@ from stratify.algorithms import ALGORITHMS
 from stratify.testing import (
     CHECKS,
     MethodCase,
+    check_comparator,
     check_method,
     check_resume,
     check_same_seed,
@@ -76,3 +77,18 @@ def test_the_traffic_check_refuses_a_method_that_leaves_out_the_downloads(regist
     register("one-way-fedavg", "OneWayFedAvg")
     with pytest.raises(AssertionError, match="copies were received"):
         check_traffic(MethodCase("one-way-fedavg", "batch"))
+
+
+def test_the_comparator_check_refuses_a_method_whose_local_work_its_comparator_misses(
+    register, monkeypatch
+):
+    from stratify.reproduce import paired
+
+    register("double-work-fedprox", "DoubleWorkFedProx")
+    monkeypatch.setitem(paired.BASES, "double-work-fedprox", "fedavg")
+    with pytest.raises(AssertionError, match="its comparator's"):
+        check_comparator(MethodCase("double-work-fedprox", "batch"))
+    # the real FedProx passes, and the check applies to the methods with a base only
+    check_comparator(MethodCase("fedprox", "batch"))
+    applies = {check.name: check.applies for check in CHECKS}["comparator"]
+    assert applies(MethodCase("fedprox", "batch")) and not applies(MethodCase("sfl", "batch"))

@@ -1,8 +1,9 @@
 """Traffic counters of whole runs against values counted by hand (README "Semantics").
 
-With a single client every count is known without looking at the plan: the model makes
-one hop per epoch in single-sample mode, and every global batch has one participant in
-batch mode. The model's size is worked out from its layers.
+With a single client every count is known without looking at the plan: in single-sample
+mode the model goes down to the client once an epoch and comes back once, and every
+global batch has one participant in batch mode. The model's size is worked out from its
+layers.
 """
 
 import json
@@ -37,14 +38,41 @@ def one_client_run(tmp_path, mode, options):
 
 
 @pytest.mark.parametrize("chunk", [1, 7])
-def test_single_client_single_sample_run_is_one_hop_per_epoch(tmp_path, chunk):
-    summary, rows = one_client_run(tmp_path, "single-sample", {"chunk": chunk})
+@pytest.mark.parametrize("hops", ["server", "direct"])
+def test_single_client_single_sample_run_is_one_trip_per_epoch(tmp_path, chunk, hops):
+    summary, rows = one_client_run(tmp_path, "single-sample", {"chunk": chunk, "hops": hops})
     for row in rows:
         assert (row["steps"], row["skipped"]) == (REPEATS * LABELS, 0)
-        assert row["transfers"] == 1  # the first hop of the epoch; it never moves again
-        assert row["bytes_sent"] == CNN_DIGITS_BYTES
-    assert summary["total_transfers"] == 2
+        # down to the client at the start of the epoch, back at its end; it never moves between
+        assert row["transfers"] == 2
+        assert row["bytes_sent"] == 2 * CNN_DIGITS_BYTES
+        assert row["sample_gradients"] == REPEATS * LABELS
+    assert summary["total_transfers"] == 4
     assert summary["total_steps"] == 800
+    assert summary["bytes_per_round"] == 2 * CNN_DIGITS_BYTES
+
+
+@pytest.mark.parametrize(("hops", "per_round"), [("server", 2 * 3), ("direct", 3 + 1)])
+def test_sfl_counts_its_chain_of_three_clients(tmp_path, hops, per_round):
+    # server -> c1 -> c2 -> c3 -> server: 1 + 2 + 2 + 1 relayed, 1 + 1 + 1 + 1 direct
+    config = TrainConfig(
+        dataset="digits",
+        partition="iid",
+        clients=3,
+        epochs=2,
+        secure=False,
+        mode="batch",
+        algorithm="sfl",
+        options={"hops": hops},
+        out=str(tmp_path / hops),
+    )
+    summary = Run(config).train()
+    rows = [
+        json.loads(line) for line in (tmp_path / hops / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [row["transfers"] for row in rows] == [per_round, per_round]
+    assert [row["bytes_sent"] for row in rows] == [per_round * CNN_DIGITS_BYTES] * 2
+    assert summary["distinct_clients_trained"] == 3
 
 
 def test_single_client_batch_run_is_one_participant_per_global_batch(tmp_path):
@@ -53,5 +81,6 @@ def test_single_client_batch_run_is_one_participant_per_global_batch(tmp_path):
         assert row["steps"] == 400 // 16  # 25 global batches
         assert row["transfers"] == 25  # one participant each
         assert row["bytes_sent"] == 25 * (CNN_DIGITS_BYTES + CNN_DIGITS_BYTES)  # model + grad
+        assert row["sample_gradients"] == 400
     assert summary["total_transfers"] == 50
     assert summary["total_steps"] == 50

@@ -12,6 +12,7 @@ from torch import nn
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.baselines.fedavgm import FedAvgM
+from stratify.baselines.fedprox import FedProx
 from stratify.client import LocalResult
 from stratify.method import ClientUpdate, Context
 from stratify.options import option
@@ -86,3 +87,14 @@ class OneWayFedAvg(FedAvg):
         update = super().client_update(context, client, model, result)
         update.stats.transfers = 1
         return update
+
+
+class DoubleWorkFedProx(FedProx):
+    """FedProx whose clients make two passes where its options say one: its local work
+    is not what its options (and so its matched comparator) plan."""
+
+    name = "double-work-fedprox"
+
+    @property
+    def local_epochs(self) -> int:
+        return 2 * super().local_epochs

@@ -1,12 +1,15 @@
-"""A validation split carved from the training samples, for tuning without the test set.
+"""A validation split carved from the training samples, to choose without the test set.
 
-:func:`stratified_holdout` picks, per label, a share of the training samples; the
-:class:`~stratify.data.datasets.Dataset` from :func:`holdout_validation` trains on the rest
-and evaluates on the held-out samples in place of the test set, whose tensors it drops
-(docs/architecture.md, "Data flow").
+:func:`stratified_holdout` picks, per label, a share of the training samples;
+:func:`holdout_validation` returns the dataset training on the rest, its test set
+untouched, and the held-out samples as an :class:`EvaluationSet`. A run evaluates on
+both every epoch, so an epoch or a learning rate can be chosen on the validation split
+and the test accuracy read only where it was chosen (docs/architecture.md, "Data flow").
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,8 +47,21 @@ def stratified_holdout(
     return kept, held_out
 
 
-def holdout_validation(dataset: Dataset, share: float, seed: int) -> Dataset:
-    """``dataset`` training on the kept samples and evaluating on the held-out ones.
+@dataclass
+class EvaluationSet:
+    """Samples a model is evaluated on: inputs, labels and, where the data has them,
+    attribute ids (for the worst-group accuracy)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    domains: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def holdout_validation(dataset: Dataset, share: float, seed: int) -> tuple[Dataset, EvaluationSet]:
+    """``dataset`` training on the kept samples, and the held-out samples.
 
     Parameters
     ----------
@@ -55,20 +71,32 @@ def holdout_validation(dataset: Dataset, share: float, seed: int) -> Dataset:
         Share of every label's training samples held out (:func:`stratified_holdout`).
     seed : int
         Seeds which samples are held out.
+
+    Returns
+    -------
+    tuple
+        A :class:`Dataset` with the kept training samples and ``dataset``'s own test set,
+        and the held-out samples as an :class:`EvaluationSet`.
     """
     kept, held_out = stratified_holdout(dataset.train_labels, share, seed)
     device = dataset.x_train.device
     kept_index = torch.as_tensor(kept, dtype=torch.long, device=device)
     held_index = torch.as_tensor(held_out, dtype=torch.long, device=device)
     domains = dataset.domains_train
-    return Dataset(
+    training = Dataset(
         name=dataset.name,
         x_train=dataset.x_train[kept_index],
         y_train=dataset.y_train[kept_index],
-        x_test=dataset.x_train[held_index],
-        y_test=dataset.y_train[held_index],
+        x_test=dataset.x_test,
+        y_test=dataset.y_test,
         num_classes=dataset.num_classes,
         domains_train=None if domains is None else domains[kept],
-        domains_test=None if domains is None else domains[held_out],
-        meta={**dataset.meta, "evaluated_on": "validation"},
+        domains_test=dataset.domains_test,
+        meta={**dataset.meta, "validation_samples": len(held_out)},
     )
+    validation = EvaluationSet(
+        dataset.x_train[held_index],
+        dataset.y_train[held_index],
+        None if domains is None else domains[held_out],
+    )
+    return training, validation

@@ -1,8 +1,12 @@
-"""A grid's results: one row per run in ``results.csv``, the paper's table in
-``results.md`` ("98.80%, E4", mean ± std over seeds).
+"""A grid's results: one row per run in ``results.csv``, the tables in ``results.md``.
 
-Everything is read back from the run folders (``config.json``, ``metrics.jsonl``), so
-the tables of a grid finished in several sittings are those of one uninterrupted run.
+Every table leads with the mean accuracy over a run's last rounds (:mod:`stratify.measures`)
+and shows the best test accuracy over the epochs beside it, marked as chosen on the test
+set ("97.10 ± 0.20% (best 97.50 ± 0.10%, E9)"); a paired grid's table sets each method
+beside its matched comparator with the difference and its 95% interval over seeds
+(:mod:`stratify.reproduce.paired`). Everything is read back from the run folders
+(``config.json``, ``metrics.jsonl``), so the tables of a grid finished in several sittings
+are those of one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from stratify.errors import CorruptRunError
+from stratify.measures import accuracy_summary
 from stratify.parallel import RunOutcome, best_of
-from stratify.reproduce.grids import Cell, Column, Grid, Row
+from stratify.reproduce.grids import METHOD_LABELS, Cell, Column, Grid, Row
+from stratify.reproduce.paired import PairedDifference, paired_difference
 from stratify.reproduce.tuning import Choice, Tuning
 from stratify.runfiles import is_metric, read_json_object, read_records
 
@@ -37,11 +43,23 @@ CSV_FIELDS = (
     "lr",
     "tuned",
     "status",
+    "last_mean_accuracy",
+    "last_std_accuracy",
+    "last_rounds",
+    "final_accuracy",
     "best_accuracy",
     "best_epoch",
-    "final_accuracy",
+    "best_val_epoch",
+    "test_accuracy_at_best_val",
+    "last_mean_worst_group_accuracy",
+    "final_worst_group_accuracy",
+    "sample_gradients_per_round",
     "transfers_per_epoch",
+    "bytes_per_round",
     "total_transfers",
+    "distinct_clients",
+    "role",
+    "comparator",
     "wall_seconds",
     "run_dir",
 )
@@ -74,6 +92,22 @@ class CellResult:
         if not self.records:
             return None
         return sum(record["transfers"] for record in self.records) / len(self.records)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """:func:`~stratify.measures.accuracy_summary` of the records."""
+        return accuracy_summary(self.records)
+
+    def per_epoch(self, key: str) -> float | None:
+        """The mean of ``key`` over the records that have it (``None`` if none has)."""
+        values = [record[key] for record in self.records if record.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+    @property
+    def distinct_clients(self) -> int | None:
+        """Clients that returned an update over the run (``None`` where none did)."""
+        trained = {c for record in self.records for c in record.get("clients_trained") or ()}
+        return len(trained) if trained else None
 
 
 def read_cell(cell: Cell, outcome: RunOutcome | None = None) -> CellResult:
@@ -109,8 +143,10 @@ def resolved_lr(folder: Path) -> float | None:
 def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
     config = result.cell.config
     best, epoch = result.best
-    final = result.records[-1]["test_accuracy"] if result.records else None
+    summary = result.summary
     per_epoch = result.transfers_per_epoch
+    gradients = result.per_epoch("sample_gradients")
+    bytes_sent = result.per_epoch("bytes_sent")
     return {
         "grid": grid.name,
         "row": result.cell.row.label,
@@ -124,14 +160,33 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
         "lr": result.lr,
         "tuned": tuned,
         "status": result.status,
+        "last_mean_accuracy": summary["last_mean_accuracy"],
+        "last_std_accuracy": summary["last_std_accuracy"],
+        "last_rounds": summary["last_rounds"],
+        "final_accuracy": summary["final_accuracy"],
         "best_accuracy": best,
         "best_epoch": epoch,
-        "final_accuracy": final,
+        "best_val_epoch": summary["best_val_epoch"],
+        "test_accuracy_at_best_val": summary["test_accuracy_at_best_val"],
+        "last_mean_worst_group_accuracy": summary["last_mean_worst_group_accuracy"],
+        "final_worst_group_accuracy": summary["final_worst_group_accuracy"],
+        "sample_gradients_per_round": None if gradients is None else round(gradients, 1),
         "transfers_per_epoch": None if per_epoch is None else round(per_epoch, 1),
+        "bytes_per_round": None if bytes_sent is None else round(bytes_sent, 1),
         "total_transfers": sum(record["transfers"] for record in result.records),
+        "distinct_clients": result.distinct_clients,
+        "role": role(grid, result.cell),
+        "comparator": result.cell.comparator,
         "wall_seconds": round(sum(record["wall_seconds"] for record in result.records), 2),
         "run_dir": str(config.out),
     }
+
+
+def role(grid: Grid, cell: Cell) -> str:
+    """A paired grid's ``method`` and ``comparator`` cells; ``run`` in other grids."""
+    if not grid.paired:
+        return "run"
+    return "comparator" if cell.comparator is None else "method"
 
 
 def csv_text(grid: Grid, results: Sequence[CellResult], tuned: bool) -> bytes:
@@ -164,8 +219,14 @@ def format_accuracy(
     expected: int | None = None,
     diverged: int = 0,
     lr: float | None = None,
+    last: Sequence[tuple[float, float]] = (),
 ) -> str:
-    """The paper's cell: ``98.80%, E4`` for one run, ``98.80 ± 0.12%, E4`` for several.
+    """A table cell: the last-rounds mean first, the paper's best-over-epochs beside it.
+
+    ``97.10 ± 0.20% (best 97.50 ± 0.10%, E9)``: over several seeds, the mean and sample
+    standard deviation of each seed's last-rounds mean, then of each seed's best test
+    accuracy with the median epoch; for one seed, the mean ± standard deviation over its
+    last rounds, then its best (``98.80%, E4``). Without ``last``, the best alone.
 
     Parameters
     ----------
@@ -177,12 +238,22 @@ def format_accuracy(
         Runs among them that diverged (their best epoch before that counts).
     lr : float, optional
         The learning rate to show (a tuned one).
+    last : sequence of (mean, std)
+        Each seed's last-rounds mean and its standard deviation over those rounds.
     """
     if not accuracies:
         return "–"
     mean, std = mean_std(accuracies)
-    text = f"{100 * mean:.2f}%" if len(accuracies) == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}%"
-    text += f", E{median_epoch(epochs)}"
+    best = f"{100 * mean:.2f}%" if len(accuracies) == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}%"
+    best += f", E{median_epoch(epochs)}"
+    if last:
+        if len(last) == 1:
+            last_mean, last_std = last[0]
+        else:
+            last_mean, last_std = mean_std([value for value, _ in last])
+        text = f"{100 * last_mean:.2f} ± {100 * last_std:.2f}% (best {best})"
+    else:
+        text = best
     notes = []
     if expected is not None and len(accuracies) < expected:
         notes.append(f"{len(accuracies)} of {expected} seeds")
@@ -193,6 +264,14 @@ def format_accuracy(
     if lr is not None:
         text += f" · lr {lr:g}"
     return text
+
+
+def last_of(result: CellResult) -> tuple[float, float] | None:
+    """``(last-rounds mean, its std over the rounds)`` of a result, ``None`` without epochs."""
+    summary = result.summary
+    if summary["last_mean_accuracy"] is None:
+        return None
+    return summary["last_mean_accuracy"], summary["last_std_accuracy"]
 
 
 def present(grid: Grid, results: Sequence[CellResult]) -> tuple[list[Row], list[Column]]:
@@ -238,6 +317,7 @@ def accuracy_table(
                     expected=seeds,
                     diverged=sum(r.status == "diverged" for r in measured),
                     lr=choice.lr if choice else None,
+                    last=[value for r in measured if (value := last_of(r)) is not None],
                 )
             )
         lines.append(line)
@@ -286,14 +366,20 @@ def tuning_table(chosen: dict[str, Choice]) -> str:
     )
 
 
+LAST_ROUNDS_TEXT = "the last 10% of the rounds, at least the last 3"
+
+
 def describe(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int], tuning: Tuning | None) -> str:
     """One paragraph on how the table was obtained."""
     config = cells[0].config
     modes = sorted({cell.config.mode for cell in cells})
     epochs = sorted({cell.config.epochs for cell in cells})
+    datasets = sorted({cell.config.dataset for cell in cells})
+    clients = sorted({cell.config.clients for cell in cells})
     text = (
-        f"Grid `{grid.name}`: {grid.description}. Dataset `{config.dataset}`, "
-        f"{' and '.join(modes)} mode, {config.clients} clients, "
+        f"Grid `{grid.name}`: {grid.description}. Dataset "
+        f"{' and '.join(f'`{name}`' for name in datasets)}, "
+        f"{' and '.join(modes)} mode, {'/'.join(map(str, clients))} clients, "
         f"{'/'.join(map(str, epochs))} epochs, seeds {', '.join(map(str, seeds))}"
     )
     if config.model:
@@ -323,17 +409,23 @@ def markdown(
 ) -> str:
     """``results.md``: the accuracy table, the paper's beside it, transfers, tuning."""
     parts = [f"# {grid.name}\n", describe(grid, cells, seeds, tuning) + "\n"]
-    parts.append(
-        "Best test accuracy and the epoch it was reached ("
-        + (
-            "mean ± sample standard deviation over the seeds; E: the median epoch"
-            if len(seeds) > 1
-            else "one seed"
+    if grid.paired:
+        parts += paired_tables(results, len(seeds))
+    else:
+        parts.append(
+            f"Test accuracy: the mean over each run's last rounds ({LAST_ROUNDS_TEXT}), "
+            + (
+                "mean ± sample standard deviation over the seeds"
+                if len(seeds) > 1
+                else "± its standard deviation over those rounds"
+            )
+            + "; in brackets the best test accuracy over the epochs and the epoch it was "
+            "reached"
+            + (" (median over the seeds)" if len(seeds) > 1 else "")
+            + " — chosen on the test set, so optimistic. A diverged run counts with its "
+            "epochs before the loss became non-finite.\n"
         )
-        + "). A diverged run counts with its best epoch before the loss became "
-        "non-finite.\n"
-    )
-    parts.append(accuracy_table(grid, results, len(seeds), chosen))
+        parts.append(accuracy_table(grid, results, len(seeds), chosen))
     if grid.paper and cells[0].config.dataset in grid.paper_datasets:
         parts.append(f"{grid.paper_source}:")
         parts.append(paper_table(grid, results))
@@ -354,3 +446,186 @@ def markdown(
         lines += [f"- {r.cell.key}: was corrupt ({r.corrupt}); run again" for r in rerun]
         parts.append("Notes:\n\n" + "\n".join(lines))
     return "\n".join(part.strip("\n") + "\n" for part in parts)
+
+
+# -- paired grids -------------------------------------------------------------------------
+
+
+def percent(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.2f}"
+
+
+def signed_points(difference: PairedDifference | None) -> str:
+    """``+1.23 [−0.50, +2.96]``: the mean difference in points and its 95% interval."""
+    if difference is None:
+        return "–"
+    text = f"{100 * difference.mean:+.2f}"
+    if difference.interval is not None:
+        low, high = difference.interval
+        text += f" [{100 * low:+.2f}, {100 * high:+.2f}]"
+    return text.replace("-", "−")
+
+
+def seed_values(results: Sequence[CellResult], key: str) -> dict[int, float]:
+    """Seed -> the summary entry ``key`` of each result that has it."""
+    values = {}
+    for result in results:
+        value = result.summary[key] if result.records else None
+        if value is not None:
+            values[result.cell.seed] = float(value)
+    return values
+
+
+def mean_text(values: dict[int, float]) -> str:
+    """``mean ± std`` in percent over the seeds (one seed: its value)."""
+    if not values:
+        return "–"
+    mean, std = mean_std(list(values.values()))
+    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if len(values) > 1 else "")
+
+
+def budget_text(method: Sequence[CellResult], comparator: Sequence[CellResult], key: str) -> str:
+    """``method / comparator`` means of a per-epoch count (bytes in MB)."""
+
+    def mean(results: Sequence[CellResult]) -> float | None:
+        values = [v for r in results if (v := r.per_epoch(key)) is not None]
+        return statistics.fmean(values) if values else None
+
+    shown = []
+    for value in (mean(method), mean(comparator)):
+        if value is None:
+            shown.append("–")
+        elif key == "bytes_sent":
+            shown.append(f"{value / 1e6:.2f}")
+        else:
+            shown.append(f"{value:,.0f}")
+    return " / ".join(shown)
+
+
+def method_notes(results: Sequence[CellResult]) -> str:
+    """What a paired method's runs say about whether its mechanism acted."""
+    notes = []
+    infos = [record.get("info") or {} for r in results for record in r.records]
+    warm, shares = [], []
+    for result in results:
+        stages = [(record.get("info") or {}).get("stage") for record in result.records]
+        if 2 in stages and stages.index(2) > 0:
+            warm.append(result.records[stages.index(2) - 1]["test_accuracy"])
+        shares += [
+            info["biased_share"]
+            for record in result.records
+            if "biased_share" in (info := record.get("info") or {})
+        ]
+    if warm:
+        notes.append(f"warm model {100 * statistics.fmean(warm):.1f}%")
+    if shares:
+        notes.append(f"biased share {100 * statistics.fmean(shares):.0f}%")
+    blocked = sorted({info["blocked_by"] for info in infos if "blocked_by" in info})
+    if blocked:
+        notes.append("selection cannot act: " + "; ".join(blocked))
+    if any(info.get("selection") == "diverse" for info in infos) and not any(
+        info.get("attribute") for info in infos
+    ):
+        notes.append("no attribute in the data: triplets carry class imbalance only")
+    distinct = [r.distinct_clients for r in results if r.distinct_clients is not None]
+    clients = {r.cell.config.clients for r in results}
+    if distinct and any(d < max(clients) for d in distinct):
+        notes.append(f"{min(distinct)}–{max(distinct)} distinct clients trained")
+    diverged = sum(r.status == "diverged" for r in results)
+    if diverged:
+        notes.append(f"{diverged} diverged")
+    return "; ".join(notes)
+
+
+def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[list[str]]:
+    """One table line per row and paired method, on the summary entry ``key``."""
+    methods: dict[tuple[str, str], list[CellResult]] = {}
+    comparators: dict[tuple[str, str], list[CellResult]] = {}
+    rows: dict[str, Row] = {}
+    for result in results:
+        cell = result.cell
+        rows.setdefault(cell.row.key, cell.row)
+        if cell.comparator is not None:
+            methods.setdefault((cell.row.key, cell.column.key), []).append(result)
+        else:
+            comparators.setdefault((cell.row.key, cell.column.key), []).append(result)
+    lines = []
+    for (row_key, _), method in methods.items():
+        comparator = comparators.get((row_key, method[0].cell.comparator or ""), [])
+        ours, theirs = seed_values(method, key), seed_values(comparator, key)
+        if not ours and not theirs:
+            continue
+        missing = seeds - len(set(ours) & set(theirs))
+        best_ours, best_theirs = (
+            seed_values(method, "best_accuracy"),
+            seed_values(comparator, "best_accuracy"),
+        )
+        base = comparator[0].cell.config.algorithm if comparator else "fedavg"
+        lines.append(
+            [
+                rows[row_key].label,
+                method[0].cell.column.label,
+                mean_text(ours),
+                f"{METHOD_LABELS.get(base, base)}: {mean_text(theirs)}",
+                signed_points(paired_difference(ours, theirs))
+                + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
+                f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
+                budget_text(method, comparator, "sample_gradients"),
+                budget_text(method, comparator, "bytes_sent"),
+                method_notes(method),
+            ]
+        )
+    return lines
+
+
+PAIRED_HEADER = (
+    "split",
+    "method",
+    "method, %",
+    "matched comparator, %",
+    "difference, points [95% interval]",
+    "best (chosen on test), %: method / comparator",
+    "sample-gradients per round: method / comparator",
+    "MB per round: method / comparator",
+    "notes",
+)
+
+
+def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
+    """The paired grid's tables: test accuracy, and worst-group accuracy where the data
+    has attributes, each method beside its matched comparator."""
+    parts = [
+        f"Each method against its matched comparator (the same local optimizer, local work, "
+        f"clients per round, weighting, rounds and seeds). Test accuracy in %: the mean over "
+        f"each run's last rounds ({LAST_ROUNDS_TEXT}), mean ± sample standard deviation over "
+        f"the seeds; the difference is method − comparator, paired by seed, with its 95% "
+        f"t-interval over the seeds. The best test accuracy over the rounds is chosen on the "
+        f"test set and shown for comparison with papers only. Budgets are measured means per "
+        f"round.\n",
+        markdown_table(PAIRED_HEADER, paired_lines(results, seeds, "last_mean_accuracy")),
+    ]
+    groups = paired_lines(results, seeds, "last_mean_worst_group_accuracy")
+    if groups:
+        parts.append(
+            "Worst-group accuracy in % (the lowest accuracy over the test set's (label, "
+            "attribute) groups), last-rounds mean, where the data has attributes:\n"
+        )
+        header = list(PAIRED_HEADER)
+        header[5] = "best worst group (chosen on test), %: method / comparator"
+        lines = paired_lines_worst(results, seeds)
+        parts.append(markdown_table(header, lines))
+    return parts
+
+
+def paired_lines_worst(results: Sequence[CellResult], seeds: int) -> list[list[str]]:
+    """:func:`paired_lines` on the worst-group accuracy."""
+    lines = paired_lines(results, seeds, "last_mean_worst_group_accuracy")
+    best = {
+        (line[0], line[1]): line
+        for line in paired_lines(results, seeds, "best_worst_group_accuracy")
+    }
+    for line in lines:
+        other = best.get((line[0], line[1]))
+        if other is not None:
+            line[5] = f"{other[2]} / {other[3].split(': ', 1)[-1]}"
+    return lines

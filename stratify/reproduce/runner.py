@@ -31,7 +31,14 @@ from stratify.parallel import (
     RunSpec,
     run_specs,
 )
-from stratify.reproduce.grids import Cell, Grid, Settings, grid_named, plan_cells
+from stratify.reproduce.grids import (
+    DEFAULT_CLIENTS,
+    Cell,
+    Grid,
+    Settings,
+    grid_named,
+    plan_cells,
+)
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
 from stratify.reproduce.results import CellResult, csv_text, markdown, read_cell
 from stratify.reproduce.tuning import Choice, Tuning, choices, tuned_cells, tuning_specs
@@ -77,7 +84,7 @@ def identity(grid: Grid, settings: Settings, tuning: Tuning | None) -> dict[str,
         "grid": grid.name,
         "dataset": settings.dataset or grid.values["dataset"],
         "dataset_options": settings.dataset_options,
-        "clients": settings.clients,
+        "clients": settings.clients or grid.values.get("clients", DEFAULT_CLIENTS),
         "model": settings.model,
         "secure": settings.secure,
         "tuning": None if tuning is None else asdict(tuning),
@@ -142,7 +149,7 @@ def check_setups(specs: Sequence[RunSpec]) -> None:
                     built.add(setup)
                     continue
                 if config.validation:
-                    dataset = holdout_validation(dataset, config.validation, seed=config.seed)
+                    dataset, _ = holdout_validation(dataset, config.validation, seed=config.seed)
                 partition_clients(dataset, config)
             except StratifyError as error:
                 raise ConfigError(f"{spec.name}: {error}") from None
@@ -219,6 +226,11 @@ def reproduce(
     """
     grid = grid_named(grid_name)
     out = grid_folder(out)
+    if grid.paired and tuning is not None:
+        raise ConfigError(
+            f"--tune: grid {grid.name} runs each method and its comparator at the method's "
+            "rate; tuning them apart would unmatch them"
+        )
     cells, notes = plan_cells(grid, settings, out)
     with FolderLock(out, holder="grid") as lock:
         new_grid = check_out(out, identity(grid, settings, tuning))

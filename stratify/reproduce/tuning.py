@@ -3,8 +3,12 @@
 For each row and column of a grid, the first seed's cell is run once per candidate rate
 (the method's default times each factor) on a validation split held out of the training
 samples (``TrainConfig.validation``); the rate with the best validation accuracy is then
-used by that row and column's cells of every seed (docs/architecture.md, "Reproducing
-the papers").
+used by that row and column's cells of every seed. Only the validation accuracy is read:
+a tuning run also records its test accuracy, like every run, but the choice never looks
+at it. A tuning run is at least as long as the method needs for its own mechanism to act
+(:meth:`~stratify.method.Strategy.informative_epochs`: FedBSS's warm-up + 2), and runs
+with the final runs' options, so FedBSS tunes with the warm-up it is then run with
+(docs/architecture.md, "Reproducing the papers").
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from stratify.algorithms import build_strategy
 from stratify.config import TrainConfig, default_lr
 from stratify.errors import ConfigError, CorruptRunError
-from stratify.parallel import COMPLETE, RunOutcome, RunSpec, best_of
+from stratify.parallel import COMPLETE, RunOutcome, RunSpec
 from stratify.reproduce.grids import Cell
 from stratify.runfiles import read_records
 from stratify.validation import check_positive, check_positive_int, check_share
@@ -80,11 +84,33 @@ class Choice:
     trials: tuple[Trial, ...]
 
 
+def best_validation(records: Sequence[dict]) -> tuple[float | None, int | None]:
+    """The best validation accuracy of a tuning run's records and its epoch (the first, on
+    ties). Records written before runs kept their test set measured the validation split
+    as ``test_accuracy`` and have no ``validation_accuracy``: that value is read then."""
+    scored = [
+        (record.get("validation_accuracy", record.get("test_accuracy")), record["epoch"])
+        for record in records
+    ]
+    scored = [(accuracy, epoch) for accuracy, epoch in scored if accuracy is not None]
+    if not scored:
+        return None, None
+    accuracy, epoch = max(scored, key=lambda entry: (entry[0], -entry[1]))
+    return accuracy, epoch
+
+
+def tuning_epochs(config: TrainConfig, requested: int | None) -> int:
+    """A tuning run's epochs: ``requested`` (default: the cell's), but never fewer than the
+    method's :meth:`~stratify.method.Strategy.informative_epochs`."""
+    strategy = build_strategy(config.algorithm, config.options, config.mode)
+    return max(requested or config.epochs, strategy.informative_epochs())
+
+
 def method_default_lr(config: TrainConfig) -> float:
     """The rate ``config``'s method uses when none is given: its paper's, else the
     dataset's default."""
     strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return strategy.lr_for(config.mode) or default_lr(config.dataset)
+    return strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
 
 
 def candidates(default: float, factors: Sequence[float]) -> tuple[float, ...]:
@@ -135,7 +161,7 @@ def tuning_specs(cells: Sequence[Cell], tuning: Tuning, out: str | Path) -> list
                 cell.config,
                 lr=lr,
                 validation=tuning.validation,
-                epochs=tuning.epochs or cell.config.epochs,
+                epochs=tuning_epochs(cell.config, tuning.epochs),
                 out=str(Path(out) / name),
             )
             specs.append(RunSpec(name, config))
@@ -161,7 +187,7 @@ def choices(
                 records = read_records(str(spec.config.out))[: spec.config.epochs]
             except CorruptRunError:
                 records, status = [], "corrupt"
-            accuracy, epoch = best_of(records)
+            accuracy, epoch = best_validation(records)
             if status not in COMPLETE and len(records) >= spec.config.epochs:
                 status = "finished"
             assert spec.config.lr is not None  # tuning runs always name their rate

@@ -1,0 +1,122 @@
+"""A run's accuracy summarised without choosing an epoch on the test set.
+
+"Best test accuracy over the epochs" picks the epoch on the test set itself, which
+flatters the runs that swing most between rounds. The measures here do not: the final
+epoch's accuracy, the mean (± sample standard deviation) over the last rounds, and, where
+a validation split is held out, the test accuracy at the epoch of the best *validation*
+accuracy (docs/architecture.md, "Run folder"). Pure functions over per-epoch values, so
+the run summary, the grid tables and the tests compute them the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: the last-rounds window: this share of the epochs run ...
+LAST_SHARE = 0.1
+#: ... and never fewer than this many (all of them in a shorter run)
+LAST_MINIMUM = 3
+
+
+def last_window(epochs: int) -> int:
+    """How many final epochs the last-rounds mean covers: ``max(3, ⌈0.1 · epochs⌉)``,
+    at most ``epochs`` (``last_window(30) == 3``, ``last_window(200) == 20``)."""
+    if epochs <= 0:
+        return 0
+    return min(epochs, max(LAST_MINIMUM, math.ceil(LAST_SHARE * epochs - 1e-9)))
+
+
+@dataclass(frozen=True)
+class LastRounds:
+    """Mean and sample standard deviation of a value over a run's last rounds.
+
+    Parameters
+    ----------
+    mean, std : float
+        Over the window (``std`` is 0 for a window of one).
+    rounds : int
+        The window's length, :func:`last_window` of the epochs given.
+    """
+
+    mean: float
+    std: float
+    rounds: int
+
+
+def last_rounds(values: Sequence[float]) -> LastRounds | None:
+    """:class:`LastRounds` of the last :func:`last_window` values; ``None`` for none."""
+    window = list(values[len(values) - last_window(len(values)) :])
+    if not window:
+        return None
+    std = statistics.stdev(window) if len(window) > 1 else 0.0
+    return LastRounds(statistics.fmean(window), std, len(window))
+
+
+@dataclass(frozen=True)
+class ValidationChoice:
+    """The epoch chosen on the validation split and the test accuracy there.
+
+    Parameters
+    ----------
+    epoch : int
+        The epoch of the best validation accuracy (the first, on ties).
+    validation_accuracy : float
+        That best validation accuracy.
+    test_accuracy : float or None
+        The test accuracy of the same epoch (``None`` where the record has none).
+    """
+
+    epoch: int
+    validation_accuracy: float
+    test_accuracy: float | None
+
+
+def best_on_validation(records: Sequence[Mapping[str, Any]]) -> ValidationChoice | None:
+    """The epoch with the best ``validation_accuracy`` among ``records`` (dicts of one
+    epoch each, as in ``metrics.jsonl``), the first on ties; ``None`` when no record has a
+    validation accuracy. The test accuracy is only read at the chosen epoch."""
+    scored = [record for record in records if record.get("validation_accuracy") is not None]
+    if not scored:
+        return None
+    best = max(scored, key=lambda record: record["validation_accuracy"])
+    return ValidationChoice(
+        int(best["epoch"]), float(best["validation_accuracy"]), best.get("test_accuracy")
+    )
+
+
+def accuracy_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The accuracy entries of a run's summary, from its per-epoch records (dicts).
+
+    ``best_accuracy``/``best_epoch`` (chosen on test, kept for comparison with papers
+    that report it), ``final_accuracy``, ``last_mean_accuracy`` ± ``last_std_accuracy``
+    over ``last_rounds`` epochs, the same for the worst-group accuracy where the data has
+    attributes, and, with a validation split, ``best_val_epoch``,
+    ``best_validation_accuracy`` and ``test_accuracy_at_best_val``. Entries that cannot
+    be computed (no epoch yet, no attributes, no validation split) are ``None``.
+    """
+    accuracies = [float(record["test_accuracy"]) for record in records]
+    best = max(records, key=lambda record: record["test_accuracy"], default=None)
+    last = last_rounds(accuracies)
+    groups = [record.get("worst_group_accuracy") for record in records]
+    known = [value for value in groups if value is not None]
+    last_groups = last_rounds(known) if len(known) == len(groups) else None
+    choice = best_on_validation(records)
+    return {
+        "best_accuracy": None if best is None else best["test_accuracy"],
+        "best_epoch": None if best is None else best["epoch"],
+        "final_accuracy": accuracies[-1] if accuracies else None,
+        "last_rounds": None if last is None else last.rounds,
+        "last_mean_accuracy": None if last is None else last.mean,
+        "last_std_accuracy": None if last is None else last.std,
+        "best_worst_group_accuracy": max(known) if known else None,
+        "final_worst_group_accuracy": groups[-1] if groups else None,
+        "last_mean_worst_group_accuracy": None if last_groups is None else last_groups.mean,
+        "last_std_worst_group_accuracy": None if last_groups is None else last_groups.std,
+        "best_val_epoch": None if choice is None else choice.epoch,
+        "best_validation_accuracy": None if choice is None else choice.validation_accuracy,
+        "test_accuracy_at_best_val": None if choice is None else choice.test_accuracy,
+    }

@@ -1,0 +1,207 @@
+"""Matched comparisons: each method against its base with the same local training."""
+
+import csv
+import json
+
+import pytest
+from conftest import assert_refused_in_one_line
+
+from stratify.algorithms import ALGORITHMS, build_strategy
+from stratify.config import TrainConfig
+from stratify.errors import ConfigError
+from stratify.parallel import LocalBackend, read_records
+from stratify.reproduce.grids import GRIDS, Grid, Settings, paired_column, partition_row, plan_cells
+from stratify.reproduce.paired import (
+    BASES,
+    LOCAL_TRAINING,
+    comparator_for,
+    matched_config,
+    pair_budgets,
+    paired_difference,
+)
+from stratify.reproduce.runner import reproduce
+
+
+def test_every_method_with_a_base_has_one_and_the_rest_are_refused_in_one_line():
+    for method in ALGORITHMS:
+        mode = "batch"
+        if method in BASES:
+            base, options = comparator_for(method, {}, mode)
+            assert base == BASES[method]
+            resolved = build_strategy(method, {}, mode).options
+            for name in LOCAL_TRAINING:
+                if name == "weighting" and method == "scaffold":
+                    continue  # SCAFFOLD averages Δy uniformly whatever its option says
+                assert options.get(name) == getattr(resolved, name, None), (method, name)
+        else:
+            with pytest.raises(ConfigError, match="no matched comparator") as error:
+                comparator_for(method, {}, mode)
+            assert "\n" not in str(error.value)
+
+
+def test_comparators_by_hand():
+    # FedBSS: its paper's SGD, E = 10 of batch 64, 10% of the clients, equal weights
+    assert comparator_for("fedbss", {"warmup_rounds": 3}) == (
+        "fedavg",
+        {
+            "local_epochs": 10,
+            "local_batch_size": 64,
+            "local_momentum": 1e-4,
+            "local_weight_decay": 1e-5,
+            "client_fraction": 0.1,
+            "weighting": "equal",
+        },
+    )
+    # FedBR: K = 20 iterations of 64 in place of epochs, plain SGD (official d382a37)
+    base, options = comparator_for("fedbr", {})
+    assert base == "fedavg" and options["local_steps"] == 20 and "local_epochs" not in options
+    assert options["local_momentum"] == 0.0 and options["weighting"] == "equal"
+    # SCAFFOLD: plain SGD, and its uniform average of Δy is equal weighting
+    assert comparator_for("scaffold", {})[1]["weighting"] == "equal"
+    # FedDiverse: FedAvgM with its β 0.95 and 4 of 10 clients drawn uniformly
+    base, options = comparator_for("feddiverse", {"dht": "known"})
+    assert base == "fedavgm" and options["server_momentum"] == 0.95
+    assert options["client_fraction"] == 0.375 and options["local_batch_size"] == 28
+    # what is given to the method is given to its comparator, the mechanism is not
+    base, options = comparator_for("fedprox", {"mu": 0.5, "local_epochs": 2})
+    assert base == "fedavg" and options["local_epochs"] == 2 and "mu" not in options
+
+
+def test_matched_config_copies_the_resolved_rate_rounds_and_seed():
+    config = TrainConfig(
+        algorithm="fedbr",
+        dataset="digits",
+        partition="iid",
+        clients=4,
+        mode="batch",
+        epochs=7,
+        seed=5,
+        secure=False,
+    )
+    matched = matched_config(config)
+    assert (matched.algorithm, matched.lr, matched.lr_schedule) == ("fedavg", 1e-2, "constant")
+    assert (matched.epochs, matched.seed, matched.clients) == (7, 5, 4)
+    assert matched.partition == "iid" and matched.out is None
+    assert matched_config(TrainConfig(**{**vars(config), "lr": 0.3})).lr == 0.3
+
+
+def test_paired_difference_with_its_t_interval_by_hand():
+    # differences 0.01, 0.02, 0.03: mean 0.02, s = 0.01, t(0.975, 2) = 4.302653
+    result = paired_difference({0: 0.51, 1: 0.62, 2: 0.73}, {0: 0.50, 1: 0.60, 2: 0.70, 3: 0.9})
+    assert result is not None and result.seeds == 3
+    assert result.mean == pytest.approx(0.02)
+    assert result.half_width == pytest.approx(4.302653 * 0.01 / 3**0.5, rel=1e-5)
+    single = paired_difference({0: 0.5}, {0: 0.25})
+    assert single is not None and single.interval is None and single.mean == 0.25
+    assert paired_difference({0: 0.5}, {1: 0.5}) is None
+
+
+@pytest.mark.parametrize("grid", ["paired", "seed-papers"])
+def test_every_pair_plans_equal_sample_gradients_per_round(tmp_path, grid):
+    cells, notes = plan_cells(GRIDS[grid], Settings(dataset="digits", seeds=(0, 1)), tmp_path)
+    budgets = pair_budgets(cells)
+    methods = {cell.column.key for cell in cells if cell.comparator is not None}
+    assert len(budgets) == len({(c.row.key, c.column.key) for c in cells if c.comparator})
+    assert methods and all(budget.equal for budget in budgets), budgets
+    # several methods share FedAvg with NIID-Bench's SGD: it is planned once per row and seed
+    if grid == "paired":
+        keys = {(c.row.key, c.comparator) for c in cells if c.column.key in ("fedprox", "fedavgm")}
+        assert len(keys) == len(GRIDS[grid].rows)
+        assert any("FedTAN" in note and "BatchNorm" in note for note in notes)
+
+
+def test_asking_for_a_method_without_a_base_leaves_it_out_with_a_note(tmp_path):
+    settings = Settings(dataset="digits", seeds=(0,), methods=("stratify", "sfl", "fedprox"))
+    cells, notes = plan_cells(GRIDS["paired"], settings, tmp_path)
+    assert {cell.config.algorithm for cell in cells} == {"fedprox", "fedavg"}
+    assert any(note.startswith("Stratify: no matched comparator") for note in notes)
+    assert any(note.startswith("SFL: no matched comparator") for note in notes)
+    with pytest.raises(ConfigError, match="no cell can run here"):
+        plan_cells(GRIDS["paired"], Settings(seeds=(0,), methods=("stratify",)), tmp_path)
+
+
+TINY_PAIRED = Grid(
+    "tiny-paired",
+    "FedProx and FedAvgM against FedAvg on digits",
+    {"dataset": "digits", "mode": "batch", "epochs": 3, "clients": 4},
+    (partition_row("dirichlet:0.5", "Dir(0.5)"),),
+    (
+        paired_column("fedprox", local_epochs=1, local_batch_size=32),
+        paired_column("fedavgm", local_epochs=1, local_batch_size=32),
+    ),
+)
+
+
+def test_a_paired_grid_runs_each_shared_comparator_once_and_tables_the_difference(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setitem(GRIDS, "tiny-paired", TINY_PAIRED)
+    report = reproduce("tiny-paired", tmp_path, Settings(seeds=(0, 1)), backend=LocalBackend(1))
+    # FedProx and FedAvgM share FedAvg with batch 32, one epoch: 3 × 2 seeds, not 4 × 2
+    assert len(report.cells) == 6
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert all(row["status"] == "finished" for row in rows)
+    roles = sorted(row["role"] for row in rows)
+    assert roles == ["comparator"] * 2 + ["method"] * 4
+    comparator = {row["seed"]: row for row in rows if row["role"] == "comparator"}
+    for row in rows:
+        if row["role"] == "method":
+            matched = comparator[row["seed"]]
+            assert row["comparator"] == matched["run_dir"].split("/")[-2]
+            # the same local work: every client's data once a round, in both runs
+            assert row["sample_gradients_per_round"] == matched["sample_gradients_per_round"]
+    table = (tmp_path / "results.md").read_text()
+    line = next(line for line in table.splitlines() if line.startswith("| Dir(0.5) | FedProx |"))
+    ours = [float(r["last_mean_accuracy"]) for r in rows if r["algorithm"] == "fedprox"]
+    theirs = [
+        float(comparator[r["seed"]]["last_mean_accuracy"])
+        for r in rows
+        if r["algorithm"] == "fedprox"
+    ]
+    difference = paired_difference(dict(enumerate(ours)), dict(enumerate(theirs)))
+    assert difference is not None
+    assert f"{100 * difference.mean:+.2f}".replace("-", "−") in line
+    assert "chosen on the test set" in table
+    for row in rows:
+        assert len(read_records(row["run_dir"])) == 3
+
+
+def test_paired_dry_run_lists_every_pair_with_equal_budgets(capsys, tmp_path):
+    from stratify.cli.main import main
+
+    main(["reproduce", "paired", "--out", str(tmp_path), "--dataset", "digits", "--dry-run"])
+    err = capsys.readouterr().err
+    pairs = [line for line in err.splitlines() if " vs " in line]
+    assert len(pairs) == 5 * 7  # five splits, seven methods (FedTAN needs BatchNorm)
+    assert all("sample-gradients per round each" in line for line in pairs)
+    assert "UNEQUAL" not in err
+
+
+def test_paired_grids_refuse_tuning(capsys, tmp_path):
+    command = ["reproduce", "paired", "--out", str(tmp_path / "x"), "--tune", "--dry-run"]
+    assert_refused_in_one_line(capsys, command, "would unmatch them", tmp_path / "x")
+
+
+def test_summary_json_of_a_comparator_names_its_matched_options(tmp_path):
+    config = matched_config(
+        TrainConfig(
+            algorithm="lfd",
+            dataset="digits",
+            partition="iid",
+            clients=2,
+            mode="batch",
+            epochs=1,
+            secure=False,
+        )
+    )
+    assert json.dumps(config.options, sort_keys=True) == json.dumps(
+        {
+            "client_fraction": 1.0,
+            "local_batch_size": 128,
+            "local_epochs": 10,
+            "local_momentum": 0.9,
+            "local_weight_decay": 1e-5,
+            "weighting": "samples",
+        },
+        sort_keys=True,
+    )
