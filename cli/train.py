@@ -73,8 +73,10 @@ def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:
     """Option name -> ``(algorithm, field)`` of every method that takes it."""
     found: dict[str, list[tuple[str, dataclasses.Field]]] = {}
     for algorithm in ALGORITHMS:
-        for entry in strategy_class(algorithm).options_class.option_fields():
-            found.setdefault(entry.name, []).append((algorithm, entry))
+        cls = strategy_class(algorithm)
+        for entry in cls.options_class.option_fields():
+            if set(entry.metadata["modes"]) & set(cls.modes):  # else it never applies
+                found.setdefault(entry.name, []).append((algorithm, entry))
     return found
 
 
