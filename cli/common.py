@@ -11,6 +11,7 @@ import click
 
 from stratify.errors import DatasetError, OutputError
 from stratify.runfolder import write_atomically
+from stratify.vectorize import DEFAULT_GROUP_SIZE
 
 #: ``--data-dir``, read from ``STRATIFY_DATA_DIR`` when not given; no default folder.
 DATA_DIR = click.option(
@@ -29,6 +30,19 @@ DATASET_OPTION = click.option(
     multiple=True,
     metavar="KEY=VALUE",
     help="Dataset option, repeatable (e.g. -o correlation=0.9 for colored-mnist).",
+)
+
+
+#: ``--vectorize [K]``: runs that can share a step go in groups of K, stepped together
+VECTORIZE_OPTION = click.option(
+    "--vectorize",
+    is_flag=False,
+    flag_value=str(DEFAULT_GROUP_SIZE),
+    default=None,
+    metavar="[K]",
+    help="Step runs that share a model and a single-sample step together, K to a group, "
+    f"their weights stacked under one vmapped compiled step [K: {DEFAULT_GROUP_SIZE}]; "
+    "the others run alone.",
 )
 
 

@@ -13,7 +13,7 @@ import csv
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from stratify.parallel import Backend, EventHandler, RunOutcome, RunSpec, run_sp
 from stratify.reproduce.grids import Cell, Grid, Settings, grid_named, plan_cells
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
 from stratify.reproduce.results import CellResult, markdown, read_cell, write_csv
-from stratify.reproduce.tuning import Choice, Tuning, choices, tuned_cells, tuning_specs
+from stratify.reproduce.tuning import Choice, Tuning, tune, tuned_cells
 
 GRID_FILE = "grid.json"
 #: a display: given a phase's title and runs, the context in which it shows their events
@@ -40,6 +40,8 @@ class Report:
     notes: list[str]
     files: list[Path] = field(default_factory=list)
     plots_note: str | None = None
+    #: how the phases ran (``--vectorize``: what stepped together, what ran alone)
+    run_notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[CellResult]:
@@ -58,7 +60,7 @@ def identity(grid: Grid, settings: Settings, tuning: Tuning | None) -> dict[str,
         "clients": settings.clients,
         "model": settings.model,
         "secure": settings.secure,
-        "tuning": None if tuning is None else asdict(tuning),
+        "tuning": None if tuning is None else tuning.identity(),
     }
 
 
@@ -90,11 +92,21 @@ def check_out(out: Path, expected: dict[str, Any]) -> None:
 
 
 def run_phase(
-    title: str, specs: Sequence[RunSpec], backend: Backend | None, display: Display | None
+    title: str,
+    specs: Sequence[RunSpec],
+    backend: Backend | None,
+    display: Display | None,
+    vectorize: int | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, RunOutcome]:
+    """Run a phase's specs (``vectorize``: in groups stepped together); a grouping note,
+    if any, is added to ``notes`` prefixed with the phase's title."""
     context = display(title, specs) if display is not None else nullcontext(None)
+    phase_notes: list[str] = []
     with context as on_event:
-        outcomes = run_specs(specs, backend, on_event)
+        outcomes = run_specs(specs, backend, on_event, vectorize, phase_notes.append)
+    if notes is not None:
+        notes += [f"{title}: {note}" for note in phase_notes]
     return {outcome.name: outcome for outcome in outcomes}
 
 
@@ -102,7 +114,16 @@ def write_tuning_csv(chosen: dict[str, Choice], path: Path) -> None:
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
-            ["group", "lr", "default_lr", "validation_accuracy", "best_epoch", "status", "chosen"]
+            [
+                "group",
+                "lr",
+                "default_lr",
+                "validation_accuracy",
+                "best_epoch",
+                "status",
+                "chosen",
+                "epochs",
+            ]
         )
         for choice in chosen.values():
             for trial in choice.trials:
@@ -115,6 +136,7 @@ def write_tuning_csv(chosen: dict[str, Choice], path: Path) -> None:
                         "" if trial.epoch is None else trial.epoch,
                         trial.status,
                         trial.lr == choice.lr,
+                        "" if trial.epochs is None else trial.epochs,
                     ]
                 )
 
@@ -127,6 +149,7 @@ def reproduce(
     tuning: Tuning | None = None,
     backend: Backend | None = None,
     display: Display | None = None,
+    vectorize: int | None = None,
 ) -> Report:
     """Run grid ``grid_name`` into ``out`` and write its tables and plots.
 
@@ -144,29 +167,37 @@ def reproduce(
         Where the runs execute (default: local workers, one per core).
     display : callable, optional
         ``display(title, specs)`` gives the context that shows a phase's progress.
+    vectorize : int, optional
+        Step runs that can share a step together, this many to a group
+        (:mod:`stratify.vectorize`); the report's ``run_notes`` say what ran alone.
     """
     grid = grid_named(grid_name)
     out = Path(out)
     cells, notes = plan_cells(grid, settings, out)
     check_out(out, identity(grid, settings, tuning))
     files: list[Path] = []
+    run_notes: list[str] = []
     chosen = None
     if tuning is not None:
-        specs = tuning_specs(cells, tuning, out)
-        outcomes = run_phase(f"{grid.name} · tuning lr", specs, backend, display)
-        chosen = choices(cells, specs, outcomes)
+
+        def run_tuning(title: str, specs: list[RunSpec]) -> dict[str, RunOutcome]:
+            return run_phase(
+                f"{grid.name} · {title}", specs, backend, display, vectorize, run_notes
+            )
+
+        chosen = tune(cells, tuning, out, run_tuning)
         write_tuning_csv(chosen, out / "tuning.csv")
         files.append(out / "tuning.csv")
         cells = tuned_cells(cells, chosen)
     specs = [RunSpec(cell.key, cell.config) for cell in cells]
-    outcomes = run_phase(grid.name, specs, backend, display)
+    outcomes = run_phase(grid.name, specs, backend, display, vectorize, run_notes)
     results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
     write_csv(grid, results, tuning is not None, out / "results.csv")
     (out / "results.md").write_text(
         markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
     )
     files += [out / "results.csv", out / "results.md"]
-    report = Report(grid, cells, results, chosen, notes, files)
+    report = Report(grid, cells, results, chosen, notes, files, run_notes=run_notes)
     try:
         report.files += grid_plots(grid, results, out)
     except PlotsUnavailable as error:
