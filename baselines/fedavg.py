@@ -31,9 +31,17 @@ from stratify.baselines.common import (
     participants,
     weighted_average,
 )
-from stratify.client import GradientHook, LocalResult, LossFunction, cross_entropy_loss
+from stratify.client import (
+    GradientHook,
+    GradientTerm,
+    LocalJob,
+    LocalResult,
+    LossFunction,
+    cross_entropy_loss,
+)
+from stratify.compiled import CompileSwitch, StepTerms
 from stratify.errors import ConfigError
-from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
+from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
 from stratify.options import inherit, option
 from stratify.state import State, buffer_names, clone_state, load_into, parameter_names
 from stratify.validation import check_positive_int
@@ -122,6 +130,10 @@ class FedAvg(Strategy):
         self.buffer_keys = buffer_names(context.model)
         self.device = context.device
         self.client_buffers: dict[int, State] = {}
+        #: ``--compile`` of the clients' single-sample training (batch mode: never)
+        self.compile_switch = CompileSwitch(
+            self.options.compile if context.mode == "single-sample" else "off"
+        )
 
     @property
     def bn_buffer_mode(self) -> str:
@@ -137,7 +149,70 @@ class FedAvg(Strategy):
 
     def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
         assert round_.clients is not None
-        return self.local_round(context, [int(client) for client in round_.clients], rng)
+        updates = self.local_round(context, [int(client) for client in round_.clients], rng)
+        self.compile_switch.count(sum(update.stats.steps for update in updates))
+        return updates
+
+    def step_terms(self, mode: str) -> StepTerms | None:
+        """In single-sample mode, the clients' steps as jobs: the local momentum and
+        weight decay, and what :meth:`gradient_hook` adds (none for FedAvg). A variant
+        with its own :meth:`local_round`, :meth:`train_client` or
+        :meth:`local_objective` has no job form."""
+        cls = type(self)
+        if mode != "single-sample" or any(
+            getattr(cls, name) is not getattr(FedAvg, name)
+            for name in ("local_round", "train_client", "local_objective")
+        ):
+            return None
+        options = self.options.for_mode(mode)
+        assert options.local_momentum is not None
+        return StepTerms(
+            momentum=options.local_momentum > 0,
+            weight_decay=options.local_weight_decay > 0,
+        ).union(self.hook_terms())
+
+    def hook_terms(self) -> StepTerms:
+        """What :meth:`gradient_hook` adds to the gradient, as step terms."""
+        return StepTerms()
+
+    def local_work(
+        self, context: Context, round_: Round, rng: np.random.Generator
+    ) -> LocalWork | None:
+        """The participants' single-sample training as jobs, one per client in order,
+        each on the copy it received (the same draws from ``rng`` as :meth:`local_round`)."""
+        if self.step_terms(context.mode) is None or self.buffer_keys:
+            return None
+        assert round_.clients is not None
+        clients = [int(client) for client in round_.clients]
+        hooks = [self.gradient_hook(context, client) for client in clients]
+        if any(hook is not None and not isinstance(hook, GradientTerm) for hook in hooks):
+            return None  # nothing drawn from rng yet: the round runs through fit
+        jobs: list[LocalJob] = []
+        for client, hook in zip(clients, hooks):
+            model = self.receive(context, client)
+            indices, passes = self.local_samples(context, client, rng)  # as train_client
+            jobs.append(
+                context.trainer.job(
+                    model,
+                    indices,
+                    epochs=passes,
+                    lr=context.lr,
+                    rng=rng,
+                    momentum=self.local_momentum,
+                    weight_decay=self.options.local_weight_decay,
+                    before_step=hook,
+                )
+            )
+
+        def finish() -> list[ClientUpdate]:
+            updates = [
+                self.client_update(context, client, job.model, job.result())
+                for client, job in zip(clients, jobs)
+            ]
+            self.compile_switch.count(sum(update.stats.steps for update in updates))
+            return updates
+
+        return LocalWork(jobs, finish)
 
     def local_round(
         self, context: Context, clients: list[int], rng: np.random.Generator
@@ -182,6 +257,7 @@ class FedAvg(Strategy):
             weight_decay=self.options.local_weight_decay,
             before_step=self.gradient_hook(context, client),
             loss_fn=self.local_objective(context, client) if loss_fn is None else loss_fn,
+            compile=self.compile_switch,
         )
 
     def local_samples(
@@ -307,9 +383,13 @@ class FedAvg(Strategy):
     # -- checkpoint -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"client_buffers": {k: clone_state(v) for k, v in self.client_buffers.items()}}
+        return {
+            "client_buffers": {k: clone_state(v) for k, v in self.client_buffers.items()},
+            **self.compile_switch.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.compile_switch.load_state_dict(state)
         self.client_buffers = {
             int(client): clone_state(buffers, device=self.device)
             for client, buffers in state.get("client_buffers", {}).items()

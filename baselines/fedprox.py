@@ -1,4 +1,9 @@
-"""FedProx (Li et al. 2020): FedAvg with a proximal term in the local objective."""
+"""FedProx (Li et al. 2020): FedAvg with a proximal term in the local objective.
+
+The term's gradient is added before each local step by
+:class:`~stratify.client.ProximalGradient` (``add_proximal_gradient`` is re-exported here),
+which the compiled single-sample step also knows.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
-from stratify.client import GradientHook
+from stratify.client import ProximalGradient, add_proximal_gradient
+from stratify.compiled import StepTerms
 from stratify.method import Context
 from stratify.options import option
 from stratify.validation import check_nonnegative
+
+__all__ = ["FedProx", "FedProxOptions", "add_proximal_gradient", "proximal_term"]
 
 
 @dataclass
@@ -46,16 +53,6 @@ def proximal_term(
     return 0.5 * mu * total
 
 
-@torch.no_grad()
-def add_proximal_gradient(
-    parameters: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor], mu: float
-) -> None:
-    """Add ``μ (w − w_g)``, the gradient of :func:`proximal_term`, to every ``w.grad``."""
-    for parameter, reference in zip(parameters, anchor):
-        assert parameter.grad is not None
-        parameter.grad.add_(parameter - reference, alpha=mu)
-
-
 class FedProx(FedAvg):
     """FedAvg whose local loss adds ``(μ/2)‖w − w_g‖²`` to every mini-batch.
 
@@ -75,12 +72,10 @@ class FedProx(FedAvg):
     options_class = FedProxOptions
     options: FedProxOptions
 
-    def gradient_hook(self, context: Context, client: int) -> GradientHook:
+    def hook_terms(self) -> StepTerms:
+        return StepTerms(proximal=True)
+
+    def gradient_hook(self, context: Context, client: int) -> ProximalGradient:
         # the global model is not touched until aggregation, so detached views suffice
         anchor = [parameter.detach() for parameter in context.model.parameters()]
-        mu = self.options.mu
-
-        def proximal(local: nn.Module) -> None:
-            add_proximal_gradient(list(local.parameters()), anchor, mu)
-
-        return proximal
+        return ProximalGradient(anchor, self.options.mu)

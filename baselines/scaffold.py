@@ -16,7 +16,8 @@ from torch import nn
 
 from stratify.baselines.common import mean_state
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
-from stratify.client import GradientHook, LocalResult
+from stratify.client import GradientOffset, LocalResult
+from stratify.compiled import StepTerms
 from stratify.method import ClientUpdate, Context
 from stratify.options import inherit, option
 from stratify.state import State, clone_state
@@ -120,19 +121,12 @@ class Scaffold(FedAvg):
             }
         return self.client_variates[client]
 
-    def gradient_hook(self, context: Context, client: int) -> GradientHook:
+    def hook_terms(self) -> StepTerms:
+        return StepTerms(offset=True)
+
+    def gradient_hook(self, context: Context, client: int) -> GradientOffset:
         c_i = self.client_variate(client)
-        correction = [self.server_variate[key] - c_i[key] for key in self.parameter_keys]
-
-        def correct(local: nn.Module) -> None:
-            grads: list[torch.Tensor] = []
-            for p in local.parameters():
-                if p.requires_grad:
-                    assert p.grad is not None  # the hook runs right after backward
-                    grads.append(p.grad)
-            torch._foreach_add_(grads, correction)
-
-        return correct
+        return GradientOffset([self.server_variate[key] - c_i[key] for key in self.parameter_keys])
 
     def client_update(
         self, context: Context, client: int, model: nn.Module, result: LocalResult

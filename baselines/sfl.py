@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from stratify.baselines.common import LocalTrainingOptions
-from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
+from stratify.client import LocalJob, LocalResult
+from stratify.compiled import CompileSwitch, StepTerms
+from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
 from stratify.options import inherit, option
 from stratify.selection import HOPS, chain_transfers
 
@@ -67,6 +69,12 @@ class SFL(Strategy):
     options_class = SFLOptions
     options: SFLOptions
 
+    def setup(self, context: Context) -> None:
+        super().setup(context)
+        self.compile_switch = CompileSwitch(
+            self.options.compile if context.mode == "single-sample" else "off"
+        )
+
     def configure_rounds(
         self, context: Context, epoch: int, rng: np.random.Generator
     ) -> Iterable[Round]:
@@ -83,25 +91,88 @@ class SFL(Strategy):
         assert options.local_epochs is not None and options.local_batch_size is not None
         updates = []
         for client in round_.clients.tolist():
-            indices = context.federation.client_indices[client]
             # the travelling global model is trained in place
             result = context.trainer.train(
                 context.model,
-                indices,
+                context.federation.client_indices[client],
                 epochs=options.local_epochs,
                 batch_size=options.local_batch_size,
                 lr=context.lr,
                 rng=rng,
                 momentum=options.local_momentum or 0.0,
                 weight_decay=options.local_weight_decay,
+                compile=self.compile_switch,
             )
-            stats = RoundStats(
-                steps=result.steps,
-                loss_sum=result.loss_sum,
-                loss_count=result.samples,
-                sample_gradients=result.samples,
-            )
-            updates.append(ClientUpdate(client=client, num_samples=len(indices), stats=stats))
-        if updates:
-            updates[0].stats.transfers = chain_transfers(len(updates), options.hops)
+            updates.append(self.hop_update(context, client, result))
+        self.count_chain(updates)
+        self.compile_switch.count(sum(update.stats.steps for update in updates))
         return updates
+
+    @staticmethod
+    def hop_update(context: Context, client: int, result: LocalResult) -> ClientUpdate:
+        """A hop's counters: the client's local training (the chain's transfers are
+        counted once for the round, :meth:`count_chain`)."""
+        stats = RoundStats(
+            steps=result.steps,
+            loss_sum=result.loss_sum,
+            loss_count=result.samples,
+            sample_gradients=result.samples,
+        )
+        return ClientUpdate(
+            client=client, num_samples=len(context.federation.client_indices[client]), stats=stats
+        )
+
+    def count_chain(self, updates: list[ClientUpdate]) -> None:
+        """The round's chain, from the server through every client and back
+        (:func:`~stratify.selection.chain_transfers`), on its first update."""
+        if updates:
+            updates[0].stats.transfers = chain_transfers(len(updates), self.options.hops)
+
+    def step_terms(self, mode: str) -> StepTerms | None:
+        """Single-sample hops as jobs: the local momentum and weight decay."""
+        if mode != "single-sample":
+            return None
+        options = self.options.for_mode(mode)
+        return StepTerms(
+            momentum=(options.local_momentum or 0.0) > 0,
+            weight_decay=options.local_weight_decay > 0,
+        )
+
+    def local_work(
+        self, context: Context, round_: Round, rng: np.random.Generator
+    ) -> LocalWork | None:
+        """Each client's pass as one job on the travelling model, in the round's order
+        (each continues from the one before; a fresh optimizer each, as in :meth:`fit`)."""
+        if context.mode != "single-sample" or any(True for _ in context.model.buffers()):
+            return None
+        options = self.options
+        assert round_.clients is not None and options.local_epochs is not None
+        clients = round_.clients.tolist()
+        jobs: list[LocalJob] = [
+            context.trainer.job(
+                context.model,
+                context.federation.client_indices[client],
+                epochs=options.local_epochs,
+                lr=context.lr,
+                rng=rng,
+                momentum=options.local_momentum or 0.0,
+                weight_decay=options.local_weight_decay,
+            )
+            for client in clients
+        ]
+
+        def finish() -> list[ClientUpdate]:
+            updates = [
+                self.hop_update(context, client, job.result()) for client, job in zip(clients, jobs)
+            ]
+            self.count_chain(updates)
+            self.compile_switch.count(sum(update.stats.steps for update in updates))
+            return updates
+
+        return LocalWork(jobs, finish)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.compile_switch.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.compile_switch.load_state_dict(state)

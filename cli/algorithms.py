@@ -38,6 +38,8 @@ def option_defaults(name: str) -> list[tuple[str, str]]:
     resolved = {mode: cls.options_class().for_mode(mode) for mode in cls.modes}
     entries = []
     for entry in cls.options_class.option_fields():
+        if not set(entry.metadata["modes"]) & set(cls.modes):
+            continue  # an inherited option of a mode the method does not run in
         values = {
             mode: getattr(resolved[mode], entry.name)
             for mode in entry.metadata["modes"]

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stratify.backend import DEVICES, resolve_device
+from stratify.cli.bench_local import local
 from stratify.cli.bench_plan import PlanCell, run_cell
 from stratify.cli.bench_steps import (
     MATCH_TOLERANCE,
@@ -25,6 +26,7 @@ from stratify.cli.bench_steps import (
     bench_samples,
     checked_comparison,
     parallel_seeds,
+    vectorised_comparison,
 )
 from stratify.cli.bench_training import (
     batch_engine,
@@ -276,6 +278,13 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, selection, hops, 
     default=TRAIN_DEFAULTS["device"],
     show_default=True,
 )
+@click.option(
+    "--vectorize",
+    type=int,
+    default=None,
+    help="Also step this many runs (seeds) together, their weights stacked under one "
+    "vmapped step, timed in turn with one run's compiled step and checked like it.",
+)
 @JSON_OUTPUT
 def steps(
     dataset,
@@ -290,14 +299,18 @@ def steps(
     seeds,
     workers,
     device,
+    vectorize,
     json_path,
 ) -> None:
     """Single-sample steps/s of the engine against plain eager PyTorch loops, checked to
-    make the same updates; with --seeds/--workers, model-steps/s of many runs at once."""
-    for value, flag in ((steps, "--steps"), (check_every, "--check-every")):
+    make the same updates; with --seeds/--workers, model-steps/s of many runs at once; with
+    --vectorize K, model-steps/s of K runs stepped together."""
+    for value, flag in ((steps, "--steps"), (check_every, "--check-every"), (seeds, "--seeds")):
         check_positive_int(value, flag)
     check_repeats(seeds, "--seeds")
     check_positive_int(workers, "--workers")
+    if vectorize is not None:
+        check_positive_int(vectorize, "--vectorize")
     check_fits_in_memory(steps * STEPS_BYTES_PER_STEP, f"--steps {steps:,}", "time fewer steps")
     check_model_norm(model_name, None, "single-sample")  # before the data is loaded
     processes = min(workers, seeds) if seeds > 1 or workers > 1 else 0
@@ -352,6 +365,34 @@ def steps(
         result["model_steps_per_s"] = result["engine_steps_per_s"]
     result.update(seeds=seeds, workers=min(workers, seeds), weights_match=weights_match)
     result["compile_seconds"] = compile_seconds
+    vectorised = None
+    if vectorize is not None:
+        engines = [engine] + [
+            bench_engine(
+                data,
+                spec=spec,
+                clients=clients,
+                model_name=model_name,
+                seed=seed,
+                lr=lr,
+                compile_mode=compile_mode,
+            )
+            for seed in range(1, vectorize)
+        ]
+        vectorised = vectorised_comparison(
+            engines,
+            [samples] + [bench_samples(other, steps) for other in engines[1:]],
+            check_every=check_every,
+            lr=lr,
+            compile=compile_mode != "off",
+            default=default,
+        )
+        result["vectorized_lanes"] = vectorize
+        result["vectorized_model_steps_per_s"] = vectorised["model_steps_per_s"]
+        result["vectorized_single_steps_per_s"] = vectorised["single_steps_per_s"]
+        result["vectorized_ratio"] = vectorised["ratio"]
+        result["vectorized_compile_seconds"] = vectorised["compile_seconds"]
+        result["weights_match"] = weights_match = weights_match and vectorised["weights_match"]
 
     table = Table(
         title=f"single-sample steps/s · {dataset} · {model_name} · lr {lr:g} · {device} · "
@@ -393,12 +434,35 @@ def steps(
             f"(timed from when every worker was ready; start-up incl. data and compile "
             f"{parallel['slowest_start_seconds']:.1f} s)"
         )
+    if vectorised is not None:
+        kind = "compiled" if compile_mode != "off" else "eager"
+        console.print(
+            f"{vectorize} runs stepped together (one vmapped {kind} step): "
+            f"{vectorised['model_steps_per_s']:,.0f} model-steps/s = "
+            f"{vectorised['ratio']:.2f}× one run's {kind} step "
+            f"({vectorised['single_steps_per_s']:,.0f} steps/s, timed in turn with it); lane 0 "
+            f"against the reference: max |Δw| {vectorised['max_difference']:.1e}, "
+            f"{vectorised['worst_share']:.1e} of the movement"
+            + (
+                f", {vectorised['rechecked']} segment(s) agreed only in pieces"
+                if vectorised["rechecked"]
+                else ""
+            )
+            + (
+                f"; compile {vectorised['compile_seconds']:.1f} s (not in model-steps/s)"
+                if vectorised["compile_seconds"]
+                else ""
+            )
+        )
     if json_path:
         write_output(json_path, json.dumps(result, indent=2) + "\n")
     if not weights_match:
+        worst = max(tuned.worst_share, engine_loop.worst_share)
+        if vectorised is not None:
+            worst = max(worst, vectorised["worst_share"])
         raise BenchmarkError(
             "the engine and the eager loops ended a segment with different weights "
-            f"(worst {max(tuned.worst_share, engine_loop.worst_share):.1e} of the movement, "
+            f"(worst {worst:.1e} of the movement, "
             f"tolerance {MATCH_TOLERANCE:g}): they did not make the same updates"
         )
 
@@ -652,3 +716,6 @@ def rounds(
     wide_console().print(table)
     if json_path:
         write_output(json_path, json.dumps(results, indent=2) + "\n")
+
+
+bench.add_command(local)

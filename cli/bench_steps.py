@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratify.backend import Timer, configure_cpu_for_single_sample
+from stratify.client import LocalJob
+from stratify.compiled import StepTerms
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.engine import Engine
@@ -32,6 +34,7 @@ from stratify.errors import StratifyError
 from stratify.experiment import build_experiment
 from stratify.state import State, clone_state, load_into
 from stratify.stratify import Stratify
+from stratify.vectorize import LaneRunner, TrainingData
 
 #: a loop matches the reference when, at every check, its weights differ from the
 #: reference's by at most this share of how far the reference moved in the segment;
@@ -268,6 +271,110 @@ def checked_comparison(
             agreed = check.agrees(loop, start_state, part, end_state) and agreed
         start_state = end_state
     return [reference, tuned_loop, engine_loop], compile_timer.seconds if compiled else None, agreed
+
+
+# -- many runs in one step ----------------------------------------------------------------
+
+
+def vectorised_comparison(
+    engines: list[Engine],
+    samples: list[np.ndarray],
+    *,
+    check_every: int,
+    lr: float,
+    compile: bool,
+    default: BackendSettings,
+) -> dict[str, Any]:
+    """Time ``len(engines)`` runs stepped together (one lane each, their weights stacked
+    under one vmapped step, :mod:`stratify.vectorize`) against one run's compiled step,
+    segment by segment in turn so that a change of load hits both alike; and check lane
+    0 against the default eager loop segment by segment (:class:`SegmentCheck`).
+
+    Lane ``k`` trains engine ``k``'s model on ``samples[k]``; lane 0 starts every segment
+    from the reference loop's weights. The single run is engine 0's compiled step on
+    ``samples[0]`` from the same weights.
+    """
+    first = engines[0]
+    strategy = first.strategy
+    assert isinstance(strategy, Stratify)
+    context, device = first.context, first.device
+    x_train, y_train = context.x_train, context.y_train
+    tuned = BackendSettings.current()
+    lanes = len(engines)
+    runner = LaneRunner(first.model, StepTerms(), lanes, compile=compile)
+    lane_models = [copy.deepcopy(first.model)] + [engine.model for engine in engines[1:]]
+    data = TrainingData([(engine.context.x_train, engine.context.y_train) for engine in engines])
+
+    def step_lanes(parts: list[np.ndarray], queued: list[int]) -> None:
+        runner.run(
+            [[LocalJob(lane_models[lane], parts[lane], lr)] for lane in queued],
+            data.x,
+            data.y,
+            queued,
+            [data.offsets[lane] for lane in queued],
+        )
+
+    initial = parameters_of(first.model)
+    scratch = copy.deepcopy(first.model)
+
+    def reference_from(state: State, part: np.ndarray) -> State:
+        load_into(scratch, state)
+        default.apply()
+        eager_loop(scratch, x_train, y_train, part, lr)
+        return parameters_of(scratch)
+
+    # lane 0 alone steps as it does among the others (a lane's numbers are its own)
+    lane_loop = TimedLoop(
+        f"{lanes} runs stepped together (lane 0)",
+        lane_models[0],
+        tuned,
+        lambda part: step_lanes([part] * lanes, [0]),
+    )
+    tuned.apply()
+    warm = [lane_samples[: 4 * runner.steps_per_call] for lane_samples in samples]
+    with Timer(device) as compile_timer:
+        step_lanes(warm, list(range(lanes)))
+    strategy.execute_single_sample(context, samples[0][: 4 * strategy.steps_per_call])
+    check = SegmentCheck(reference_from, minimum=runner.steps_per_call)
+    # the reference's weights at every check first: its two threads, right before a timed
+    # loop, would still be spinning and slow it down
+    starts = range(0, len(samples[0]), check_every)
+    states = [initial]
+    for start in starts:
+        states.append(reference_from(states[-1], samples[0][start : start + check_every]))
+    tuned.apply()
+    single_seconds = vectorised_seconds = 0.0
+    agreed = True
+    for segment, start in enumerate(starts):
+        parts = [lane_samples[start : start + check_every] for lane_samples in samples]
+        start_state, end_state = states[segment], states[segment + 1]
+        load_into(first.model, start_state)
+        with Timer(device) as timer:
+            strategy.execute_single_sample(context, parts[0])
+        single_seconds += timer.seconds
+        load_into(lane_models[0], start_state)
+        with Timer(device) as timer:
+            step_lanes(parts, list(range(lanes)))
+        vectorised_seconds += timer.seconds
+        first_try = share_of_movement(parameters_of(lane_models[0]), end_state, start_state)
+        if first_try[1] > MATCH_TOLERANCE:
+            lane_loop.rechecked += 1
+        agreed = check.agrees(lane_loop, start_state, parts[0], end_state) and agreed
+        tuned.apply()
+    steps = len(samples[0])
+    single = steps / single_seconds
+    vectorised = lanes * steps / vectorised_seconds
+    return {
+        "lanes": lanes,
+        "single_steps_per_s": single,
+        "model_steps_per_s": vectorised,
+        "ratio": vectorised / single,
+        "weights_match": agreed,
+        "compile_seconds": compile_timer.seconds if compile else None,
+        "max_difference": lane_loop.max_difference,
+        "worst_share": lane_loop.worst_share,
+        "rechecked": lane_loop.rechecked,
+    }
 
 
 # -- many runs at once -------------------------------------------------------------------

@@ -12,6 +12,7 @@ import click
 from stratify.errors import DatasetError, OutputError
 from stratify.runfolder import write_file
 from stratify.validation import check_choice
+from stratify.vectorize import DEFAULT_GROUP_SIZE
 
 #: ``--data-dir``, read from ``STRATIFY_DATA_DIR`` when not given; no default folder.
 DATA_DIR = click.option(
@@ -41,6 +42,19 @@ class Choice(click.Choice):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         flag = param.opts[0] if param is not None else "value"
         return check_choice(value, flag, tuple(self.choices))
+
+
+#: ``--vectorize [K]``: runs that can share a step go in groups of K, stepped together
+VECTORIZE_OPTION = click.option(
+    "--vectorize",
+    is_flag=False,
+    flag_value=str(DEFAULT_GROUP_SIZE),
+    default=None,
+    metavar="[K]",
+    help="Step runs that share a model and a single-sample step together, K to a group, "
+    f"their weights stacked under one vmapped compiled step [K: {DEFAULT_GROUP_SIZE}]; "
+    "the others run alone.",
+)
 
 
 def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -4,15 +4,34 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 from rich.console import Console
 
 from stratify.backend import DEVICES
 from stratify.cli.board import RunBoard
-from stratify.cli.common import DATA_DIR, DATASET_OPTION, parse_options
+from stratify.cli.common import DATA_DIR, DATASET_OPTION, VECTORIZE_OPTION, parse_options
 from stratify.errors import ConfigError, StratifyError
-from stratify.parallel import RayBackend, RunsInterrupted, RunSpec, folder_state, make_backend
+from stratify.parallel import (
+    RayBackend,
+    RunsInterrupted,
+    RunSpec,
+    available_cores,
+    folder_state,
+    make_backend,
+)
+from stratify.reproduce.estimate import (
+    CALIBRATION_EPOCHS,
+    CALIBRATION_FILE,
+    calibration_specs,
+    cell_work,
+    group_sizes,
+    load_costs,
+    measure,
+    summary,
+    tuning_work,
+)
 from stratify.reproduce.grids import GRIDS, Cell, Settings, grid_named, plan_cells
 from stratify.reproduce.paired import pair_budgets
 from stratify.reproduce.runner import (
@@ -22,8 +41,14 @@ from stratify.reproduce.runner import (
     grid_folder,
     reproduce,
 )
-from stratify.reproduce.tuning import DEFAULT_FACTORS, DEFAULT_VALIDATION, Tuning, tuning_specs
-from stratify.validation import check_positive, check_positive_int, check_seeds
+from stratify.reproduce.tuning import (
+    DEFAULT_FACTORS,
+    DEFAULT_VALIDATION,
+    DEFAULT_WIDEN,
+    Tuning,
+    tuning_specs,
+)
+from stratify.validation import check_int, check_positive, check_positive_int, check_seeds
 
 GRID_LIST = "\n".join(f"  {name:<20} {grid.description}" for name, grid in GRIDS.items())
 
@@ -94,6 +119,45 @@ def print_pairs(console: Console, cells: Sequence[Cell]) -> None:
         )
 
 
+def print_estimate(
+    console: Console,
+    cells: list[Cell],
+    tuning: Tuning | None,
+    out: Path,
+    vectorize: int | None,
+    workers: int,
+) -> None:
+    """The estimated hours here, from per-epoch costs measured here (calibrated now
+    where ``out`` holds none that fit)."""
+    sizes = group_sizes(cells, vectorize)
+    specs = calibration_specs(cells, sizes, out)
+    path = out / CALIBRATION_FILE
+
+    def calibrate(kind: str) -> tuple[float, ...]:
+        runs = len(specs[kind])
+        console.print(
+            f"calibrating {kind}: {runs} run(s) of {CALIBRATION_EPOCHS} epochs"
+            + (" stepped together" if runs > 1 else "")
+            + f" (stored in {path})"
+        )
+        return measure(specs[kind], vectorize)
+
+    costs, _ = load_costs(out, sizes, calibrate)
+    for kind, cost in costs.items():
+        console.print(
+            f"cost of {kind} here: "
+            + ", ".join(f"{value:.2f}" for value in cost.epochs)
+            + f" s per run for epochs 1..{len(cost.epochs)}, then {cost.epochs[-1]:.2f} s"
+            + (f" (in groups of {sizes[kind]})" if sizes[kind] > 1 else "")
+        )
+    work = cell_work(cells, sizes)
+    widening: list = []
+    if tuning is not None:
+        tune_work, widening = tuning_work(cells, tuning, out, sizes)
+        work = tune_work + work
+    console.print(summary(work, widening, costs, workers))
+
+
 # "\b": click keeps the grid list's lines as they are
 @click.command("reproduce", epilog="Grids:\n\n\b\n" + GRID_LIST)
 @click.argument("grid", metavar="GRID")
@@ -131,6 +195,20 @@ def print_pairs(console: Console, cells: Sequence[Cell]) -> None:
     "--tune-epochs", metavar="INTEGER", help="Epochs of a tuning run [default: --epochs]."
 )
 @click.option(
+    "--tune-halving",
+    is_flag=True,
+    help="Race the candidate lrs by successive halving: all a few epochs, the better half "
+    "on, the last two compared after --tune-epochs (fewer tuning epochs, same choice rule).",
+)
+@click.option(
+    "--tune-widen",
+    default=str(DEFAULT_WIDEN),
+    show_default=True,
+    metavar="INTEGER",
+    help="Lrs tried beyond a chosen lr at the edge of the candidates, at most, on each side "
+    "(by the candidates' outermost ratio; 0: the candidates only).",
+)
+@click.option(
     "--validation",
     default=str(DEFAULT_VALIDATION),
     show_default=True,
@@ -146,10 +224,12 @@ def print_pairs(console: Console, cells: Sequence[Cell]) -> None:
 )
 @click.option("--workers", metavar="INTEGER", help="Local worker processes [default: cores].")
 @click.option("--address", help="Ray cluster to join (e.g. auto) [default: a local Ray].")
+@VECTORIZE_OPTION
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Check every value, count the runs and epochs left; run nothing, write nothing.",
+    help="Check every value, count the runs and epochs left and estimate the hours; run no "
+    "cell (the first estimate calibrates on a few short runs, kept in DIR/calibration.json).",
 )
 @click.option(
     "--keep-corrupt",
@@ -173,10 +253,13 @@ def reproduce_command(
     tune: bool,
     tune_factors: str,
     tune_epochs: str | None,
+    tune_halving: bool,
+    tune_widen: str,
     validation: str,
     backend: str,
     workers: str | None,
     address: str | None,
+    vectorize: str | None,
     dry_run: bool,
     keep_corrupt: bool,
 ) -> None:
@@ -204,10 +287,14 @@ def reproduce_command(
             epochs=None
             if tune_epochs is None
             else check_positive_int(tune_epochs, "--tune-epochs"),
+            halving=tune_halving,
+            widen=check_int(tune_widen, "--tune-widen", minimum=0),
         )
-    elif tune_epochs is not None:
-        raise ConfigError("--tune-epochs applies with --tune")
+    elif tune_epochs is not None or tune_halving:
+        flag = "--tune-epochs" if tune_epochs is not None else "--tune-halving"
+        raise ConfigError(f"{flag} applies with --tune")
     count = None if workers is None else check_positive_int(workers, "--workers")
+    group = None if vectorize is None else check_positive_int(vectorize, "--vectorize")
     runner = make_backend(backend, count, address)
     console = Console(stderr=True)
     if isinstance(runner, RayBackend) and not dry_run:
@@ -221,7 +308,8 @@ def reproduce_command(
         cells, notes = plan_cells(chosen_grid, settings, out)
         phases = []
         if tuning is not None:
-            phases.append(("tuning", tuning_specs(cells, tuning, out)))
+            title = "tuning" if not tuning.halving else "tuning, first rung"
+            phases.append((title, tuning_specs(cells, tuning, out)))
         phases.append(("cells", cell_specs(cells)))
         check_setups([spec for _, specs in phases for spec in specs])
         for note in notes:
@@ -229,6 +317,7 @@ def reproduce_command(
         if chosen_grid.paired:
             print_pairs(console, cells)
         print_plan(console, phases, keep_corrupt)
+        print_estimate(console, cells, tuning, Path(out), group, count or available_cores())
         return
     try:
         report = reproduce(
@@ -239,6 +328,7 @@ def reproduce_command(
             backend=runner,
             display=board_display(console),
             keep_corrupt=keep_corrupt,
+            vectorize=group,
         )
     except RunsInterrupted:
         console.print(
@@ -247,7 +337,7 @@ def reproduce_command(
         )
         raise
     click.echo(report.markdown)
-    for note in report.notes:
+    for note in report.notes + report.run_notes:
         console.print(f"note: {note}")
     console.print("written: " + ", ".join(str(path) for path in report.files))
     if report.plots_note:

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.board import RunBoard
-from stratify.cli.common import DATASET_OPTION, Choice, parse_options
+from stratify.cli.common import DATASET_OPTION, VECTORIZE_OPTION, Choice, parse_options
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, CorruptRunError, StratifyError
 from stratify.measures import accuracy_summary
@@ -76,8 +76,10 @@ def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:
     """Option name -> ``(algorithm, field)`` of every method that takes it."""
     found: dict[str, list[tuple[str, dataclasses.Field]]] = {}
     for algorithm in ALGORITHMS:
-        for entry in strategy_class(algorithm).options_class.option_fields():
-            found.setdefault(entry.name, []).append((algorithm, entry))
+        cls = strategy_class(algorithm)
+        for entry in cls.options_class.option_fields():
+            if set(entry.metadata["modes"]) & set(cls.modes):  # else it never applies
+                found.setdefault(entry.name, []).append((algorithm, entry))
     return found
 
 
@@ -139,7 +141,7 @@ def default_out(config: TrainConfig) -> str:
 @click.option(
     "--seeds",
     metavar="LIST",
-    help="One run per seed (e.g. 0,1,2,3), each in --out/seed-N, on --workers processes; "
+    help="One run per seed (e.g. 0,1,2,3 or 0..15), each in --out/seed-N, on --workers processes; "
     "the same numbers as running the seeds one by one. With --resume, finished seeds are "
     "skipped and the others continue.",
 )
@@ -148,6 +150,7 @@ def default_out(config: TrainConfig) -> str:
     metavar="INTEGER",
     help="Single-thread worker processes for --seeds [default: the number of cores].",
 )
+@VECTORIZE_OPTION
 def train(
     dataset_options: tuple[str, ...],
     out: str | None,
@@ -155,6 +158,7 @@ def train(
     overwrite: bool,
     seeds: str | None,
     workers: str | None,
+    vectorize: str | None,
     **values: Any,
 ) -> None:
     """Train the global model federatedly and write config, metrics, summary and checkpoint."""
@@ -164,6 +168,8 @@ def train(
             raise ConfigError("give --seed for one run or --seeds for several, not both")
     elif workers is not None:
         raise ConfigError("--workers applies to --seeds (several runs at once)")
+    elif vectorize is not None:
+        raise ConfigError("--vectorize applies to --seeds (several runs at once)")
     config_keys = {entry.name for entry in TrainConfig.flag_fields()}
     config = TrainConfig(
         **{key: value for key, value in values.items() if key in config_keys},
@@ -175,7 +181,8 @@ def train(
         config.out = default_out(config)
     if seeds is not None:
         count = None if workers is None else check_positive_int(workers, "--workers")
-        train_seeds(config, check_seeds(seeds), count, resume, overwrite)
+        group = None if vectorize is None else check_positive_int(vectorize, "--vectorize")
+        train_seeds(config, check_seeds(seeds), count, resume, overwrite, group)
         return
     console = Console(stderr=True)
     display = TrainingProgress(console, f"{config.algorithm} on {config.dataset}", config.epochs)
@@ -313,8 +320,10 @@ def train_seeds(
     workers: int | None,
     resume: bool,
     overwrite: bool,
+    vectorize: int | None = None,
 ) -> None:
-    """The runs of ``seeds`` on ``workers`` processes, with a live board and a summary."""
+    """The runs of ``seeds`` on ``workers`` processes, with a live board and a summary;
+    with ``vectorize``, in groups of that many stepped together."""
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; give one")
     policy = "continue" if resume else "overwrite" if overwrite else "new"
@@ -323,9 +332,10 @@ def train_seeds(
     console = Console(stderr=True)
     title = f"{config.algorithm} on {config.dataset} · {len(seeds)} seeds"
     board = RunBoard(console, title, [(spec.name, config.epochs) for spec in specs])
+    notes: list[str] = []
     try:
         with board.live():
-            outcomes = run_specs(specs, LocalBackend(workers), board)
+            outcomes = run_specs(specs, LocalBackend(workers), board, vectorize, notes.append)
     except RunsInterrupted as stop:
         stopped = [outcome.name for outcome in stop.outcomes if outcome.status == "interrupted"]
         console.print(
@@ -333,6 +343,8 @@ def train_seeds(
             f"continue with the same command and --resume (--out {config.out})"
         )
         raise
+    for note in notes:
+        console.print(f"note: {note}")
     print_seed_results(Console(), specs, outcomes)
     unfinished = [outcome for outcome in outcomes if outcome.status not in COMPLETE]
     if unfinished:

@@ -6,18 +6,33 @@ enters through a gradient hook (FedProx's proximal gradient, SCAFFOLD's correcti
 loss function (LfD, FedBR). The one exception is FedTAN's first local step, where the
 clients step together and exchange BatchNorm statistics: it runs its own lockstep loop
 (docs/architecture.md, "Client side").
+
+Single-sample local training (batches of one, cross-entropy, a hook that is a
+:class:`GradientTerm`) can also be described as data, a :class:`LocalJob`, and run as the
+compiled step Stratify's hops use (:mod:`stratify.compiled`), alone or vectorised with
+other runs' jobs (:mod:`stratify.vectorize`).
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stratify.compiled import (
+    STEPS_PER_CALL,
+    CompiledCallFailed,
+    CompileSwitch,
+    StepTerms,
+    compiled_steps,
+    run_compiled_steps,
+)
 from stratify.nn.norm import has_batch_norm
 
 #: devices where ``torch.optim.SGD(fused=True)`` runs
@@ -34,6 +49,116 @@ LossFunction = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The default local objective: mean cross-entropy of ``model(x)`` against ``y``."""
     return F.cross_entropy(model(x), y)
+
+
+class GradientTerm:
+    """A gradient hook that is also data: what it adds to ``.grad`` can be part of the
+    compiled step (:class:`~stratify.compiled.StepTerms`). Subclasses are called like any
+    :data:`GradientHook` by the eager loop."""
+
+    def step_terms(self) -> StepTerms:
+        raise NotImplementedError
+
+    def __call__(self, model: nn.Module) -> None:
+        raise NotImplementedError
+
+
+@torch.no_grad()
+def add_proximal_gradient(
+    parameters: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor], mu: float
+) -> None:
+    """Add ``μ (w − w_g)``, the gradient of ``(μ/2)‖w − w_g‖²``, to every ``w.grad``."""
+    for parameter, reference in zip(parameters, anchor):
+        assert parameter.grad is not None  # the hook runs right after backward
+        parameter.grad.add_(parameter - reference, alpha=mu)
+
+
+class ProximalGradient(GradientTerm):
+    """Adds ``μ (w − w_g)`` to every ``w.grad``: the gradient of FedProx's
+    ``(μ/2)‖w − w_g‖²``, the anchor ``w_g`` held fixed.
+
+    Parameters
+    ----------
+    anchor : list of torch.Tensor
+        ``w_g``, one tensor per parameter, in the model's order (no gradient).
+    mu : float
+        ``μ ≥ 0``.
+    """
+
+    def __init__(self, anchor: list[torch.Tensor], mu: float) -> None:
+        self.anchor = anchor
+        self.mu = mu
+
+    def step_terms(self) -> StepTerms:
+        return StepTerms(proximal=True)
+
+    def __call__(self, model: nn.Module) -> None:
+        add_proximal_gradient(list(model.parameters()), self.anchor, self.mu)
+
+
+class GradientOffset(GradientTerm):
+    """Adds a fixed tensor to every ``w.grad``: SCAFFOLD's correction ``c − c_i``.
+
+    Parameters
+    ----------
+    offset : list of torch.Tensor
+        One tensor per parameter, in the model's order.
+    """
+
+    def __init__(self, offset: list[torch.Tensor]) -> None:
+        self.offset = offset
+
+    def step_terms(self) -> StepTerms:
+        return StepTerms(offset=True)
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module) -> None:
+        gradients = []
+        for parameter in model.parameters():
+            assert parameter.grad is not None  # the hook runs right after backward
+            gradients.append(parameter.grad)
+        torch._foreach_add_(gradients, self.offset)
+
+
+@dataclass
+class LocalJob:
+    """A stretch of single-sample SGD on one model, as data: one step per entry of
+    ``order`` (batch of one, cross-entropy), the model trained in place.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Trained in place: a client's copy of the global model, or the travelling model.
+    order : numpy.ndarray
+        Sample rows, one step each, in order (every local epoch's permutation in turn).
+    lr, momentum, weight_decay : float
+        Of the SGD update (momentum as ``torch.optim.SGD`` without dampening).
+    term : GradientTerm, optional
+        What the method adds to the gradient (FedProx, SCAFFOLD).
+    velocities : list of torch.Tensor, optional
+        Momentum buffers updated in place (Stratify's optimizer keeps them across
+        epochs); ``None``: zeros, a fresh optimizer's.
+    """
+
+    model: nn.Module
+    order: np.ndarray
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    term: GradientTerm | None = None
+    velocities: list[torch.Tensor] | None = None
+    #: filled by the runner: the loss of every step, on the device
+    losses: torch.Tensor | None = field(default=None, repr=False)
+
+    def step_terms(self) -> StepTerms:
+        terms = StepTerms(momentum=self.momentum > 0, weight_decay=self.weight_decay > 0)
+        return terms if self.term is None else terms.union(self.term.step_terms())
+
+    def result(self) -> LocalResult:
+        """Its counters once it has run: one step per entry, the summed loss."""
+        assert self.losses is not None, "the job has not run"
+        steps = len(self.order)
+        return LocalResult(steps, float(self.losses.sum()), steps)
 
 
 def batch_bounds(num_samples: int, batch_size: int, merge_singleton: bool) -> list[tuple[int, int]]:
@@ -96,6 +221,21 @@ class LocalResult:
         self.samples = samples
 
 
+def why_not_compiled(
+    model: nn.Module, batch_size: int, before_step: GradientHook | None, loss_fn: LossFunction
+) -> str | None:
+    """Why local training with these settings cannot run as the compiled step, or ``None``."""
+    if batch_size != 1:
+        return f"local batches of {batch_size} (the compiled step trains on one sample)"
+    if loss_fn is not cross_entropy_loss:
+        return "its local objective is not the plain cross-entropy"
+    if before_step is not None and not isinstance(before_step, GradientTerm):
+        return "its gradient hook is not one the compiled step knows"
+    if any(True for _ in model.buffers()) or not all(p.requires_grad for p in model.parameters()):
+        return "the model has buffers or frozen parameters"
+    return None
+
+
 class LocalTrainer:
     """Mini-batch SGD of a client on its own samples.
 
@@ -105,14 +245,49 @@ class LocalTrainer:
         Training tensors on the device; a client reads only its own indices.
     """
 
+    #: single-sample steps per compiled call (K)
+    steps_per_call = STEPS_PER_CALL
+
     def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor) -> None:
         self.x_train = x_train
         self.y_train = y_train
+        #: reasons already warned about, so a fallback to the eager loop is said once
+        self.warned: set[str] = set()
 
     @staticmethod
     def receive(global_model: nn.Module) -> nn.Module:
         """A fresh copy of the global model, as a client receives it."""
         return copy.deepcopy(global_model)
+
+    def epoch_orders(
+        self, indices: np.ndarray | Sequence[np.ndarray], epochs: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """Every local epoch's shuffled samples, drawn from ``rng`` epoch by epoch."""
+        per_epoch = [indices] * epochs if isinstance(indices, np.ndarray) else list(indices)
+        if len(per_epoch) != epochs:
+            raise ValueError(f"{len(per_epoch)} arrays of indices for {epochs} local epochs")
+        return [rng.permutation(epoch_indices) for epoch_indices in per_epoch]
+
+    def job(
+        self,
+        model: nn.Module,
+        indices: np.ndarray | Sequence[np.ndarray],
+        *,
+        epochs: int,
+        lr: float,
+        rng: np.random.Generator,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        before_step: GradientHook | None = None,
+    ) -> LocalJob:
+        """Single-sample local training as a :class:`LocalJob`, its samples shuffled from
+        ``rng`` exactly as :meth:`train` shuffles them (``before_step`` must be a
+        :class:`GradientTerm` or ``None``)."""
+        if before_step is not None and not isinstance(before_step, GradientTerm):
+            raise TypeError("a job's gradient hook must be a GradientTerm")
+        orders = self.epoch_orders(indices, epochs, rng)
+        order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+        return LocalJob(model, order, lr, momentum, weight_decay, before_step)
 
     def train(
         self,
@@ -127,6 +302,7 @@ class LocalTrainer:
         weight_decay: float = 0.0,
         before_step: GradientHook | None = None,
         loss_fn: LossFunction = cross_entropy_loss,
+        compile: CompileSwitch | None = None,
     ) -> LocalResult:
         """Train ``model`` in place on the samples ``indices``.
 
@@ -152,19 +328,57 @@ class LocalTrainer:
         loss_fn : callable
             ``loss_fn(model, x, y)``: the mini-batch's mean loss (default cross-entropy);
             the reported ``loss_sum`` adds up what it returns.
+        compile : CompileSwitch, optional
+            The run's ``--compile``: where it is active, single-sample training runs as
+            the compiled step (:meth:`run_compiled`); settings the compiled step cannot
+            express (a batch above one, another objective or hook) run eagerly, with a
+            warning the first time.
         """
+        orders = self.epoch_orders(indices, epochs, rng)
+        if compile is not None and compile.active():
+            reason = why_not_compiled(model, batch_size, before_step, loss_fn)
+            if reason is None:
+                assert before_step is None or isinstance(before_step, GradientTerm)
+                job = LocalJob(
+                    model, np.concatenate(orders), lr, momentum, weight_decay, before_step
+                )
+                return self.run_compiled(job, compile)
+            if reason not in self.warned:
+                self.warned.add(reason)
+                warnings.warn(
+                    f"--compile {compile.mode}: local training runs eagerly: {reason}",
+                    stacklevel=2,
+                )
+        return self.train_eager(
+            model, orders, batch_size, lr, momentum, weight_decay, before_step, loss_fn
+        )
+
+    def train_eager(
+        self,
+        model: nn.Module,
+        orders: list[np.ndarray],
+        batch_size: int,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        before_step: GradientHook | None = None,
+        loss_fn: LossFunction = cross_entropy_loss,
+        initial_velocities: Sequence[torch.Tensor] | None = None,
+    ) -> LocalResult:
+        """The eager loop, the reference: mini-batches of each epoch's shuffled samples
+        (``initial_velocities``: momentum buffers to continue from)."""
         optimizer = local_optimizer(model, lr, momentum, weight_decay)
+        if initial_velocities is not None and momentum > 0:
+            for parameter, velocity in zip(model.parameters(), initial_velocities):
+                optimizer.state[parameter]["momentum_buffer"] = velocity.clone()
         x_train, y_train = self.x_train, self.y_train
-        per_epoch = [indices] * epochs if isinstance(indices, np.ndarray) else list(indices)
-        if len(per_epoch) != epochs:
-            raise ValueError(f"{len(per_epoch)} arrays of indices for {epochs} local epochs")
         model.train()
         steps = 0
         losses = torch.zeros((), device=x_train.device)
         merge_singleton = has_batch_norm(model)
-        for epoch_indices in per_epoch:
-            order = torch.as_tensor(rng.permutation(epoch_indices), device=x_train.device)
-            for start, stop in batch_bounds(len(epoch_indices), batch_size, merge_singleton):
+        for epoch_order in orders:
+            order = torch.as_tensor(epoch_order, device=x_train.device)
+            for start, stop in batch_bounds(len(epoch_order), batch_size, merge_singleton):
                 batch = order[start:stop]
                 loss = loss_fn(model, x_train[batch], y_train[batch])
                 losses += loss.detach() * len(batch)
@@ -174,4 +388,53 @@ class LocalTrainer:
                     before_step(model)
                 optimizer.step()
                 steps += 1
-        return LocalResult(steps, float(losses), sum(len(part) for part in per_epoch))
+        return LocalResult(steps, float(losses), sum(len(order) for order in orders))
+
+    def run_compiled(self, job: LocalJob, switch: CompileSwitch) -> LocalResult:
+        """``job`` as the compiled single-sample step (:mod:`stratify.compiled`).
+
+        If a call fails to compile, ``--compile on`` stops with one line and ``auto``
+        trains the rest of the job eagerly (the failed call touched nothing).
+        """
+        model, term = job.model, job.term
+        model.train()
+        steps = compiled_steps(model, self.steps_per_call, job.step_terms())
+        parameters = [parameter.detach() for parameter in model.parameters()]
+        velocities = job.velocities
+        if velocities is None and job.momentum > 0:
+            velocities = [torch.zeros_like(parameter) for parameter in parameters]
+        try:
+            job.losses = run_compiled_steps(
+                steps,
+                parameters,
+                [],
+                self.x_train,
+                self.y_train,
+                job.order,
+                job.lr,
+                velocities=velocities or (),
+                momentum=job.momentum,
+                weight_decay=job.weight_decay,
+                anchors=term.anchor if isinstance(term, ProximalGradient) else (),
+                mu=term.mu if isinstance(term, ProximalGradient) else 0.0,
+                offsets=term.offset if isinstance(term, GradientOffset) else (),
+            )
+        except CompiledCallFailed as failure:
+            switch.give_up(failure.error)
+            # the rest eagerly, its momentum continuing from the compiled steps'
+            rest = self.train_eager(
+                model,
+                [job.order[failure.done :]],
+                1,
+                job.lr,
+                job.momentum,
+                job.weight_decay,
+                term,
+                initial_velocities=velocities,
+            )
+            return LocalResult(
+                failure.done + rest.steps,
+                float(failure.losses.sum()) + rest.loss_sum,
+                failure.done + rest.samples,
+            )
+        return job.result()

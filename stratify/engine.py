@@ -7,7 +7,7 @@ counters and turns them into traffic (docs/architecture.md, "Data flow").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import numpy as np
 from torch import nn
@@ -18,7 +18,14 @@ from stratify.data.holdout import EvaluationSet
 from stratify.errors import TrainingError
 from stratify.evaluation import TestMetrics, test_metrics
 from stratify.federation import Federation
-from stratify.method import LR_SCHEDULES, Context, EpochStats, Strategy, learning_rate
+from stratify.method import (
+    LR_SCHEDULES,
+    Context,
+    EpochStats,
+    LocalWork,
+    Strategy,
+    learning_rate,
+)
 from stratify.nn.models import model_bytes, parameter_bytes
 from stratify.options import MODES
 from stratify.registry.base import RegistryResult
@@ -118,6 +125,21 @@ class Engine:
 
     def run_epoch(self, epoch: int) -> EpochStats:
         """Run one epoch of the strategy; returns its counters."""
+        program = self.epoch_program(epoch)
+        try:
+            next(program)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("an epoch run alone hands out no jobs")
+
+    def epoch_program(
+        self, epoch: int, jobs: bool = False
+    ) -> Generator[LocalWork, None, EpochStats]:
+        """One epoch, as a generator: with ``jobs``, every round the strategy can give as
+        :class:`~stratify.method.LocalWork` is handed out (yielded), and continues once
+        the caller has run its jobs (``send(None)``); the others run through ``fit``.
+        Returns the epoch's counters. :mod:`stratify.vectorize` drives many runs' programs
+        together; :meth:`run_epoch` drives one without jobs."""
         stats = EpochStats()
         clients: set[int] = set()
         self.context.epoch = epoch
@@ -126,7 +148,12 @@ class Engine:
         self.model.train()
         for round_ in self.strategy.configure_rounds(self.context, epoch, rng):
             stats.add(round_.stats)
-            updates = self.strategy.fit(self.context, round_, rng)
+            work = self.strategy.local_work(self.context, round_, rng) if jobs else None
+            if work is None:
+                updates = self.strategy.fit(self.context, round_, rng)
+            else:
+                yield work
+                updates = work.finish()
             for update in updates:
                 stats.add(update.stats)
                 if update.client >= 0:

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from stratify.client import LocalTrainer
+from stratify.client import LocalJob, LocalTrainer
+from stratify.compiled import StepTerms
 from stratify.errors import ConfigError
 from stratify.federation import Federation
 from stratify.options import MODES, StrategyOptions
@@ -141,6 +142,24 @@ class ClientUpdate:
 
 
 @dataclass
+class LocalWork:
+    """A round's local training as :class:`~stratify.client.LocalJob` objects, so that
+    many runs' rounds can step together (:mod:`stratify.vectorize`).
+
+    Parameters
+    ----------
+    jobs : list of LocalJob
+        Run in order (jobs on the same model continue one another, as SFL's hops do); a
+        runner trains each job's model in place and fills its ``losses``.
+    finish : callable
+        Called once every job has run: the round's updates, as ``fit`` would return.
+    """
+
+    jobs: list[LocalJob]
+    finish: Callable[[], list[ClientUpdate]]
+
+
+@dataclass
 class Context:
     """The narrow view of a run that a strategy's hooks receive.
 
@@ -253,6 +272,22 @@ class Strategy(ABC):
         self, context: Context, round_: Round, updates: list[ClientUpdate]
     ) -> State | None:
         """The new global state from the updates; ``None`` keeps the (travelled) model."""
+        return None
+
+    def step_terms(self, mode: str) -> StepTerms | None:
+        """What the method's single-sample steps add to the gradient, when its rounds can
+        be given as jobs (:meth:`local_work`) in ``mode``; ``None`` (the default) when they
+        cannot, and the run steps alone. Called on a strategy not yet set up: it reads
+        the options as resolved for ``mode``."""
+        return None
+
+    def local_work(
+        self, context: Context, round_: Round, rng: np.random.Generator
+    ) -> LocalWork | None:
+        """The round's local training as jobs, drawing from ``rng`` what :meth:`fit`
+        would draw, in the same order, so that a runner holding many runs' jobs gives the
+        numbers of :meth:`fit`; ``None`` runs the round through :meth:`fit`. A method
+        whose :meth:`step_terms` is not ``None`` implements it."""
         return None
 
     def lr_schedule_for(self, mode: str) -> str:

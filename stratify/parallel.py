@@ -51,6 +51,7 @@ from stratify.run import RUN_FILES, EpochRecord, Run
 from stratify.runfiles import check_checkpoint_file, read_json_object, read_records
 from stratify.runfolder import json_safe
 from stratify.validation import check_positive_int
+from stratify.vectorize import plan_groups, train_together
 
 #: ``new``: the folder must hold no run; ``continue``: skip a finished run, resume one
 #: with a checkpoint, start the rest afresh; ``overwrite``: start afresh in any case
@@ -131,6 +132,43 @@ class RunOutcome:
     corrupt: str = ""
 
 
+@dataclass(frozen=True)
+class RunGroup:
+    """Runs that a worker executes together: one spec alone, or specs stepped together
+    (:mod:`stratify.vectorize`), spec ``i`` in lane ``lanes[i]`` of ``lane_count``.
+
+    A vectorised group keeps the lane count it was planned with, even when some of its
+    runs have finished meanwhile: a run's numbers depend on the lane count.
+    """
+
+    specs: tuple[RunSpec, ...]
+    lanes: tuple[int, ...] = ()
+    lane_count: int = 1
+
+    @property
+    def vectorised(self) -> bool:
+        return bool(self.lanes)
+
+
+def group_specs(
+    specs: Sequence[RunSpec], vectorize: int | None
+) -> tuple[list[RunGroup], str | None]:
+    """``specs`` as groups: each alone without ``vectorize``; else groups of at most
+    ``vectorize`` runs sharing a step (:func:`~stratify.vectorize.plan_groups`), with the
+    one-line note on what runs alone."""
+    if vectorize is None:
+        return [RunGroup((spec,)) for spec in specs], None
+    grouping = plan_groups([spec.config for spec in specs], vectorize)
+    groups = []
+    for indices in grouping.groups:
+        members = tuple(specs[index] for index in indices)
+        if len(indices) == 1:
+            groups.append(RunGroup(members))
+        else:
+            groups.append(RunGroup(members, tuple(range(len(indices))), len(indices)))
+    return groups, grouping.note(vectorize)
+
+
 class RunsInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped the runs; ``outcomes`` says which finished and which are resumable."""
 
@@ -143,9 +181,10 @@ EventHandler = Callable[[RunEvent | RunOutcome], None]
 
 
 class Backend(Protocol):
-    """Runs specs whose folders have been checked, reporting to ``on_event``."""
+    """Runs groups of specs whose folders have been checked, reporting to ``on_event``;
+    returns every run's outcome."""
 
-    def run(self, specs: Sequence[RunSpec], on_event: EventHandler) -> list[RunOutcome]: ...
+    def run(self, groups: Sequence[RunGroup], on_event: EventHandler) -> list[RunOutcome]: ...
 
 
 # -- run folders ------------------------------------------------------------------------
@@ -265,6 +304,99 @@ def single_thread_settings() -> None:
     torch.backends.mkldnn.enabled = True  # type: ignore[assignment]
 
 
+def open_run(
+    spec: RunSpec,
+    report: Callable[[RunEvent], None],
+    datasets: DatasetCache | None,
+) -> tuple[Run, str] | RunOutcome:
+    """``spec``'s run, built by its policy and ready to train with one thread, and the
+    reason its folder was corrupt (``""`` if it was not: a corrupt folder is run again
+    from epoch 1); or its outcome without training: ``skipped`` when its folder already
+    holds every epoch, ``corrupt`` when a corrupt folder is to be left as it is."""
+    config = spec.config
+    pid = os.getpid()
+    corrupt = ""
+    state = folder_state(config)
+    if spec.policy == "continue" and state.kind == "finished" and not state.differences:
+        best, epoch = best_of(read_records(str(config.out))[: config.epochs])
+        return RunOutcome(spec.name, "skipped", "", state.epochs_done, best, epoch)
+    if state.kind == "corrupt":
+        if spec.policy == "continue" and spec.keep_corrupt:
+            return RunOutcome(spec.name, "corrupt", state.reason, corrupt=state.reason)
+        corrupt = state.reason
+    resume = spec.policy == "continue" and state.kind == "resumable"
+    overwrite = spec.policy == "overwrite" or (
+        spec.policy == "continue" and state.kind in ("partial", "corrupt")
+    )
+    single_thread_settings()
+    dataset = datasets.load(config) if datasets is not None else None
+
+    def on_epoch(record: EpochRecord) -> None:
+        report(
+            RunEvent(spec.name, "epoch", record.epoch, config.epochs, record.test_accuracy, pid=pid)
+        )
+
+    def on_steps(count: int) -> None:
+        report(RunEvent(spec.name, "steps", samples=count, pid=pid))
+
+    def start(resume: bool, overwrite: bool) -> Run:
+        return Run(
+            config,
+            resume=resume,
+            overwrite=overwrite,
+            on_epoch=on_epoch,
+            on_steps=on_steps,
+            dataset=dataset,
+        )
+
+    try:
+        run = start(resume, overwrite)
+    except CheckpointError as error:
+        if not resume:
+            raise
+        # its checkpoint cannot be resumed from: the folder is corrupt
+        if spec.keep_corrupt:
+            return RunOutcome(spec.name, "corrupt", error.reason, corrupt=error.reason)
+        corrupt = error.reason
+        run = start(False, True)
+    note = f"corrupt ({corrupt}); run again from epoch 1" if corrupt else ""
+    report(RunEvent(spec.name, "start", run.start_epoch, config.epochs, pid=pid, message=note))
+    return run, corrupt
+
+
+def finished_outcome(spec: RunSpec, run: Run, corrupt: str = "") -> RunOutcome:
+    summary = run.summary()
+    return RunOutcome(
+        spec.name,
+        "finished",
+        "",
+        len(run.records),
+        summary["best_accuracy"],
+        summary["best_epoch"],
+        corrupt,
+    )
+
+
+def error_outcome(
+    spec: RunSpec, run: Run | None, error: BaseException, corrupt: str = ""
+) -> RunOutcome:
+    """A :class:`~stratify.errors.TrainingError` is ``diverged`` (its good epochs stay),
+    any other error ``failed``; ``corrupt``: why its folder was run again from epoch 1."""
+    if isinstance(error, TrainingError):
+        records = [vars(record) for record in run.records] if run is not None else []
+        best, epoch = best_of(records)
+        return RunOutcome(spec.name, "diverged", str(error), len(records), best, epoch, corrupt)
+    if isinstance(error, StratifyError):
+        return RunOutcome(spec.name, "failed", str(error), corrupt=corrupt)
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    return RunOutcome(
+        spec.name,
+        "failed",
+        f"{type(error).__name__}: {error} ({Path(where.filename).name}:{where.lineno})",
+        corrupt=corrupt,
+    )
+
+
 def execute(
     spec: RunSpec,
     report: Callable[[RunEvent], None] | None = None,
@@ -275,82 +407,77 @@ def execute(
     Errors become the outcome: a :class:`~stratify.errors.TrainingError` is ``diverged``
     (the epochs before it are kept), any other error ``failed``; Ctrl-C propagates.
     """
-    report = report or (lambda event: None)
-    config = spec.config
-    pid = os.getpid()
     run: Run | None = None
     corrupt = ""
     try:
-        state = folder_state(config)
-        if spec.policy == "continue" and state.kind == "finished" and not state.differences:
-            best, epoch = best_of(read_records(str(config.out))[: config.epochs])
-            return RunOutcome(spec.name, "skipped", "", state.epochs_done, best, epoch)
-        if state.kind == "corrupt":
-            if spec.policy == "continue" and spec.keep_corrupt:
-                return RunOutcome(spec.name, "corrupt", state.reason, corrupt=state.reason)
-            corrupt = state.reason
-        resume = spec.policy == "continue" and state.kind == "resumable"
-        overwrite = spec.policy == "overwrite" or (
-            spec.policy == "continue" and state.kind in ("partial", "corrupt")
-        )
-        single_thread_settings()
-        dataset = datasets.load(config) if datasets is not None else None
-
-        def on_epoch(record: EpochRecord) -> None:
-            report(
-                RunEvent(
-                    spec.name, "epoch", record.epoch, config.epochs, record.test_accuracy, pid=pid
-                )
-            )
-
-        def on_steps(count: int) -> None:
-            report(RunEvent(spec.name, "steps", samples=count, pid=pid))
-
-        def start(resume: bool, overwrite: bool) -> Run:
-            return Run(
-                config,
-                resume=resume,
-                overwrite=overwrite,
-                on_epoch=on_epoch,
-                on_steps=on_steps,
-                dataset=dataset,
-            )
-
-        try:
-            run = start(resume, overwrite)
-        except CheckpointError as error:
-            if not resume:
-                raise
-            # its checkpoint cannot be resumed from: the folder is corrupt
-            if spec.keep_corrupt:
-                return RunOutcome(spec.name, "corrupt", error.reason, corrupt=error.reason)
-            corrupt = error.reason
-            run = start(False, True)
-        note = f"corrupt ({corrupt}); run again from epoch 1" if corrupt else ""
-        report(RunEvent(spec.name, "start", run.start_epoch, config.epochs, pid=pid, message=note))
-        summary = run.train()
-        return RunOutcome(
-            spec.name,
-            "finished",
-            "",
-            len(run.records),
-            summary["best_accuracy"],
-            summary["best_epoch"],
-            corrupt,
-        )
-    except TrainingError as error:
-        records = [vars(record) for record in run.records] if run is not None else []
-        best, epoch = best_of(records)
-        return RunOutcome(spec.name, "diverged", str(error), len(records), best, epoch, corrupt)
-    except StratifyError as error:
-        return RunOutcome(spec.name, "failed", str(error), corrupt=corrupt)
+        opened = open_run(spec, report or (lambda event: None), datasets)
+        if isinstance(opened, RunOutcome):
+            return opened
+        run, corrupt = opened
+        run.train()
+        return finished_outcome(spec, run, corrupt)
     except Exception as error:  # a bug must not take the other runs down with it
-        where = traceback.extract_tb(error.__traceback__)[-1]
-        return RunOutcome(
-            spec.name,
-            "failed",
-            f"{type(error).__name__}: {error} ({Path(where.filename).name}:{where.lineno})",
-        )
+        return error_outcome(spec, run, error, corrupt)
+
+
+def execute_group(
+    group: RunGroup,
+    report: Callable[[RunEvent], None] | None = None,
+    datasets: DatasetCache | None = None,
+) -> list[RunOutcome]:
+    """Run a group's specs in this process, stepping together
+    (:func:`~stratify.vectorize.train_together`); a group of one runs as :func:`execute`.
+
+    Each run follows its own policy and ends in its own outcome: a run that fails to
+    build or diverges leaves the group and the others go on.
+    """
+    if not group.vectorised:
+        return [execute(spec, report, datasets) for spec in group.specs]
+    report = report or (lambda event: None)
+    outcomes: dict[int, RunOutcome] = {}
+    runs: dict[int, Run] = {}
+    corrupt: dict[int, str] = {}
+    try:
+        for index, spec in enumerate(group.specs):
+            try:
+                opened = open_run(spec, report, datasets)
+            except Exception as error:
+                outcomes[index] = error_outcome(spec, None, error)
+                continue
+            if isinstance(opened, RunOutcome):
+                outcomes[index] = opened
+            else:
+                runs[index], corrupt[index] = opened
+        order = sorted(runs)
+
+        def on_end(position: int, error: BaseException | None) -> None:
+            index = order[position]
+            runs[index].close()
+            spec = group.specs[index]
+            outcomes[index] = (
+                finished_outcome(spec, runs[index], corrupt[index])
+                if error is None
+                else error_outcome(spec, runs[index], error, corrupt[index])
+            )
+
+        if order:
+            try:
+                train_together(
+                    [runs[index] for index in order],
+                    [group.lanes[index] for index in order],
+                    group.lane_count,
+                    on_end,
+                )
+            except Exception as error:  # a failure of the shared step ends every run left
+                for index in order:
+                    if index not in outcomes:
+                        outcomes[index] = error_outcome(
+                            group.specs[index], runs[index], error, corrupt[index]
+                        )
+    finally:
+        for run in runs.values():
+            run.close()
+    return [outcomes[index] for index in range(len(group.specs))]
 
 
 # -- checking folders and dispatching ---------------------------------------------------
@@ -395,32 +522,47 @@ def run_specs(
     specs: Sequence[RunSpec],
     backend: Backend | None = None,
     on_event: EventHandler | None = None,
+    vectorize: int | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> list[RunOutcome]:
     """Execute ``specs`` on ``backend`` (default: local workers, one per core).
 
     Folders are checked first (:func:`check_specs`); finished runs under ``continue`` are
-    reported as ``skipped`` without starting anything. Returns one outcome per spec, in
+    reported as ``skipped`` without starting anything. With ``vectorize``, runs that can
+    share a step go in groups of at most that many (:func:`group_specs`, planned over
+    every spec, finished or not, so the same command forms the same groups), and
+    ``on_note`` is told in one line what runs alone. Returns one outcome per spec, in
     order. Ctrl-C stops every run and raises :class:`RunsInterrupted`.
     """
     on_event = on_event or (lambda item: None)
     states = check_specs(specs)
+    groups, note = group_specs(specs, vectorize)
+    if note is not None and on_note is not None:
+        on_note(note)
     outcomes: dict[str, RunOutcome] = {}
-    todo = []
-    for spec in specs:
-        state = states[spec.name]
-        if spec.policy == "continue" and state.kind == "finished":
-            best, epoch = best_of(read_records(str(spec.config.out))[: spec.config.epochs])
-            outcomes[spec.name] = RunOutcome(
-                spec.name, "skipped", "", state.epochs_done, best, epoch
-            )
-            on_event(outcomes[spec.name])
-        elif spec.policy == "continue" and state.kind == "corrupt" and spec.keep_corrupt:
-            outcomes[spec.name] = RunOutcome(
-                spec.name, "corrupt", state.reason, corrupt=state.reason
-            )
-            on_event(outcomes[spec.name])
-        else:
-            todo.append(spec)
+    todo: list[RunGroup] = []
+    for group in groups:
+        kept = []
+        for position, spec in enumerate(group.specs):
+            state = states[spec.name]
+            if spec.policy == "continue" and state.kind == "finished":
+                best, epoch = best_of(read_records(str(spec.config.out))[: spec.config.epochs])
+                outcomes[spec.name] = RunOutcome(
+                    spec.name, "skipped", "", state.epochs_done, best, epoch
+                )
+                on_event(outcomes[spec.name])
+            elif spec.policy == "continue" and state.kind == "corrupt" and spec.keep_corrupt:
+                outcomes[spec.name] = RunOutcome(
+                    spec.name, "corrupt", state.reason, corrupt=state.reason
+                )
+                on_event(outcomes[spec.name])
+            else:
+                kept.append(position)
+        if not kept:
+            continue
+        members = tuple(group.specs[position] for position in kept)
+        lanes = tuple(group.lanes[position] for position in kept) if group.vectorised else ()
+        todo.append(RunGroup(members, lanes, group.lane_count))
     if todo:
         backend = backend or LocalBackend()
         for outcome in backend.run(todo, on_event):
@@ -438,23 +580,30 @@ def available_cores() -> int:
 # -- local worker processes ---------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class GroupDone:
+    """A worker's answer for a group: every run's outcome, in the group's order."""
+
+    outcomes: tuple[RunOutcome, ...]
+
+
 def worker_main(connection: Connection) -> None:
-    """A worker process: run the specs it is sent, one at a time, until sent ``None``."""
+    """A worker process: run the groups it is sent, one at a time, until sent ``None``."""
     # Ctrl-C is the parent's to handle: it stops the workers itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     datasets = DatasetCache()
     while True:
-        spec = connection.recv()
-        if spec is None:
+        group = connection.recv()
+        if group is None:
             return
-        connection.send(execute(spec, connection.send, datasets))
+        connection.send(GroupDone(tuple(execute_group(group, connection.send, datasets))))
 
 
 @dataclass
 class Worker:
     process: Any  # multiprocessing.process.BaseProcess of the spawn context
     connection: Connection
-    current: RunSpec | None = None
+    current: RunGroup | None = None
     closed: bool = False
 
 
@@ -489,24 +638,28 @@ class LocalBackend:
         if self.workers is not None:
             self.workers = check_positive_int(self.workers, "--workers")
 
-    def run(self, specs: Sequence[RunSpec], on_event: EventHandler) -> list[RunOutcome]:
-        count = min(self.workers or available_cores(), len(specs))
+    def run(self, groups: Sequence[RunGroup], on_event: EventHandler) -> list[RunOutcome]:
+        count = min(self.workers or available_cores(), len(groups))
         if count <= 1:
-            return self._run_here(specs, on_event)
-        return self._run_in_processes(specs, on_event, count)
+            return self._run_here(groups, on_event)
+        return self._run_in_processes(groups, on_event, count)
 
-    def _run_here(self, specs: Sequence[RunSpec], on_event: EventHandler) -> list[RunOutcome]:
+    def _run_here(self, groups: Sequence[RunGroup], on_event: EventHandler) -> list[RunOutcome]:
         datasets = DatasetCache()
         outcomes: list[RunOutcome] = []
-        for index, spec in enumerate(specs):
+        for index, group in enumerate(groups):
             try:
-                outcome = execute(spec, on_event, datasets)
+                done = execute_group(group, on_event, datasets)
             except KeyboardInterrupt:
-                outcomes.append(RunOutcome(spec.name, "interrupted"))
-                outcomes += [RunOutcome(rest.name, "interrupted") for rest in specs[index + 1 :]]
+                outcomes += [
+                    RunOutcome(spec.name, "interrupted")
+                    for rest in groups[index:]
+                    for spec in rest.specs
+                ]
                 raise RunsInterrupted(outcomes) from None
-            outcomes.append(outcome)
-            on_event(outcome)
+            for outcome in done:
+                outcomes.append(outcome)
+                on_event(outcome)
         return outcomes
 
     def _start(self, context: Any) -> Worker:
@@ -518,10 +671,11 @@ class LocalBackend:
         return Worker(process, ours)
 
     def _run_in_processes(
-        self, specs: Sequence[RunSpec], on_event: EventHandler, count: int
+        self, groups: Sequence[RunGroup], on_event: EventHandler, count: int
     ) -> list[RunOutcome]:
         context = multiprocessing.get_context("spawn")
-        waiting = deque(specs)
+        waiting = deque(groups)
+        specs = [spec for group in groups for spec in group.specs]
         outcomes: dict[str, RunOutcome] = {}
         workers: list[Worker] = []
 
@@ -557,14 +711,16 @@ class LocalBackend:
                     if worker.current is not None:
                         lost = worker.current
                         worker.current = None
-                        finish(
-                            RunOutcome(
-                                lost.name,
-                                "failed",
-                                f"its worker process died (exit code {worker.process.exitcode}); "
-                                "run again to resume it from its last checkpoint",
+                        for spec in lost.specs:
+                            finish(
+                                RunOutcome(
+                                    spec.name,
+                                    "failed",
+                                    "its worker process died (exit code "
+                                    f"{worker.process.exitcode}); run again to resume it from "
+                                    "its last checkpoint",
+                                )
                             )
-                        )
                     if waiting:
                         workers.append(self._start(context))
                         dispatch(workers[-1])
@@ -587,13 +743,14 @@ class LocalBackend:
         on_event: EventHandler,
         dispatch: Callable[[Worker], None],
     ) -> None:
-        """Everything ``worker`` has sent; a finished run gets it its next spec."""
+        """Everything ``worker`` has sent; a finished group gets it its next one."""
         try:
             while worker.connection.poll():
                 message = worker.connection.recv()
-                if isinstance(message, RunOutcome):
+                if isinstance(message, GroupDone):
                     worker.current = None
-                    finish(message)
+                    for outcome in message.outcomes:
+                        finish(outcome)
                     dispatch(worker)
                 else:
                     on_event(message)
@@ -695,13 +852,14 @@ def check_ray_address(address: str | None) -> None:
 _RAY_WORKER_DATASETS = DatasetCache()
 
 
-def _ray_execute(spec: RunSpec, events: Any) -> RunOutcome:
-    return execute(spec, events.put, _RAY_WORKER_DATASETS)
+def _ray_execute(group: RunGroup, events: Any) -> list[RunOutcome]:
+    return execute_group(group, events.put, _RAY_WORKER_DATASETS)
 
 
 @dataclass
 class RayBackend:
-    """One Ray task per run: one CPU each, or one GPU for runs with ``device="cuda"``.
+    """One Ray task per group (a run alone, or runs stepped together): one CPU each, or
+    one GPU for runs with ``device="cuda"``.
 
     Parameters
     ----------
@@ -723,7 +881,7 @@ class RayBackend:
         """Refuse a cluster address where nothing answers, in bounded time."""
         check_ray_address(self.address)
 
-    def run(self, specs: Sequence[RunSpec], on_event: EventHandler) -> list[RunOutcome]:
+    def run(self, groups: Sequence[RunGroup], on_event: EventHandler) -> list[RunOutcome]:
         try:
             import ray
             from ray.util.queue import Queue
@@ -742,11 +900,12 @@ class RayBackend:
         events = Queue(actor_options={"num_cpus": 0})
         task = ray.remote(_ray_execute)
         pending = {
-            task.options(num_cpus=1, num_gpus=1 if spec.config.device == "cuda" else 0).remote(
-                spec, events
-            ): spec
-            for spec in specs
+            task.options(
+                num_cpus=1, num_gpus=1 if group.specs[0].config.device == "cuda" else 0
+            ).remote(group, events): group
+            for group in groups
         }
+        specs = [spec for group in groups for spec in group.specs]
         outcomes: dict[str, RunOutcome] = {}
 
         def drain() -> None:
@@ -760,15 +919,15 @@ class RayBackend:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=0.25)
                 drain()
                 for reference in done:
-                    spec = pending.pop(reference)
+                    group = pending.pop(reference)
                     try:
-                        outcome = ray.get(reference)
+                        results = ray.get(reference)
                     except Exception as error:  # the task's process died or Ray failed it
-                        outcome = RunOutcome(
-                            spec.name, "failed", f"Ray: {str(error).splitlines()[0]}"
-                        )
-                    outcomes[spec.name] = outcome
-                    on_event(outcome)
+                        message = f"Ray: {str(error).splitlines()[0]}"
+                        results = [RunOutcome(spec.name, "failed", message) for spec in group.specs]
+                    for outcome in results:
+                        outcomes[outcome.name] = outcome
+                        on_event(outcome)
             drain()
         except KeyboardInterrupt:
             for reference in pending:

@@ -22,6 +22,7 @@ from stratify.data.datasets import Dataset
 from stratify.errors import CheckpointError, ConfigError, StratifyError, TrainingError
 from stratify.experiment import build_experiment
 from stratify.measures import accuracy_summary
+from stratify.method import EpochStats
 from stratify.runfolder import (
     RunFolder,
     check_same_settings,
@@ -256,10 +257,26 @@ class Run:
             try:
                 stats = self.engine.run_epoch(epoch)
             except TrainingError as error:
-                raise TrainingError(
-                    f"{error}; stopped, {self._what_is_kept(epoch)}; try lower values of "
-                    f"{self._step_flags()}"
-                ) from None
+                raise self.stopped(error, epoch) from None
+        self.end_epoch(epoch, stats, timer.seconds)
+
+    @property
+    def epochs_done(self) -> int:
+        return len(self.records)
+
+    def stopped(self, error: TrainingError, epoch: int) -> TrainingError:
+        """A diverged epoch's error, saying what the run keeps and which flags to lower."""
+        return TrainingError(
+            f"{error}; stopped, {self._what_is_kept(epoch)}; try lower values of "
+            f"{self._step_flags()}"
+        )
+
+    def end_epoch(self, epoch: int, stats: EpochStats, seconds: float) -> None:
+        """Evaluate the trained epoch, record it, checkpoint and write the run's files.
+
+        ``seconds`` is the epoch's training time: a run stepped with others
+        (:mod:`stratify.vectorize`) gives its share of the group's.
+        """
         metrics = self.engine.test_metrics()
         validation = self.engine.validation_metrics()
         record = EpochRecord(
@@ -272,7 +289,7 @@ class Run:
             bytes_sent=stats.bytes_sent,
             skipped=stats.skipped,
             reused=stats.reused,
-            wall_seconds=round(timer.seconds, 4),
+            wall_seconds=round(seconds, 4),
             worst_group_accuracy=metrics.worst_group_accuracy,
             validation_accuracy=None if validation is None else validation.accuracy,
             validation_loss=None if validation is None else validation.loss,

@@ -8,7 +8,6 @@ one step is taken per batch. Nothing is averaged, so :meth:`Stratify.aggregate` 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,15 +17,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stratify.client import LocalJob
 from stratify.compiled import (
     AUTO_COMPILE_AFTER_STEPS,
     COMPILE_MODES,
     STEPS_PER_CALL,
+    CompiledCallFailed,
+    CompileSwitch,
+    StepTerms,
     compiled_steps,
+    run_compiled_steps,
 )
-from stratify.errors import ConfigError, TrainingError
+from stratify.errors import ConfigError
 from stratify.federation import SamplePools
-from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
+from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
 from stratify.nn.norm import client_split, has_batch_norm
 from stratify.options import StrategyOptions, option
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
@@ -253,10 +257,8 @@ class Stratify(Strategy):
         self.optimizer = torch.optim.SGD(
             context.model.parameters(), lr=context.lr, momentum=self.options.momentum, foreach=True
         )
-        #: single-sample steps made so far in the run: ``--compile auto`` reads it, and the
-        #: checkpoint keeps it, so a resumed run switches at the same epoch
-        self.steps_made = 0
-        self.compile_failed = False
+        #: ``--compile``: whether the next single-sample epoch runs compiled
+        self.compile_switch = CompileSwitch(self.options.compile)
         self.batch_norm = has_batch_norm(context.model)
         if self.batch_norm and context.mode == "batch" and self.options.batch_labels < 2:
             raise ConfigError(
@@ -331,18 +333,24 @@ class Stratify(Strategy):
             stats = self.execute_compiled(context, samples)
         else:
             stats = self.execute_eager(context, samples)
-        self.steps_made += len(samples)
+        self.compile_switch.count(len(samples))
         return stats
+
+    @property
+    def steps_made(self) -> int:
+        """Single-sample steps made so far in the run (``--compile auto`` reads them)."""
+        return self.compile_switch.steps_made
+
+    @steps_made.setter
+    def steps_made(self, steps: int) -> None:
+        self.compile_switch.steps_made = steps
 
     def uses_compiled_step(self, context: Context) -> bool:
         """Whether the next single-sample epoch runs compiled: always with ``--compile on``,
         with ``auto`` once the run has made :data:`AUTO_COMPILE_AFTER_STEPS` steps."""
-        mode = self.options.compile
-        if mode == "off" or self.compile_failed:
-            return False
         if not all(parameter.requires_grad for parameter in context.model.parameters()):
             return False  # the compiled step updates every parameter
-        return mode == "on" or self.steps_made >= AUTO_COMPILE_AFTER_STEPS
+        return self.compile_switch.active()
 
     def execute_eager(self, context: Context, samples: np.ndarray) -> RoundStats:
         """The eager single-sample loop (:func:`single_sample_sgd`), the reference for the
@@ -362,9 +370,52 @@ class Stratify(Strategy):
             stats.loss_sum = float(torch.stack(losses).sum())
         return stats
 
+    def step_terms(self, mode: str = "single-sample") -> StepTerms | None:
+        """Single-sample hops add nothing to the gradient; the step keeps momentum if the
+        global optimizer has it. Global batches are not jobs (``None``)."""
+        if mode != "single-sample":
+            return None
+        return StepTerms(momentum=self.options.momentum > 0)
+
+    def local_work(
+        self, context: Context, round_: Round, rng: np.random.Generator
+    ) -> LocalWork | None:
+        """A single-sample epoch as one job: the travelling model, one step per planned
+        sample, the optimizer's momentum buffers continued in place."""
+        plan: Plan = round_.payload
+        if plan.mode != "single-sample" or not all(
+            parameter.requires_grad for parameter in context.model.parameters()
+        ):
+            return None
+        momentum = self.options.momentum
+        for group in self.optimizer.param_groups:
+            group["lr"] = context.lr
+        job = LocalJob(
+            context.model,
+            plan.samples,
+            context.lr,
+            momentum=momentum,
+            velocities=self.momentum_buffers(context.model) if momentum > 0 else None,
+        )
+
+        def finish() -> list[ClientUpdate]:
+            steps = len(plan.samples)
+            self.compile_switch.count(steps)
+            stats = job.result()
+            round_stats = RoundStats(
+                steps=steps,
+                loss_count=steps,
+                loss_sum=stats.loss_sum,
+                transfers=plan.model_transfers(self.options.hops),
+                sample_gradients=steps,
+            )
+            return [ClientUpdate(client=-1, num_samples=steps, stats=round_stats)]
+
+        return LocalWork([job], finish)
+
     def execute_compiled(self, context: Context, samples: np.ndarray) -> RoundStats:
         """The single-sample loop as compiled calls of :attr:`steps_per_call` steps each
-        (:mod:`stratify.compiled`); the last ``len % K`` samples run eagerly.
+        (:mod:`stratify.compiled`); the last call is padded with masked steps.
 
         The parameters and the optimizer's momentum buffers are updated in place, so the
         eager loop, the checkpoint and a later eager epoch see the same state. The sample
@@ -372,50 +423,37 @@ class Stratify(Strategy):
         a call fails to compile (a missing C compiler, say), ``--compile on`` stops with
         a one-line error and ``auto`` continues eagerly from that sample on.
         """
-        model, steps_per_call = context.model, self.steps_per_call
-        momentum = self.options.momentum
-        steps = compiled_steps(model, steps_per_call, momentum > 0)
-        parameters = [parameter.detach() for parameter in model.parameters()]
-        buffers = [buffer.detach() for buffer in model.buffers()]
-        velocities = self.momentum_buffers(model) if momentum > 0 else []
-        tensors = (parameters, buffers, velocities, context.x_train, context.y_train)
-        dtype, device = parameters[0].dtype, context.device
-        lr = torch.tensor(context.lr, dtype=dtype, device=device)
-        beta = torch.tensor(momentum, dtype=dtype, device=device)
-        index = torch.as_tensor(samples, dtype=torch.int64, device=device)
-        compiled_count = len(samples) - len(samples) % steps_per_call
-        block_size = max(PROGRESS_EVERY - PROGRESS_EVERY % steps_per_call, steps_per_call)
-        losses: list[torch.Tensor] = []
-        done = 0
+        model, momentum = context.model, self.options.momentum
+        terms = self.step_terms()
+        assert terms is not None  # single-sample mode
+        steps = compiled_steps(model, self.steps_per_call, terms)
         try:
-            for block_start in range(0, compiled_count, block_size):
-                block_stop = min(block_start + block_size, compiled_count)
-                for start in range(block_start, block_stop, steps_per_call):
-                    chunk = index[start : start + steps_per_call]
-                    losses.append(steps(*tensors, chunk, lr, beta))
-                    done = start + steps_per_call
-                context.progress(block_stop - block_start)
-        except Exception as error:  # a failed call has not touched the tensors
-            self.give_up_compiling(error)
-        stats = RoundStats(steps=done, loss_count=done, sample_gradients=done)
-        if losses:
-            stats.loss_sum = float(torch.cat(losses).sum())
-        if done < len(samples):
-            stats.add(self.execute_eager(context, samples[done:]))
-        return stats
-
-    def give_up_compiling(self, error: Exception) -> None:
-        """``--compile on``: a one-line error; ``auto``: a warning, and eager from now on."""
-        reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-        if self.options.compile == "on":
-            raise TrainingError(
-                f"--compile on: the compiled step failed ({reason}); use --compile off"
-            ) from None
-        warnings.warn(
-            f"--compile auto: the compiled step failed ({reason}); continuing eagerly",
-            stacklevel=3,
+            losses = run_compiled_steps(
+                steps,
+                [parameter.detach() for parameter in model.parameters()],
+                [buffer.detach() for buffer in model.buffers()],
+                context.x_train,
+                context.y_train,
+                samples,
+                context.lr,
+                velocities=self.momentum_buffers(model) if momentum > 0 else (),
+                momentum=momentum,
+                progress=context.progress,
+                progress_every=PROGRESS_EVERY,
+            )
+        except CompiledCallFailed as failure:
+            self.compile_switch.give_up(failure.error)
+            stats = RoundStats(
+                steps=failure.done, loss_count=failure.done, sample_gradients=failure.done
+            )
+            stats.loss_sum = float(failure.losses.sum())
+            stats.add(self.execute_eager(context, samples[failure.done :]))
+            return stats
+        stats = RoundStats(
+            steps=len(samples), loss_count=len(samples), sample_gradients=len(samples)
         )
-        self.compile_failed = True
+        stats.loss_sum = float(losses.sum())
+        return stats
 
     def momentum_buffers(self, model: nn.Module) -> list[torch.Tensor]:
         """The optimizer's momentum buffers, created as zeros where it has none yet: one
@@ -457,9 +495,9 @@ class Stratify(Strategy):
     # -- checkpoint -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "steps_made": self.steps_made}
+        return {"optimizer": self.optimizer.state_dict(), **self.compile_switch.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.steps_made = int(state.get("steps_made", 0))
+        self.compile_switch.load_state_dict(state)

@@ -118,10 +118,17 @@ def check_momentum(value: object, flag: str) -> float:
 
 
 def check_seeds(value: object, flag: str = "--seeds") -> tuple[int, ...]:
-    """Distinct seeds: ``"0,1,2"`` or a sequence of seeds, as a tuple in the given order."""
+    """Distinct seeds: ``"0,1,2"``, ranges such as ``"0..15"`` (both ends included), or a
+    sequence of seeds, as a tuple in the given order."""
     parts: list[object]
     if isinstance(value, str):
-        parts = [part.strip() for part in value.split(",")]
+        parts = []
+        for part in (piece.strip() for piece in value.split(",")):
+            first, dots, last = part.partition("..")
+            if dots and first.strip().isdigit() and last.strip().isdigit():
+                parts += list(range(int(first), int(last) + 1)) or [part]
+            else:
+                parts.append(part)
     elif isinstance(value, (list, tuple)):
         parts = list(value)
     else:
@@ -130,7 +137,7 @@ def check_seeds(value: object, flag: str = "--seeds") -> tuple[int, ...]:
         seeds = tuple(check_seed(part, flag) for part in parts)
     except ConfigError:
         raise ConfigError(
-            f"{flag} takes comma-separated seeds (e.g. 0,1,2,3), got {value!r}"
+            f"{flag} takes comma-separated seeds (e.g. 0,1,2,3 or 0..15), got {value!r}"
         ) from None
     repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
     if repeated:

@@ -22,6 +22,9 @@ DELIBERATE = {
 }
 #: benchmarks that measure on mnist-10k (planning cost, transfers) rather than digits
 MEASURED_ON = {("transfers", "dataset"), ("plan", "dataset")}
+#: `bench local` times a table1 cell (FedAvg on mnist-10k): a baseline's local training,
+#: which Stratify (train's default) has not
+MEASURED_ON |= {("local", "algorithm"), ("local", "dataset")}
 
 
 def flag_defaults(command: click.Command) -> dict[str, object]:

@@ -5,6 +5,8 @@ machine, instant from inductor's on-disk cache); the others use the ``aot_eager`
 which captures the same graph without generating code, or no compile at all.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -12,9 +14,11 @@ import torch._dynamo.utils
 from engines import tiny_engine
 
 import stratify.compiled
-from stratify.compiled import AUTO_COMPILE_AFTER_STEPS
+from stratify.compiled import AUTO_COMPILE_AFTER_STEPS, CompileSwitch
+from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.errors import TrainingError
+from stratify.experiment import build_experiment
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +126,72 @@ def test_a_failed_compile_stops_on_and_falls_back_to_eager_in_auto(tiny_data, mo
     engine.run_epoch(2)
     # the failed call trained nothing: the run equals an eager one
     assert_same_weights([p.detach() for p in engine.model.parameters()], eager, atol=0)
+
+
+# -- compiled local training of the single-sample baselines -------------------------------
+
+
+def local_engine(data, algorithm, compile, **options):
+    config = TrainConfig(
+        dataset="digits",
+        partition="dirichlet:0.5",
+        clients=4,
+        algorithm=algorithm,
+        lr=0.01,
+        seed=2,
+        secure=False,
+        options={"compile": compile, **options},
+    )
+    return build_experiment(config, dataset=data).engine
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "algorithm, options",
+    [("fedavg", {}), ("fedprox", {"mu": 0.5}), ("scaffold", {}), ("sfl", {"local_momentum": 0.5})],
+)
+def test_compiled_local_training_trains_as_the_eager_loop(algorithm, options, monkeypatch):
+    """FedProx's proximal gradient, SCAFFOLD's correction, SFL's weight decay (and here a
+    momentum) are part of the compiled step: a round (1,437 single-sample steps) ends
+    where the eager loop ends it, within 1e-3 of how far the weights moved (the
+    tolerance of ``bench steps``; float rounding, amplified by batch-of-one SGD)."""
+    monkeypatch.setattr(stratify.compiled, "BACKEND", "aot_eager")
+    data = load_dataset("digits", device="cpu")
+    eager = local_engine(data, algorithm, "off", **options)
+    compiled = local_engine(data, algorithm, "on", **options)
+    start = [p.detach().clone() for p in eager.model.parameters()]
+    ours, theirs = compiled.run_epoch(1), eager.run_epoch(1)
+    assert (ours.steps, ours.transfers) == (theirs.steps, theirs.transfers)
+    assert ours.train_loss == pytest.approx(theirs.train_loss, rel=1e-4)
+    mine = [p.detach() for p in compiled.model.parameters()]
+    reference = [p.detach() for p in eager.model.parameters()]
+    difference = max(float((a - b).abs().max()) for a, b in zip(mine, reference))
+    moved = max(float((b - a).abs().max()) for a, b in zip(start, reference))
+    assert difference < 1e-3 * moved
+    assert compiled.strategy.state_dict()["steps_made"] == 1437
+
+
+def test_settings_the_compiled_step_cannot_express_train_eagerly_with_one_warning():
+    data = load_dataset("digits", device="cpu")
+    engine = local_engine(data, "fedavg", "on")
+    trainer, model = engine.context.trainer, engine.model
+    reference = copy.deepcopy(model)
+    indices = np.arange(40)
+    switch = CompileSwitch("on")
+    with pytest.warns(UserWarning, match="local training runs eagerly: local batches of 4"):
+        trainer.train(
+            model,
+            indices,
+            epochs=1,
+            batch_size=4,
+            lr=0.1,
+            rng=np.random.default_rng(0),
+            compile=switch,
+        )
+    trainer.train(
+        model, indices, epochs=1, batch_size=4, lr=0.1, rng=np.random.default_rng(1), compile=switch
+    )
+    assert len(trainer.warned) == 1
+    trainer.train(reference, indices, epochs=1, batch_size=4, lr=0.1, rng=np.random.default_rng(0))
+    trainer.train(reference, indices, epochs=1, batch_size=4, lr=0.1, rng=np.random.default_rng(1))
+    assert_same_weights(list(model.parameters()), list(reference.parameters()), atol=0)

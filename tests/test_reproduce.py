@@ -34,8 +34,16 @@ from stratify.reproduce.grids import (
 )
 from stratify.reproduce.results import format_accuracy, mean_std, median_epoch
 from stratify.reproduce.runner import reproduce
-from stratify.reproduce.tuning import Trial, Tuning, best_validation, candidates, choose
-from stratify.run import Run
+from stratify.reproduce.tuning import (
+    Trial,
+    Tuning,
+    TuningPlan,
+    best_validation,
+    candidates,
+    choose,
+    rungs,
+)
+from stratify.run import EpochRecord, Run
 
 # two methods, one partition, batch mode on the embedded digits: a few seconds per cell
 TINY = Grid(
@@ -247,6 +255,89 @@ def test_ties_go_to_the_rate_nearest_the_default():
     assert choose(trials[:2], 0.01) == 0.03  # |log 3| < |log 0.1|
 
 
+def test_successive_halving_keeps_the_better_half_and_decides_at_the_full_epochs():
+    assert rungs(3, 30) == [(3, 15), (2, 30)]
+    assert rungs(5, 30) == [(5, 8), (3, 15), (2, 30)]
+    assert rungs(4, 3) == [(4, 2), (2, 3)]
+    assert rungs(2, 7) == [(2, 7)]
+    assert rungs(1, 7) == [(1, 7)]
+
+
+def fake_trial(folder: Path, accuracies: list[float]) -> None:
+    """A tuning run's folder holding these epochs' validation accuracies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [
+        EpochRecord(e, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, validation_accuracy=a)
+        for e, a in enumerate(accuracies, 1)
+    ]
+    lines = [json.dumps(dataclasses.asdict(record)) for record in records]
+    (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def test_halving_and_widening_are_read_back_from_the_tuning_folders(tiny, tmp_path):
+    """FedAvg's default rate on digits is 0.05: candidates 0.025, 0.05, 0.1 race 2 epochs,
+    the better two go on to 4; the best of those, 0.1, is at the top edge, so 0.2 is tried
+    for 4 epochs, wins, and 0.4 (widen=2) is tried and loses. Each step asks only for the
+    runs its decision needs, and the same folders give the same choice again."""
+    cells, _ = plan_cells(tiny, Settings(seeds=(0,), epochs=4), tmp_path)
+    cells = [cell for cell in cells if cell.column.key == "fedavg"]
+    tuning = Tuning(factors=(0.5, 1, 2), epochs=4, halving=True, widen=2)
+    tune = tmp_path / "tune" / "classes-2" / "fedavg"
+
+    def asked(plan):
+        return sorted((Path(s.config.out).name, s.config.epochs) for s in plan.next_specs())
+
+    plan = TuningPlan(cells, tuning, tmp_path)
+    assert asked(plan) == [("lr-0.025", 2), ("lr-0.05", 2), ("lr-0.1", 2)]
+    fake_trial(tune / "lr-0.025", [0.5, 0.6])
+    fake_trial(tune / "lr-0.05", [0.5, 0.7])
+    fake_trial(tune / "lr-0.1", [0.6, 0.65])
+    assert asked(TuningPlan(cells, tuning, tmp_path)) == [("lr-0.05", 4), ("lr-0.1", 4)]
+    fake_trial(tune / "lr-0.05", [0.5, 0.7, 0.72, 0.74])
+    fake_trial(tune / "lr-0.1", [0.6, 0.65, 0.8, 0.75])
+    assert asked(TuningPlan(cells, tuning, tmp_path)) == [("lr-0.2", 4)]
+    fake_trial(tune / "lr-0.2", [0.7, 0.8, 0.85, 0.9])
+    assert asked(TuningPlan(cells, tuning, tmp_path)) == [("lr-0.4", 4)]
+    fake_trial(tune / "lr-0.4", [0.1, 0.1, 0.1, 0.1])
+    plan = TuningPlan(cells, tuning, tmp_path)
+    assert asked(plan) == []
+    (choice,) = plan.choices().values()
+    assert choice.lr == 0.2
+    assert [(t.lr, t.accuracy, t.epochs) for t in choice.trials] == [
+        (0.025, 0.6, 2),
+        (0.05, 0.74, 4),
+        (0.1, 0.8, 4),
+        (0.2, 0.9, 4),
+        (0.4, 0.1, 4),
+    ]
+    # without halving and widening: every candidate for all 4 epochs, nothing more
+    plain = TuningPlan(cells, Tuning(factors=(0.5, 1, 2), epochs=4, widen=0), tmp_path)
+    assert asked(plain) == [("lr-0.025", 4)]
+
+
+def test_a_grid_tuned_by_halving_runs_and_resumes_to_the_same_choice(tiny, tmp_path):
+    tuning = Tuning(factors=(0.5, 1, 2), validation=0.2, epochs=2, halving=True, widen=1)
+    settings = Settings(seeds=(0,), epochs=1)
+    display, phases = recorder()
+    first = reproduce(
+        "tiny", tmp_path, settings, tuning=tuning, backend=LocalBackend(1), display=display
+    )
+    titles = list(phases)
+    assert titles[:2] == ["tiny · tuning lr", "tiny · tuning lr, step 2"]
+    assert first.chosen is not None
+    for choice in first.chosen.values():
+        at_two = [t for t in choice.trials if t.epochs == 2]
+        assert len(at_two) >= 2 and choice.lr == choose(at_two, choice.default)
+    display, phases = recorder()
+    again = reproduce(
+        "tiny", tmp_path, settings, tuning=tuning, backend=LocalBackend(1), display=display
+    )
+    assert again.chosen == first.chosen
+    assert all(s == "skipped" for events in phases.values() for _, s in statuses(events))
+    rows = list(csv.DictReader(open(tmp_path / "tuning.csv")))
+    assert {row["epochs"] for row in rows} == {"1", "2"}
+
+
 # -- running grids ------------------------------------------------------------------------
 
 
@@ -332,7 +423,7 @@ def test_a_grid_reads_only_its_own_epochs_from_runs_extended_past_them(tiny, tmp
 
 
 def test_tuning_picks_each_lr_on_the_validation_split(tiny, tmp_path):
-    tuning = Tuning(factors=(0.5, 2.0), validation=0.2, epochs=1)
+    tuning = Tuning(factors=(0.5, 2.0), validation=0.2, epochs=1, widen=0)
     report = reproduce(
         "tiny", tmp_path, Settings(seeds=(0, 1)), tuning=tuning, backend=LocalBackend(1)
     )

@@ -14,7 +14,7 @@ import io
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from stratify.reproduce.grids import (
 )
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
 from stratify.reproduce.results import CellResult, csv_text, markdown, read_cell
-from stratify.reproduce.tuning import Choice, Tuning, choices, tuned_cells, tuning_specs
+from stratify.reproduce.tuning import Choice, Tuning, tune, tuned_cells, tuning_specs
 from stratify.runfiles import read_json_object
 from stratify.runfolder import FolderLock, json_safe, write_output_file
 
@@ -64,6 +64,8 @@ class Report:
     files: list[Path] = field(default_factory=list)
     plots_note: str | None = None
     markdown: str = ""
+    #: how the phases ran (``--vectorize``: what stepped together, what ran alone)
+    run_notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[CellResult]:
@@ -87,7 +89,7 @@ def identity(grid: Grid, settings: Settings, tuning: Tuning | None) -> dict[str,
         "clients": settings.clients or grid.values.get("clients", DEFAULT_CLIENTS),
         "model": settings.model,
         "secure": settings.secure,
-        "tuning": None if tuning is None else asdict(tuning),
+        "tuning": None if tuning is None else tuning.identity(),
     }
 
 
@@ -160,11 +162,21 @@ def check_setups(specs: Sequence[RunSpec]) -> None:
 
 
 def run_phase(
-    title: str, specs: Sequence[RunSpec], backend: Backend | None, display: Display | None
+    title: str,
+    specs: Sequence[RunSpec],
+    backend: Backend | None,
+    display: Display | None,
+    vectorize: int | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, RunOutcome]:
+    """Run a phase's specs (``vectorize``: in groups stepped together); a grouping note,
+    if any, is added to ``notes`` prefixed with the phase's title."""
     context = display(title, specs) if display is not None else nullcontext(None)
+    phase_notes: list[str] = []
     with context as on_event:
-        outcomes = run_specs(specs, backend, on_event)
+        outcomes = run_specs(specs, backend, on_event, vectorize, phase_notes.append)
+    if notes is not None:
+        notes += [f"{title}: {note}" for note in phase_notes]
     return {outcome.name: outcome for outcome in outcomes}
 
 
@@ -172,7 +184,16 @@ def write_tuning_csv(chosen: dict[str, Choice], path: Path) -> None:
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
     writer.writerow(
-        ["group", "lr", "default_lr", "validation_accuracy", "best_epoch", "status", "chosen"]
+        [
+            "group",
+            "lr",
+            "default_lr",
+            "validation_accuracy",
+            "best_epoch",
+            "status",
+            "chosen",
+            "epochs",
+        ]
     )
     for choice in chosen.values():
         for trial in choice.trials:
@@ -185,6 +206,7 @@ def write_tuning_csv(chosen: dict[str, Choice], path: Path) -> None:
                     "" if trial.epoch is None else trial.epoch,
                     trial.status,
                     trial.lr == choice.lr,
+                    "" if trial.epochs is None else trial.epochs,
                 ]
             )
     write_output_file(path, buffer.getvalue().encode())
@@ -199,6 +221,7 @@ def reproduce(
     backend: Backend | None = None,
     display: Display | None = None,
     keep_corrupt: bool = False,
+    vectorize: int | None = None,
 ) -> Report:
     """Run grid ``grid_name`` into ``out`` and write its tables and plots.
 
@@ -223,6 +246,9 @@ def reproduce(
     keep_corrupt : bool
         Leave a run folder whose files cannot be read back (reported ``corrupt``)
         instead of running it again from its first epoch.
+    vectorize : int, optional
+        Step runs that can share a step together, this many to a group
+        (:mod:`stratify.vectorize`); the report's ``run_notes`` say what ran alone.
     """
     grid = grid_named(grid_name)
     out = grid_folder(out)
@@ -250,22 +276,30 @@ def reproduce(
                 (json.dumps(identity(grid, settings, tuning), indent=2) + "\n").encode(),
             )
         files: list[Path] = []
+        run_notes: list[str] = []
         chosen = None
         if tuning is not None:
-            specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in tuning_runs]
-            outcomes = run_phase(f"{grid.name} · tuning lr", specs, backend, display)
-            chosen = choices(cells, specs, outcomes)
+
+            def run_tuning(title: str, specs: list[RunSpec]) -> dict[str, RunOutcome]:
+                specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in specs]
+                return run_phase(
+                    f"{grid.name} · {title}", specs, backend, display, vectorize, run_notes
+                )
+
+            chosen = tune(cells, tuning, out, run_tuning)
             write_tuning_csv(chosen, out / "tuning.csv")
             files.append(out / "tuning.csv")
             cells = tuned_cells(cells, chosen)
         specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in cell_specs(cells)]
-        outcomes = run_phase(grid.name, specs, backend, display)
+        outcomes = run_phase(grid.name, specs, backend, display, vectorize, run_notes)
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
         write_output_file(out / "results.csv", csv_text(grid, results, tuning is not None))
         table = markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
         write_output_file(out / "results.md", table.encode())
         files += [out / "results.csv", out / "results.md"]
-        report = Report(grid, cells, results, chosen, notes, files, markdown=table)
+        report = Report(
+            grid, cells, results, chosen, notes, files, markdown=table, run_notes=run_notes
+        )
         try:
             report.files += grid_plots(grid, results, out)
         except PlotsUnavailable as error:

@@ -9,13 +9,20 @@ at it. A tuning run is at least as long as the method needs for its own mechanis
 (:meth:`~stratify.method.Strategy.informative_epochs`: FedBSS's warm-up + 2), and runs
 with the final runs' options, so FedBSS tunes with the warm-up it is then run with
 (docs/architecture.md, "Reproducing the papers").
+
+With ``halving``, the candidates race in rungs (successive halving): every candidate
+trains a few epochs, the better half by the same rule trains on, and so on, the last two
+being compared after the full tuning epochs. A chosen rate at the edge of the rates tried
+widens the grid: the next rate beyond it (by the grid's outermost ratio) is tried at the
+full tuning epochs, up to ``widen`` times on each side. Every decision is read back from
+the tuning runs' folders, so a stopped tuning resumes to the same choices.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stratify.algorithms import build_strategy
@@ -24,11 +31,13 @@ from stratify.errors import ConfigError, CorruptRunError
 from stratify.parallel import COMPLETE, RunOutcome, RunSpec
 from stratify.reproduce.grids import Cell
 from stratify.runfiles import read_records
-from stratify.validation import check_positive, check_positive_int, check_share
+from stratify.validation import check_int, check_positive, check_positive_int, check_share
 
 #: the candidate rates, as multiples of each method's default
 DEFAULT_FACTORS = (0.3, 1.0, 3.0)
 DEFAULT_VALIDATION = 0.1
+#: rates added beyond a chosen edge rate, at most, on each side
+DEFAULT_WIDEN = 2
 
 
 @dataclass(frozen=True)
@@ -43,11 +52,29 @@ class Tuning:
         Share of every label's training samples held out to score the candidates.
     epochs : int, optional
         Epochs of a tuning run (default: the cell's).
+    halving : bool
+        Race the candidates by successive halving (:func:`rungs`) instead of training
+        every one for all the epochs.
+    widen : int
+        Rates tried beyond a chosen edge rate, at most, on each side (0: the grid as given).
     """
 
     factors: tuple[float, ...] = DEFAULT_FACTORS
     validation: float = DEFAULT_VALIDATION
     epochs: int | None = None
+    halving: bool = False
+    widen: int = DEFAULT_WIDEN
+
+    def identity(self) -> dict[str, object]:
+        """What a grid folder records of its tuning; the settings at the values tuning had
+        before they existed (no halving, no widening) are left out, so folders tuned then
+        continue."""
+        values: dict[str, object] = asdict(self)
+        if not self.halving:
+            del values["halving"]
+        if self.widen == 0:
+            del values["widen"]
+        return values
 
     def __post_init__(self) -> None:
         if not isinstance(self.factors, (list, tuple)):
@@ -62,16 +89,19 @@ class Tuning:
             check_positive(self.validation, "--validation")
         if self.epochs is not None:
             check_positive_int(self.epochs, "--tune-epochs")
+        object.__setattr__(self, "widen", check_int(self.widen, "--tune-widen", minimum=0))
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One candidate rate's validation result."""
+    """One candidate rate's validation result after ``epochs`` epochs (``None``: those
+    of the tuning run)."""
 
     lr: float
     accuracy: float | None
     epoch: int | None
     status: str
+    epochs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +129,12 @@ def best_validation(records: Sequence[dict]) -> tuple[float | None, int | None]:
     return accuracy, epoch
 
 
+def informative_epochs(config: TrainConfig) -> int:
+    """The fewest epochs in which ``config``'s method's mechanism acts
+    (:meth:`~stratify.method.Strategy.informative_epochs`)."""
+    return build_strategy(config.algorithm, config.options, config.mode).informative_epochs()
+
+
 def tuning_epochs(config: TrainConfig, requested: int | None) -> int:
     """A tuning run's epochs: ``requested`` (default: the cell's), but never fewer than the
     method's :meth:`~stratify.method.Strategy.informative_epochs`."""
@@ -118,27 +154,63 @@ def candidates(default: float, factors: Sequence[float]) -> tuple[float, ...]:
     return tuple(sorted({float(f"{default * factor:.6g}") for factor in factors}))
 
 
+def ranked(trials: Sequence[Trial], default: float) -> list[Trial]:
+    """``trials`` best first: those that finished every epoch, then the diverged ones
+    with their best epoch before diverging, then those without a score; within each, by
+    validation accuracy, ties to the rate nearest the default (on a log scale), then to
+    the smaller."""
+
+    def key(trial: Trial) -> tuple:
+        tier = 0 if trial.status in COMPLETE else 1
+        if trial.accuracy is None:
+            tier = 2
+        return (tier, -(trial.accuracy or 0.0), abs(math.log(trial.lr / default)), trial.lr)
+
+    return sorted(trials, key=key)
+
+
 def choose(trials: Sequence[Trial], default: float) -> float:
-    """The rate of the best validation accuracy.
+    """The rate of the best validation accuracy (the first of :func:`ranked`).
 
     Trials that finished every epoch come first; only when none did, the diverged ones
     count with their best epoch before diverging. Ties go to the rate nearest the
-    default (on a log scale), then the smaller.
+    default (on a log scale), then the smaller. Without any score: the default.
     """
-    scored = [trial for trial in trials if trial.accuracy is not None]
-    complete = [trial for trial in scored if trial.status in COMPLETE]
-    pool = complete or scored
-    if not pool:
+    order = ranked(trials, default)
+    if not order or order[0].accuracy is None:
         return default
-    best = min(
-        pool,
-        key=lambda trial: (
-            -(trial.accuracy or 0.0),
-            abs(math.log(trial.lr / default)),
-            trial.lr,
-        ),
+    return order[0].lr
+
+
+def rungs(candidates: int, epochs: int) -> list[tuple[int, int]]:
+    """Successive halving's rungs: ``(candidates racing, epochs they have trained)``.
+
+    The better half (rounded up) of a rung goes on to the next, until one is left; the
+    last rung, of two, is decided after all ``epochs``, each earlier one after half the
+    epochs of the next (rounded up, at least one). Three candidates over 30 epochs: all
+    three 15 epochs, the better two 30 (75 run-epochs instead of 90).
+    """
+    counts = [candidates]
+    while counts[-1] > 1:
+        counts.append(math.ceil(counts[-1] / 2))
+    racing = counts[:-1] or counts
+    budgets = [epochs]
+    for _ in racing[1:]:
+        budgets.insert(0, max(1, math.ceil(budgets[0] / 2)))
+    return list(zip(racing, budgets))
+
+
+def tuning_config(
+    cell: Cell, lr: float, tuning: Tuning, epochs: int, out: str | Path
+) -> TrainConfig:
+    """The tuning run of ``cell``'s row and column at rate ``lr``, trained ``epochs``."""
+    return replace(
+        cell.config,
+        lr=lr,
+        validation=tuning.validation,
+        epochs=epochs,
+        out=str(Path(out) / "tune" / cell.group / f"lr-{lr:g}"),
     )
-    return best.lr
 
 
 def tuning_cells(cells: Sequence[Cell]) -> dict[str, Cell]:
@@ -150,50 +222,146 @@ def tuning_cells(cells: Sequence[Cell]) -> dict[str, Cell]:
 
 
 def tuning_specs(cells: Sequence[Cell], tuning: Tuning, out: str | Path) -> list[RunSpec]:
-    """One run per row, column and candidate rate, on the validation split, in
+    """The first tuning runs: per row and column, every candidate rate for the tuning
+    epochs (with ``halving``, its first rung's), on the validation split, in
     ``out/tune/<row>/<column>/lr-<rate>``."""
-    specs = []
-    for group, cell in tuning_cells(cells).items():
-        default = method_default_lr(cell.config)
-        for lr in candidates(default, tuning.factors):
-            name = f"tune/{group}/lr-{lr:g}"
-            config = replace(
-                cell.config,
-                lr=lr,
-                validation=tuning.validation,
-                epochs=tuning_epochs(cell.config, tuning.epochs),
-                out=str(Path(out) / name),
-            )
-            specs.append(RunSpec(name, config))
-    return specs
+    return TuningPlan(cells, tuning, out).next_specs()
 
 
-def choices(
-    cells: Sequence[Cell],
-    specs: Sequence[RunSpec],
-    outcomes: dict[str, RunOutcome],
-) -> dict[str, Choice]:
-    """The rate chosen per row and column, from the tuning runs' folders."""
-    chosen = {}
-    for group, cell in tuning_cells(cells).items():
-        default = method_default_lr(cell.config)
-        trials = []
-        for spec in specs:
-            if not spec.name.startswith(f"tune/{group}/"):
+class TuningPlan:
+    """The tuning of a grid: which runs its next decisions need, read from the tuning
+    runs' folders (so a stopped tuning resumes to the same choices), and its choices.
+
+    Use: ``while specs := plan.next_specs(): plan.record(run(specs))``, then
+    :meth:`choices`. Each row and column goes through its rungs (or the plain grid) and
+    then widens (see the module's notes), independently of the others.
+
+    Parameters
+    ----------
+    cells : sequence of Cell
+        The grid's cells; each row and column is tuned on its first seed's.
+    tuning : Tuning
+        How.
+    out : str or Path
+        The grid's folder.
+    """
+
+    def __init__(self, cells: Sequence[Cell], tuning: Tuning, out: str | Path) -> None:
+        self.tuning = tuning
+        self.out = out
+        self.cells = tuning_cells(cells)
+        self.defaults = {
+            group: method_default_lr(cell.config) for group, cell in self.cells.items()
+        }
+        #: how each tuning run ended in this session (a diverged run stays diverged)
+        self.statuses: dict[str, str] = {}
+        self.decided: dict[str, Choice] = {}
+
+    def trial(self, cell: Cell, lr: float, epochs: int) -> tuple[Trial, RunSpec | None]:
+        """Rate ``lr``'s result after ``epochs`` epochs, and the run still needed for it."""
+        config = tuning_config(cell, lr, self.tuning, epochs, self.out)
+        name = f"tune/{cell.group}/lr-{lr:g}"
+        status = self.statuses.get(name, "missing")
+        try:
+            records = read_records(str(config.out))[:epochs]
+        except CorruptRunError:
+            records = []  # run again from epoch 1, unless kept (its outcome says corrupt)
+        accuracy, epoch = best_validation(records)
+        if len(records) >= epochs:
+            status = "finished"
+        elif status not in ("diverged", "failed", "corrupt"):  # ran this session and stopped
+            return Trial(lr, accuracy, epoch, status, epochs), RunSpec(name, config)
+        return Trial(lr, accuracy, epoch, status, epochs), None
+
+    def group_state(self, group: str) -> tuple[list[RunSpec], Choice | None]:
+        """The runs ``group``'s next decision needs, or its choice once made."""
+        cell, default = self.cells[group], self.defaults[group]
+        epochs = tuning_epochs(cell.config, self.tuning.epochs)
+        racing = list(candidates(default, self.tuning.factors))
+        schedule = rungs(len(racing), epochs) if self.tuning.halving else [(len(racing), epochs)]
+        # no rung shorter than the method needs for its own mechanism to act
+        shortest = informative_epochs(cell.config)
+        schedule = [(count, max(budget, min(shortest, epochs))) for count, budget in schedule]
+        trials: dict[float, Trial] = {}
+        for count, budget in schedule:
+            if trials:  # the better part of the rung before goes on
+                racing = [trial.lr for trial in ranked([trials[lr] for lr in racing], default)]
+                racing = racing[:count]
+            needed = []
+            for lr in racing:
+                trials[lr], spec = self.trial(cell, lr, budget)
+                if spec is not None:
+                    needed.append(spec)
+            if needed:
+                return needed, None
+        finalists = [trials[lr] for lr in racing]
+        widened = {"up": 0, "down": 0}
+        while True:
+            tried = sorted(trials)
+            best = choose(finalists, default)
+            side = edge_side(best, tried)
+            if side is None or widened[side] >= self.tuning.widen:
+                break
+            widened[side] += 1
+            ratio = tried[-1] / tried[-2] if side == "up" else tried[0] / tried[1]
+            lr = float(f"{best * ratio:.6g}")
+            trials[lr], spec = self.trial(cell, lr, epochs)
+            if spec is not None:
+                return [spec], None
+            finalists.append(trials[lr])
+        every = tuple(sorted(trials.values(), key=lambda trial: trial.lr))
+        return [], Choice(group, default, choose(finalists, default), every)
+
+    def next_specs(self) -> list[RunSpec]:
+        """The runs the next decisions need (none: every choice is made)."""
+        specs = []
+        for group in self.cells:
+            if group in self.decided:
                 continue
-            outcome = outcomes.get(spec.name)
-            status = outcome.status if outcome is not None else "missing"
-            try:
-                records = read_records(str(spec.config.out))[: spec.config.epochs]
-            except CorruptRunError:
-                records, status = [], "corrupt"
-            accuracy, epoch = best_validation(records)
-            if status not in COMPLETE and len(records) >= spec.config.epochs:
-                status = "finished"
-            assert spec.config.lr is not None  # tuning runs always name their rate
-            trials.append(Trial(spec.config.lr, accuracy, epoch, status))
-        chosen[group] = Choice(group, default, choose(trials, default), tuple(trials))
-    return chosen
+            needed, choice = self.group_state(group)
+            if choice is not None:
+                self.decided[group] = choice
+            specs += needed
+        return specs
+
+    def record(self, outcomes: dict[str, RunOutcome]) -> None:
+        """How this session's tuning runs ended."""
+        for name, outcome in outcomes.items():
+            self.statuses[name] = outcome.status
+
+    def choices(self) -> dict[str, Choice]:
+        """The rate chosen per row and column (once :meth:`next_specs` asks for nothing)."""
+        assert len(self.decided) == len(self.cells), "tuning runs are still needed"
+        return {group: self.decided[group] for group in self.cells}
+
+
+def edge_side(lr: float, tried: Sequence[float]) -> str | None:
+    """``up`` when ``lr`` is the largest of two or more rates tried, ``down`` the
+    smallest, else ``None``."""
+    if len(tried) < 2:
+        return None
+    if lr == tried[-1]:
+        return "up"
+    if lr == tried[0]:
+        return "down"
+    return None
+
+
+def tune(
+    cells: Sequence[Cell],
+    tuning: Tuning,
+    out: str | Path,
+    run: Callable[[str, list[RunSpec]], dict[str, RunOutcome]],
+) -> dict[str, Choice]:
+    """Tune every row and column: ``run(title, specs)`` runs each phase's tuning runs
+    (the first, then each rung's survivors, then each widening) and returns their
+    outcomes by name."""
+    plan = TuningPlan(cells, tuning, out)
+    phase = 0
+    while specs := plan.next_specs():
+        phase += 1
+        plan.record(run("tuning lr" if phase == 1 else f"tuning lr, step {phase}", specs))
+    return plan.choices()
 
 
 def tuned_cells(cells: Sequence[Cell], chosen: dict[str, Choice]) -> list[Cell]:

@@ -1,0 +1,261 @@
+"""How long a grid takes on this machine, from per-epoch costs measured here.
+
+A short calibration trains every kind of run of the grid (its method, mode and options:
+a column) for :data:`CALIBRATION_EPOCHS` epochs on the grid's first row, the way the
+grid will run it: a kind whose runs step together (``--vectorize``) as a group of as many
+runs as its group in the grid will hold, the others alone. An epoch's cost is the wall
+time from one epoch's end to the next over the runs that made it, evaluation and
+checkpoint included; the first epochs keep their own costs (set-up, the compile,
+FedDiverse's one-off estimation), later epochs cost as the last measured one. The costs
+are stored in ``OUT/calibration.json`` and reused while the grid's kinds, group sizes and
+this machine's CPU count stay the same (docs/architecture.md, "Reproducing the papers").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from stratify.parallel import (
+    LocalBackend,
+    RunEvent,
+    RunOutcome,
+    RunSpec,
+    available_cores,
+    folder_state,
+    run_specs,
+)
+from stratify.reproduce.grids import Cell, slug
+from stratify.reproduce.tuning import (
+    Tuning,
+    candidates,
+    method_default_lr,
+    rungs,
+    tuning_cells,
+    tuning_config,
+)
+from stratify.vectorize import plan_groups
+
+CALIBRATION_FILE = "calibration.json"
+#: epochs each kind is calibrated with: the first two may hold one-off costs
+CALIBRATION_EPOCHS = 3
+
+
+def kind_of(cell: Cell) -> str:
+    """What decides the cost of a cell's epochs here: its column (method, mode, options)."""
+    return cell.column.key
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Seconds of one run's epochs: ``epochs[i]`` for epoch ``i + 1``; every later
+    epoch costs as the last."""
+
+    epochs: tuple[float, ...]
+
+    def between(self, done: int, target: int) -> float:
+        """Seconds from ``done`` epochs to ``target``."""
+        last = len(self.epochs) - 1
+        return sum(self.epochs[min(epoch, last)] for epoch in range(done, target))
+
+
+@dataclass(frozen=True)
+class Work:
+    """Runs of one kind still to train in a phase: ``count`` runs from ``done`` to
+    ``target`` epochs; ``unit`` how many of them a worker takes at once (a group)."""
+
+    phase: str
+    kind: str
+    count: int
+    done: int
+    target: int
+    unit: int = 1
+
+
+def group_sizes(cells: Sequence[Cell], vectorize: int | None) -> dict[str, int]:
+    """Per kind, the size of the group its first cell steps in (1: alone)."""
+    if vectorize is None:
+        return {kind_of(cell): 1 for cell in cells}
+    grouping = plan_groups([cell.config for cell in cells], vectorize)
+    size_of = {index: len(group) for group in grouping.groups for index in group}
+    sizes: dict[str, int] = {}
+    for index, cell in enumerate(cells):
+        sizes.setdefault(kind_of(cell), size_of[index])
+    return sizes
+
+
+def calibration_options(options: dict) -> dict:
+    """A cell's options for its short calibration runs: a warm-up (FedBSS's) cut to one
+    round, so that the run is accepted and its later epochs time the method's main stage,
+    which is most of a full run."""
+    if options.get("warmup_rounds", 0) > 1:
+        return {**options, "warmup_rounds": 1}
+    return options
+
+
+def calibration_specs(
+    cells: Sequence[Cell], sizes: dict[str, int], out: Path
+) -> dict[str, list[RunSpec]]:
+    """Per kind, its calibration runs: the kind's first cell, seeds 0, 1, … for as many
+    runs as its group holds, :data:`CALIBRATION_EPOCHS` epochs, in ``out/calibration``."""
+    specs: dict[str, list[RunSpec]] = {}
+    for cell in cells:
+        kind = kind_of(cell)
+        if kind in specs:
+            continue
+        specs[kind] = [
+            RunSpec(
+                f"calibration/{kind}/seed-{seed}",
+                replace(
+                    cell.config,
+                    seed=seed,
+                    epochs=CALIBRATION_EPOCHS,
+                    options=calibration_options(cell.config.options),
+                    out=str(out / "calibration" / slug(kind) / f"seed-{seed}"),
+                ),
+                policy="overwrite",
+            )
+            for seed in range(sizes[kind])
+        ]
+    return specs
+
+
+def measure(
+    specs: Sequence[RunSpec], vectorize: int | None, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, ...]:
+    """Per-run seconds of each epoch of ``specs`` run together in this process: the wall
+    time between the moments the last run finished one epoch and the next, over the
+    runs."""
+    ends: dict[int, float] = {}
+    count = len(specs)
+    finished: dict[int, int] = {}
+
+    def on_event(event: RunEvent | RunOutcome) -> None:
+        if isinstance(event, RunEvent) and event.kind == "epoch":
+            finished[event.epoch] = finished.get(event.epoch, 0) + 1
+            if finished[event.epoch] == count:
+                ends[event.epoch] = clock()
+
+    start = clock()
+    outcomes = run_specs(specs, LocalBackend(1), on_event, vectorize)
+    failed = [outcome for outcome in outcomes if outcome.status != "finished"]
+    if failed:
+        raise CalibrationError(f"{failed[0].name} {failed[0].status}: {failed[0].message}")
+    moments = [start] + [ends[epoch] for epoch in range(1, CALIBRATION_EPOCHS + 1)]
+    return tuple((b - a) / count for a, b in zip(moments, moments[1:]))
+
+
+class CalibrationError(RuntimeError):
+    """A calibration run did not finish."""
+
+
+def machine() -> dict[str, Any]:
+    """What a calibration holds for: this machine's cores."""
+    return {"cores": available_cores(), "cpu_count": os.cpu_count()}
+
+
+def load_costs(
+    out: Path, sizes: dict[str, int], calibrate: Callable[[str], tuple[float, ...]]
+) -> tuple[dict[str, Cost], list[str]]:
+    """The stored costs of ``out/calibration.json`` where they fit (same machine, same
+    group size), the others calibrated now with ``calibrate(kind)`` and stored; and the
+    kinds calibrated now."""
+    path = out / CALIBRATION_FILE
+    stored: dict[str, Any] = {}
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+            if saved.get("machine") == machine():
+                stored = saved.get("kinds", {})
+        except (OSError, json.JSONDecodeError, AttributeError):
+            stored = {}
+    costs, measured = {}, []
+    for kind, size in sizes.items():
+        entry = stored.get(kind)
+        if not isinstance(entry, dict) or entry.get("group") != size:
+            entry = {"group": size, "epochs": list(calibrate(kind))}
+            stored[kind] = entry
+            measured.append(kind)
+        costs[kind] = Cost(tuple(float(value) for value in entry["epochs"]))
+    if measured:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"machine": machine(), "kinds": stored}, indent=2) + "\n")
+    return costs, measured
+
+
+def cell_work(cells: Sequence[Cell], sizes: dict[str, int]) -> list[Work]:
+    """The cells' epochs left, per kind."""
+    work = []
+    for cell in cells:
+        state = folder_state(cell.config)
+        done = cell.config.epochs if state.kind == "finished" else state.epochs_done
+        if done < cell.config.epochs:
+            work.append(
+                Work("cells", kind_of(cell), 1, done, cell.config.epochs, sizes[kind_of(cell)])
+            )
+    return work
+
+
+def tuning_work(
+    cells: Sequence[Cell], tuning: Tuning, out: Path, sizes: dict[str, int]
+) -> tuple[list[Work], list[Work]]:
+    """The tuning's epochs left per kind, and what widening could add: every row and
+    column trying ``widen`` more rates for the full tuning epochs.
+
+    With halving, rung ``i`` trains its racing count from the rung before's epochs to its
+    own (which candidates race is known only once the rung before has run, so its runs'
+    folders are not read).
+    """
+    work, widening = [], []
+    for cell in tuning_cells(cells).values():
+        kind, size = kind_of(cell), sizes[kind_of(cell)]
+        epochs = tuning.epochs or cell.config.epochs
+        rates = candidates(method_default_lr(cell.config), tuning.factors)
+        if tuning.halving:
+            previous = 0
+            for count, budget in rungs(len(rates), epochs):
+                work.append(Work("tuning", kind, count, previous, budget, size))
+                previous = budget
+        else:
+            for lr in rates:
+                state = folder_state(tuning_config(cell, lr, tuning, epochs, out))
+                done = epochs if state.kind == "finished" else state.epochs_done
+                if done < epochs:
+                    work.append(Work("tuning", kind, 1, done, epochs, size))
+        if tuning.widen:
+            widening.append(Work("widening", kind, tuning.widen, 0, epochs, 1))
+    return work, widening
+
+
+def seconds(work: Sequence[Work], costs: dict[str, Cost], workers: int) -> float:
+    """Wall seconds of ``work`` on ``workers`` processes, each phase packed evenly but
+    never shorter than its longest unit (a group or a run)."""
+    total = 0.0
+    for phase in dict.fromkeys(item.phase for item in work):
+        items = [item for item in work if item.phase == phase]
+        run_seconds = sum(
+            item.count * costs[item.kind].between(item.done, item.target) for item in items
+        )
+        longest = max(
+            min(item.unit, item.count) * costs[item.kind].between(item.done, item.target)
+            for item in items
+        )
+        total += max(run_seconds / workers, longest)
+    return total
+
+
+def summary(
+    work: Sequence[Work], widening: Sequence[Work], costs: dict[str, Cost], workers: int
+) -> str:
+    """One line: the estimated hours, and what widening could add."""
+    base = seconds(work, costs, workers)
+    text = f"estimated {base / 3600:.1f} h on {workers} worker(s) here"
+    if widening:
+        extra = seconds(list(widening), costs, workers)
+        text += f" (+ up to {extra / 3600:.1f} h if every tuned rate lands at an edge and widens)"
+    return text
