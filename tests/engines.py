@@ -6,6 +6,10 @@ labels cycle through ``client_labels[k]`` (by default the one label ``k % 3``); 
 label ``l`` is standard normal noise shifted by ``l`` in each of its 4 features. A test
 with its own data passes ``dataset`` and ``federation`` instead, or only ``dataset`` and
 the run's settings (partition, clients, model) for ``build_experiment`` to build the rest.
+
+The small models of that data (``linear``, ``mlp``, ``bn_mlp``) and the hand math of the
+baseline tests (``ce_gradient``, ``numpy_params``, ``client_arrays``, ``bn_input``) are here
+too, shared by ``tests/test_fedavg.py`` and the files of the methods built on FedAvg.
 """
 
 from __future__ import annotations
@@ -102,3 +106,55 @@ def tiny_engine(
         strategy=strategy,
         trainer=trainer,
     ).engine
+
+
+# -- small models and the hand math of the baseline tests ------------------------------------
+
+
+def linear(seed: int = 0) -> nn.Linear:
+    """A linear classifier of the tiny data, initialised from ``seed``."""
+    torch.manual_seed(seed)
+    return nn.Linear(FEATURES, CLASSES)
+
+
+def mlp(seed: int = 0) -> nn.Sequential:
+    """A two-layer perceptron (6 hidden units, no normalisation) of the tiny data."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(FEATURES, 6), nn.ReLU(), nn.Linear(6, CLASSES))
+
+
+def bn_mlp(seed: int = 0, norm: nn.Module | None = None) -> nn.Sequential:
+    """:func:`mlp` with a normalisation layer (``model[1]``) after the first linear one:
+    ``nn.BatchNorm1d(6)`` unless ``norm`` is given."""
+    torch.manual_seed(seed)
+    layer = nn.BatchNorm1d(6) if norm is None else norm
+    return nn.Sequential(nn.Linear(FEATURES, 6), layer, nn.ReLU(), nn.Linear(6, CLASSES))
+
+
+def bn_input(model: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """What the normalisation layer of a :func:`bn_mlp` receives for ``x`` (float64)."""
+    return model[0](x).detach().double()
+
+
+def ce_gradient(weight, bias, x, y):
+    """Gradient of the mean cross-entropy of a linear model, by hand (numpy, float64)."""
+    logits = x @ weight.T + bias
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    return p.T @ x / len(y), p.mean(0)
+
+
+def numpy_params(model: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
+    """A linear model's weight and bias as float64 numpy arrays."""
+    return model.weight.detach().double().numpy(), model.bias.detach().double().numpy()
+
+
+def client_arrays(
+    engine: Engine, client: int, order: Sequence[int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of ``client`` (or those at the indices ``order``) of an engine's data:
+    features in float64 and labels, as numpy arrays for :func:`ce_gradient`."""
+    indices = engine.federation.client_indices[client] if order is None else order
+    x = engine.dataset.x_train[indices].double().numpy()
+    return x, engine.dataset.y_train[indices].numpy()
