@@ -42,7 +42,7 @@ def tensor_problem(name: str, value: object, expected: torch.Tensor | None = Non
         return f"{name} is {describe(value)}, not {wanted}"
     if value.layout != torch.strided:
         return f"{name} is a {value.layout} tensor; only dense tensors are accepted"
-    if value.is_quantized or value.is_complex() or value.dtype not in ACCEPTED_DTYPES:
+    if value.is_quantized or value.is_complex() or value.dtype not in NUMERIC_DTYPES:
         return f"{name} is a tensor of {value.dtype}, which no run writes"
     if expected is not None:
         if value.shape != expected.shape:
@@ -54,7 +54,8 @@ def tensor_problem(name: str, value: object, expected: torch.Tensor | None = Non
     return None
 
 
-ACCEPTED_DTYPES = (
+#: the tensor types a checkpoint or a stream event may hold (numbers, not complex)
+NUMERIC_DTYPES = (
     torch.float16,
     torch.bfloat16,
     torch.float32,

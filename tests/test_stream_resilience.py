@@ -15,50 +15,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from streams import FLAGS, event_line, stream_config
 
 from stratify.cli.main import main
 from stratify.errors import ConfigError
-from stratify.stream import StreamConfig
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.run import StreamRun
 
-FEATURES = 5
-SETTINGS = {
-    "mlp_hidden": (12,),
-    "capacity": 8,
-    "max_uses": 3,
-    "lr": 0.05,
-    "eval_every": 50,
-    "checkpoint_every": 100,
-    "secure": False,
-    "device": "cpu",
-    "window": 40,
-}
-FLAGS = [
-    "--mlp-hidden", "12", "--capacity", "8", "--max-uses", "3", "--lr", "0.05",
-    "--eval-every", "50", "--checkpoint-every", "100", "--no-secure", "--device", "cpu",
-    "--window", "40",
-]  # fmt: skip
 COMMAND = [sys.executable, "-m", "stratify.cli.main", "stream"]
 TIMING = ("events_per_second", "ingest_seconds")
-
-
-def event_line(line: int, rng: np.random.Generator) -> str:
-    label = int(rng.integers(4))
-    x = rng.normal(0, 0.5, FEATURES)
-    x[0] = line
-    x[1 + label % (FEATURES - 1)] += 3
-    return json.dumps({"client": f"c{rng.integers(3)}", "label": label, "x": x.round(5).tolist()})
 
 
 def event_lines(count: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     return [event_line(number, rng) for number in range(1, count + 1)]
-
-
-def stream_config(source: Path | str, out: Path | None, **values) -> StreamConfig:
-    settings = {**SETTINGS, **values}
-    return StreamConfig(source=str(source), out=None if out is None else str(out), **settings)
 
 
 def metrics_of(out: Path) -> list[dict]:

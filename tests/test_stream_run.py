@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from streams import FEATURES, FLAGS, SETTINGS, event_line, stream_config
 
 from stratify.cli.main import main
 from stratify.errors import ConfigError, StratifyError
@@ -23,46 +24,12 @@ from stratify.stream.buffers import ClientBuffers
 from stratify.stream.learner import StreamLearner
 from stratify.stream.run import StreamRun
 
-FEATURES = 5
-#: the flags shared by every run of a stream below
-SETTINGS = {
-    "mlp_hidden": (12,),
-    "capacity": 8,
-    "max_uses": 3,
-    "lr": 0.05,
-    "eval_every": 50,
-    "checkpoint_every": 100,
-    "secure": False,
-    "device": "cpu",
-    "window": 40,
-}
-FLAGS = [
-    "--mlp-hidden", "12", "--capacity", "8", "--max-uses", "3", "--lr", "0.05",
-    "--eval-every", "50", "--checkpoint-every", "100", "--no-secure", "--device", "cpu",
-    "--window", "40",
-]  # fmt: skip
-
-
-def event_line(line: int, rng: np.random.Generator, labels=(0, 1, 2, 3)) -> str:
-    """An event whose first feature is its line number, so a trained row names its event."""
-    label = int(rng.choice(labels))
-    x = rng.normal(0, 0.5, FEATURES)
-    x[0] = line
-    x[1 + label % (FEATURES - 1)] += 3
-    return json.dumps({"client": f"c{rng.integers(3)}", "label": label, "x": x.round(5).tolist()})
-
 
 def write_events(path: Path, count: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     lines = [event_line(number, rng) for number in range(1, count + 1)]
     path.write_text("\n".join(lines) + "\n")
     return lines
-
-
-def stream_config(source: Path, out: Path | None, **values) -> StreamConfig:
-    return StreamConfig(
-        source=str(source), out=None if out is None else str(out), **SETTINGS, **values
-    )
 
 
 def record_training(monkeypatch) -> list[int]:

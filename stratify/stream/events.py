@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stratify.checkpoints import NUMERIC_DTYPES
 from stratify.errors import ConfigError, StratifyError
 
 #: what a client may be: JSON integers and strings; a label may also be a boolean
@@ -142,7 +143,7 @@ def check_features(x: object) -> torch.Tensor:
         dict) go through :class:`FeatureSchema` instead.
     """
     if isinstance(x, torch.Tensor):
-        if x.is_complex() or x.dtype not in NUMERIC_TENSOR_TYPES:
+        if x.is_complex() or x.dtype not in NUMERIC_DTYPES:
             raise EventError(f"the features must be real numbers, got a tensor of {x.dtype}")
         features = x.detach().to(torch.float32)
     else:
@@ -154,20 +155,6 @@ def check_features(x: object) -> torch.Tensor:
     if not bool(torch.isfinite(features).all()):
         raise EventError("the features hold NaN or infinity (or a number beyond float32)")
     return features
-
-
-NUMERIC_TENSOR_TYPES = (
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-)
 
 
 def numeric_array(x: object) -> np.ndarray:
