@@ -31,11 +31,13 @@ def restore_torch_backend_settings():
     threads = torch.get_num_threads()
     mkldnn = torch.backends.mkldnn.enabled
     dtype = torch.get_default_dtype()
+    tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     yield
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     torch.backends.mkldnn.enabled = mkldnn
     torch.set_default_dtype(dtype)
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 @pytest.fixture

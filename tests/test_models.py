@@ -120,6 +120,11 @@ def test_every_resnet_norm_comes_from_the_factory(name, norm_layers):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["resnet20", "resnet9"])
 def test_sumbn_model_equals_bn_model_under_client_split(device, name):
+    # cuDNN runs convolutions in TF32 by default (10-bit mantissa): the two models then differ
+    # by ~1e-3 relative from rounding alone (seen on an H100), which would hide the algebra this
+    # test checks; the conftest fixture puts the settings back
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     bn_model = build_model(name, (3, 8, 8), NUM_CLASSES, norm="bn").to(device)
     sum_model = build_model(name, (3, 8, 8), NUM_CLASSES, norm="sumbn").to(device)
