@@ -726,7 +726,7 @@ def check_comparator(case: MethodCase) -> None:
     it only by the method's mechanism: ``matched_config`` gives a valid configuration of
     the base, in the same mode, on the same data, split, model, rounds and seed, at the
     method's resolved learning rate and schedule, and a round of the two is planned to
-    take the same local training samples."""
+    take the same local training samples (a method with a base must plan them)."""
     from stratify.reproduce.paired import (
         BASES,
         matched_config,
@@ -752,7 +752,9 @@ def check_comparator(case: MethodCase) -> None:
     sizes = list(COMPARATOR_CLIENT_SIZES)
     ours = planned_sample_gradients(config, sizes)
     theirs = planned_sample_gradients(matched, sizes)
-    assert ours is None or theirs == ours, (
+    # without a planned budget a paired dry run cannot show the two doing the same work
+    assert ours is not None, f"{case.id}: plans no sample-gradients a round to match"
+    assert theirs == ours, (
         f"{case.id}: a round is planned to take {ours} sample-gradients, its comparator's {theirs}"
     )
 

@@ -82,6 +82,7 @@ BROKEN = [
     ("stale-loss-fedavg", "StaleLossFedAvg", None, {"state_round_trip": "load_state_dict"}),
     ("unchecked-noisy-fedavg", "UncheckedNoisyFedAvg", None, {"bad_options": "--noise"}),
     ("double-work-fedprox", "DoubleWorkFedProx", "fedavg", {"comparator": "its comparator's"}),
+    ("unplanned-fedprox", "UnplannedFedProx", "fedavg", {"comparator": "plans no"}),
 ]
 
 

@@ -197,3 +197,13 @@ class UncheckedNoisyFedAvg(NoisyFedAvg):
 
     name = "unchecked-noisy-fedavg"
     options_class = UncheckedNoisyFedAvgOptions
+
+
+class UnplannedFedProx(FedProx):
+    """FedProx that plans no local work a round: a paired dry run cannot show it doing
+    its comparator's work. A broken method, for the conformance checks to refuse."""
+
+    name = "unplanned-fedprox"
+
+    def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
+        return None
