@@ -27,8 +27,9 @@ the user's ``Run`` would. The checks
   bytes and transfers follow docs/architecture.md "Traffic counting";
 * :func:`check_state_round_trip`: ``state_dict`` survives a checkpoint file and
   ``load_state_dict`` into a newly built method;
-* :func:`check_bad_options`: a bad value of every option, an option of another method or
-  mode and a mode the method does not run in are each refused with one line;
+* :func:`check_bad_options`: a bad value of every option (an option that takes any value
+  fails the check), an option of another method or mode and a mode the method does not
+  run in are each refused with one line;
 * :func:`check_comparator` (a method with a registered base): its matched comparator
   differs only by the method's mechanism and plans the same local work a round.
 
@@ -578,7 +579,8 @@ def check_state_round_trip(case: MethodCase) -> None:
 def check_bad_options(case: MethodCase) -> None:
     """Refused in one line that names the flag, by the library and by ``stratify train``
     (exit code 2, no run folder): a bad value of each of the method's options (the first
-    of :data:`BAD_VALUES` its own check refuses, or a value outside its choices), each
+    of :data:`BAD_VALUES` its own check refuses, or a value outside its choices; an
+    option that takes all of them is refused as unchecked), each
     option given in a mode it does not apply to, an option of another method, and a mode
     the method does not run in."""
     cls = case.strategy_class
@@ -590,8 +592,13 @@ def check_bad_options(case: MethodCase) -> None:
             _assert_refused(case, {"options": {name: value}}, words, cli=[flag(name), str(value)])
             continue
         bad = _bad_value(entry)
-        if bad is not None:
-            _assert_refused(case, {"options": {name: bad}}, [flag(name)], cli=[flag(name), bad])
+        # an option that takes every one of them is not checked at all: its bad input
+        # would reach the run instead of being refused in one line
+        assert bad is not None, (
+            f"{case.id}: {flag(name)} takes every value tried ({', '.join(BAD_VALUES)}); "
+            "give it a check or choices"
+        )
+        _assert_refused(case, {"options": {name: bad}}, [flag(name)], cli=[flag(name), bad])
     foreign = _foreign_option(case, fields)
     if foreign is not None:
         name, value = foreign
@@ -609,7 +616,8 @@ def check_bad_options(case: MethodCase) -> None:
 
 
 def _bad_value(entry: dataclasses.Field) -> str | None:
-    """A value ``entry``'s own check (or choices) refuses; ``None`` when it takes any."""
+    """A value ``entry``'s own check (or choices) refuses; ``None`` when it takes every
+    one of :data:`BAD_VALUES`."""
     choices = entry.metadata["choices"]
     if choices:
         return "no-such-choice"
@@ -718,7 +726,7 @@ def check_comparator(case: MethodCase) -> None:
     it only by the method's mechanism: ``matched_config`` gives a valid configuration of
     the base, in the same mode, on the same data, split, model, rounds and seed, at the
     method's resolved learning rate and schedule, and a round of the two is planned to
-    take the same local training samples."""
+    take the same local training samples (a method with a base must plan them)."""
     from stratify.reproduce.paired import (
         BASES,
         matched_config,
@@ -744,7 +752,9 @@ def check_comparator(case: MethodCase) -> None:
     sizes = list(COMPARATOR_CLIENT_SIZES)
     ours = planned_sample_gradients(config, sizes)
     theirs = planned_sample_gradients(matched, sizes)
-    assert ours is None or theirs == ours, (
+    # without a planned budget a paired dry run cannot show the two doing the same work
+    assert ours is not None, f"{case.id}: plans no sample-gradients a round to match"
+    assert theirs == ours, (
         f"{case.id}: a round is planned to take {ours} sample-gradients, its comparator's {theirs}"
     )
 

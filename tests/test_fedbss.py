@@ -246,7 +246,7 @@ def digits_config(tmp_path, name, epochs, **options):
         mode="batch",
         epochs=epochs,
         secure=False,
-        lr=0.05,
+        lr=0.5,  # a run that learns: its test accuracy changes from round to round
         options={"local_epochs": 2, "client_fraction": 0.5, **options},
         out=str(tmp_path / name),
     )
@@ -299,6 +299,8 @@ def test_a_resumed_run_keeps_its_warm_up_and_reports_the_stages(tmp_path):
     assert [row["info"]["stage"] for row in rows] == [1] + [2] * 7
     assert all(0 <= row["info"]["biased_share"] <= 1 for row in rows[1:])
     assert summary["method"]["warmup_rounds"] == 1
+    # the warm model is the global model after round 1, not after round 2
+    assert rows[0]["test_accuracy"] != rows[1]["test_accuracy"]
     assert summary["method"]["warm_test_accuracy"] == rows[0]["test_accuracy"]
     shares = [row["info"]["biased_share"] for row in rows[1:]]
     assert summary["method"]["biased_share_mean"] == pytest.approx(sum(shares) / 7)

@@ -8,6 +8,7 @@ from conftest import assert_refused_in_one_line
 
 from stratify.algorithms import ALGORITHMS, build_strategy
 from stratify.config import TrainConfig
+from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
 from stratify.parallel import LocalBackend, read_records
 from stratify.reproduce.grids import GRIDS, Grid, Settings, paired_column, partition_row, plan_cells
@@ -96,13 +97,40 @@ def test_paired_difference_with_its_t_interval_by_hand():
     assert paired_difference({0: 0.5}, {1: 0.5}) is None
 
 
+def budgets_by_hand(grid: str, n: int) -> dict[str, float]:
+    """Sample-gradients a round of each method of ``grid`` takes on ``n`` training samples,
+    from the grid's settings and the methods' papers: participants × local epochs × the
+    mean client size ``n / K`` (or participants × K_steps × B)."""
+    if grid == "paired":  # 10 clients in every row, E = 1 where the grid sets it
+        return {
+            "FedProx": 10 * 1 * n / 10,
+            "SCAFFOLD": 10 * 1 * n / 10,
+            "FedAvgM": 10 * 1 * n / 10,
+            "LfD": 10 * 1 * n / 10,
+            "FedBSS": 1 * 10 * n / 10,  # C = 0.1 of 10 clients, its paper's E = 10
+            "FedBR": 10 * 20 * 64,  # every client, K = 20 iterations of 64
+            "FedDiverse": 4 * 1 * n / 10,  # round(0.375 · 10) = 4 clients a round
+        }
+    return {  # seed-papers: each method in its own paper's setting
+        "FedBSS": 10 * 10 * n / 100,  # 10 of 100 clients, E = 10
+        "FedBR": 10 * 20 * 64,
+        "FedDiverse": 9 * 10 * n / 24,  # 9 of 24 clients, E = 10
+        "LfD": 10 * 10 * n / 10,  # every one of 10 clients, E = 10
+    }
+
+
 @pytest.mark.parametrize("grid", ["paired", "seed-papers"])
 def test_every_pair_plans_equal_sample_gradients_per_round(tmp_path, grid):
     cells, notes = plan_cells(GRIDS[grid], Settings(dataset="digits", seeds=(0, 1)), tmp_path)
     budgets = pair_budgets(cells)
     methods = {cell.column.key for cell in cells if cell.comparator is not None}
     assert len(budgets) == len({(c.row.key, c.column.key) for c in cells if c.comparator})
-    assert methods and all(budget.equal for budget in budgets), budgets
+    hand = budgets_by_hand(grid, len(load_dataset("digits").y_train))
+    assert methods and {budget.method.split(" (")[0] for budget in budgets} == set(hand)
+    for budget in budgets:
+        expected = pytest.approx(hand[budget.method.split(" (")[0]])
+        assert budget.method_sample_gradients == expected, budget
+        assert budget.comparator_sample_gradients == expected, budget
     # several methods share FedAvg with NIID-Bench's SGD: it is planned once per row and seed
     if grid == "paired":
         keys = {(c.row.key, c.comparator) for c in cells if c.column.key in ("fedprox", "fedavgm")}
@@ -175,6 +203,35 @@ def test_paired_dry_run_lists_every_pair_with_equal_budgets(capsys, tmp_path):
     assert len(pairs) == 5 * 7  # five splits, seven methods (FedTAN needs BatchNorm)
     assert all("sample-gradients per round each" in line for line in pairs)
     assert "UNEQUAL" not in err
+
+
+UNEQUAL_PAIRED = Grid(
+    "unequal-paired",
+    "a method whose clients do twice the work its options (and its comparator) plan",
+    {"dataset": "digits", "mode": "batch", "epochs": 2, "clients": 4},
+    (partition_row("iid", "IID"),),
+    (
+        paired_column("double-work-fedprox", "Double-work FedProx", local_epochs=1),
+        paired_column("fedprox", local_epochs=1),
+    ),
+)
+
+
+def test_a_paired_dry_run_flags_a_pair_whose_budgets_differ(monkeypatch, capsys, tmp_path):
+    from stratify.cli.main import main
+    from stratify.reproduce import paired
+
+    monkeypatch.setitem(ALGORITHMS, "double-work-fedprox", "toy_methods:DoubleWorkFedProx")
+    monkeypatch.setitem(paired.BASES, "double-work-fedprox", "fedavg")
+    monkeypatch.setitem(GRIDS, "unequal-paired", UNEQUAL_PAIRED)
+    main(["reproduce", "unequal-paired", "--out", str(tmp_path), "--seeds", "0", "--dry-run"])
+    pairs = [line for line in capsys.readouterr().err.splitlines() if " vs " in line]
+    # every client's data once a round is 1437 samples; the toy's clients pass it twice
+    assert pairs == [
+        "IID · Double-work FedProx vs FedAvg (matched): UNEQUAL: 2,874 against 1,437 "
+        "sample-gradients per round",
+        "IID · FedProx vs FedAvg (matched): 1,437 sample-gradients per round each",
+    ]
 
 
 def test_paired_grids_refuse_tuning(capsys, tmp_path):

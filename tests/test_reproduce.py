@@ -315,6 +315,78 @@ def test_halving_and_widening_are_read_back_from_the_tuning_folders(tiny, tmp_pa
     assert asked(plain) == [("lr-0.025", 4)]
 
 
+def test_the_lowest_rate_can_win_the_tuning_and_the_grid_widens_downwards(tiny, tmp_path):
+    """FedAvg's default 0.05 on digits: of 0.025, 0.05 and 0.1 the lowest wins, so 0.0125
+    is tried, wins too, and 0.00625 (widen=2) is tried and loses: 0.0125 is chosen."""
+    cells, _ = plan_cells(tiny, Settings(seeds=(0,), epochs=2), tmp_path)
+    cells = [cell for cell in cells if cell.column.key == "fedavg"]
+    tuning = Tuning(factors=(0.5, 1, 2), epochs=2, widen=2)
+    tune = tmp_path / "tune" / "classes-2" / "fedavg"
+
+    def asked():
+        specs = TuningPlan(cells, tuning, tmp_path).next_specs()
+        return sorted((Path(spec.config.out).name, spec.config.epochs) for spec in specs)
+
+    assert asked() == [("lr-0.025", 2), ("lr-0.05", 2), ("lr-0.1", 2)]
+    fake_trial(tune / "lr-0.025", [0.6, 0.8])
+    fake_trial(tune / "lr-0.05", [0.5, 0.7])
+    fake_trial(tune / "lr-0.1", [0.3, 0.4])
+    assert asked() == [("lr-0.0125", 2)]
+    fake_trial(tune / "lr-0.0125", [0.7, 0.85])
+    assert asked() == [("lr-0.00625", 2)]
+    fake_trial(tune / "lr-0.00625", [0.5, 0.6])
+    plan = TuningPlan(cells, tuning, tmp_path)
+    assert asked() == [] and plan.next_specs() == []
+    (choice,) = plan.choices().values()
+    assert choice.lr == 0.0125
+    assert [t.lr for t in choice.trials] == [0.00625, 0.0125, 0.025, 0.05, 0.1]
+
+
+def test_every_halving_rung_trains_past_the_methods_warm_up(tmp_path):
+    """FedBSS warming up 3 rounds, tuned 6 epochs by halving: plain halving would race its
+    three rates for 3 epochs, all warm-up, and keep two of them on a score its mechanism
+    never touched; every rung lasts at least the warm-up + 2 epochs instead."""
+    grid = Grid(
+        "fedbss-halving",
+        "FedBSS tuned by halving",
+        {"dataset": "digits", "mode": "batch", "epochs": 6},
+        (partition_row("iid", "IID"),),
+        (method_column("fedbss", warmup_rounds=3),),
+    )
+    cells, _ = plan_cells(grid, Settings(seeds=(0,), clients=4), tmp_path)
+    tuning = Tuning(factors=(0.5, 1, 2), epochs=6, halving=True, widen=0)
+    specs = TuningPlan(cells, tuning, tmp_path).next_specs()
+    assert len(specs) == 3
+    rungs_seen = []
+    while specs:
+        epochs = {spec.config.epochs for spec in specs}
+        assert min(epochs) > 3, epochs  # every rung trains after the warm-up ends
+        rungs_seen.append((len(specs), *epochs))
+        for rank, spec in enumerate(specs):
+            fake_trial(Path(spec.config.out), [0.5 - 0.1 * rank] * spec.config.epochs)
+        specs = TuningPlan(cells, tuning, tmp_path).next_specs()
+    assert rungs_seen == [(3, 5), (2, 6)]
+
+
+def test_a_tie_reports_the_first_epoch_that_reached_the_best_accuracy(tiny, tmp_path):
+    records = [
+        {"epoch": 1, "validation_accuracy": 0.5},
+        {"epoch": 2, "validation_accuracy": 0.8},
+        {"epoch": 3, "validation_accuracy": 0.8},
+        {"epoch": 4, "validation_accuracy": 0.7},
+    ]
+    assert best_validation(records) == (0.8, 2)
+    # and so does the tuning trial read back from a run's folder
+    cells, _ = plan_cells(tiny, Settings(seeds=(0,), epochs=4), tmp_path)
+    cells = [cell for cell in cells if cell.column.key == "fedavg"]
+    tuning = Tuning(factors=(1,), epochs=4, widen=0)
+    fake_trial(tmp_path / "tune" / "classes-2" / "fedavg" / "lr-0.05", [0.5, 0.8, 0.8, 0.7])
+    plan = TuningPlan(cells, tuning, tmp_path)
+    assert plan.next_specs() == []
+    (choice,) = plan.choices().values()
+    assert [(t.accuracy, t.epoch) for t in choice.trials] == [(0.8, 2)]
+
+
 def test_a_grid_tuned_by_halving_runs_and_resumes_to_the_same_choice(tiny, tmp_path):
     tuning = Tuning(factors=(0.5, 1, 2), validation=0.2, epochs=2, halving=True, widen=1)
     settings = Settings(seeds=(0,), epochs=1)

@@ -14,7 +14,7 @@ from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.baselines.fedavgm import FedAvgM
 from stratify.baselines.fedprox import FedProx
 from stratify.client import LocalResult
-from stratify.method import ClientUpdate, Context
+from stratify.method import ClientUpdate, Context, Round
 from stratify.options import option
 from stratify.state import State
 from stratify.validation import check_nonnegative
@@ -98,3 +98,112 @@ class DoubleWorkFedProx(FedProx):
     @property
     def local_epochs(self) -> int:
         return 2 * super().local_epochs
+
+
+class IdleFedAvg(FedAvg):
+    """FedAvg whose clients make no pass over their data (its local epochs come out 0):
+    its rounds send models back and forth and nothing trains. A broken method, for the
+    conformance checks to refuse."""
+
+    name = "idle-fedavg"
+
+    @property
+    def local_epochs(self) -> int:
+        return 0
+
+
+class PrivateGeneratorFedAvg(FedAvg):
+    """FedAvg whose server adds noise drawn from a generator of its own, which its
+    checkpoint leaves out: a resumed run draws the first rounds' noise again. A broken
+    method, for the conformance checks to refuse."""
+
+    name = "private-generator-fedavg"
+
+    def setup(self, context: Context) -> None:
+        super().setup(context)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def server_update(self, context: Context, average: State) -> State:
+        return {
+            key: value + 0.01 * torch.randn(value.shape, generator=self.generator)
+            for key, value in average.items()
+        }
+
+
+class MeanLossFedAvg(FedAvg):
+    """FedAvg that keeps the mean training loss of its rounds so far, a diagnostic that
+    never changes the training. Its checkpoint holds the mean but not how many rounds it
+    covers, so a resumed run weighs the restored mean as a single round's: the method
+    state of a resumed run is wrong while its weights and metrics are right. A broken
+    method, for the conformance checks to refuse."""
+
+    name = "mean-loss-fedavg"
+
+    def setup(self, context: Context) -> None:
+        super().setup(context)
+        self.loss_total, self.rounds = 0.0, 0
+
+    def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
+        updates = super().fit(context, round_, rng)
+        stats = [update.stats for update in updates]
+        self.loss_total += sum(s.loss_sum for s in stats) / max(sum(s.loss_count for s in stats), 1)
+        self.rounds += 1
+        return updates
+
+    def state_dict(self) -> dict[str, Any]:
+        mean = self.loss_total / max(self.rounds, 1)
+        return {**super().state_dict(), "mean_loss": torch.tensor(mean, dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.loss_total, self.rounds = float(state["mean_loss"]), 1
+
+
+class StaleLossFedAvg(FedAvg):
+    """FedAvg that keeps its last round's training loss in its state but does not restore
+    it: a resumed run overwrites it in its first round, so only a state loaded and read
+    back shows it lost. A broken method, for the conformance checks to refuse."""
+
+    name = "stale-loss-fedavg"
+
+    def setup(self, context: Context) -> None:
+        super().setup(context)
+        self.last_loss = torch.tensor(0.0, dtype=torch.float64)
+
+    def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
+        updates = super().fit(context, round_, rng)
+        stats = [update.stats for update in updates]
+        loss = sum(s.loss_sum for s in stats) / max(sum(s.loss_count for s in stats), 1)
+        self.last_loss = torch.tensor(loss, dtype=torch.float64)
+        return updates
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "last_loss": self.last_loss.clone()}
+
+
+@dataclass
+class UncheckedNoisyFedAvgOptions(FedAvgOptions):
+    """NoisyFedAvg's options with the check of the noise forgotten."""
+
+    algorithm = "unchecked-noisy-fedavg"
+
+    noise: float = option(0.01, "Standard deviation of the noise added to the average.")
+
+
+class UncheckedNoisyFedAvg(NoisyFedAvg):
+    """NoisyFedAvg whose ``--noise`` takes any value, a negative or NaN one or a word
+    included: bad input that reaches the run instead of being refused in one line. A
+    broken method, for the conformance checks to refuse."""
+
+    name = "unchecked-noisy-fedavg"
+    options_class = UncheckedNoisyFedAvgOptions
+
+
+class UnplannedFedProx(FedProx):
+    """FedProx that plans no local work a round: a paired dry run cannot show it doing
+    its comparator's work. A broken method, for the conformance checks to refuse."""
+
+    name = "unplanned-fedprox"
+
+    def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
+        return None
