@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from privacy_attacks import fixed_secrets
 from scipy import stats
 
 import stratify.registry.ckks.roles as roles_module
@@ -31,6 +32,12 @@ ALPHA = 0.01
 #: non-matching differences of 1 and 2 in one, of up to 2^30 in the other
 SMALL_CODES = (1, 2, 3)
 LARGE_CODES = (5, 2**29 + 17, LABEL_HASH_RANGE - 1)
+#: the clients' secrets of every registration here, so both label sets are encoded in one
+#: order; one where client 0 encodes the third label last, so a naive search compares
+#: client 1's label (the third) with every unique label before it matches
+SECRETS = next(
+    fixed_secrets(seed) for seed in range(100) if fixed_secrets(seed).client_order(0, 3)[2] == 2
+)
 
 
 def clients_with(codes: tuple[int, int, int]) -> list[dict[int, int]]:
@@ -54,12 +61,21 @@ def record_decryptions(monkeypatch, registry: CKKSRegistry) -> list[tuple[float,
     return seen
 
 
+def unique_codes(codes: tuple[int, int, int]) -> list[int]:
+    """The unique list U of :func:`clients_with` under :data:`SECRETS`: client 0's labels
+    in its secret encoding order (the same for both label sets)."""
+    return [codes[position] for position in SECRETS.client_order(0, 3)]
+
+
 def comparison_views(monkeypatch, protocol: str, codes: tuple[int, int, int]) -> np.ndarray:
     """One row per draw: all the key holder decrypts while client 1's label is compared
     with the unique labels (its discovery step), blinded afresh each draw."""
-    registry = CKKSRegistry(seed=0, protocol=protocol, label_hash=int, blinding_seed=11)
+    registry = CKKSRegistry(
+        seed=0, protocol=protocol, label_hash=int, blinding_seed=11, secrets=SECRETS
+    )
     registry.register(clients_with(codes))
     run = registry._run
+    index = unique_codes(codes).index(codes[2])
     seen = record_decryptions(monkeypatch, registry)
     rows = []
     for _ in range(DRAWS):
@@ -68,7 +84,7 @@ def comparison_views(monkeypatch, protocol: str, codes: tuple[int, int, int]) ->
             hits = run.matches(1)
         else:
             hits = [run.find(1, vector, run.num_unique) for vector in run.labels_of(1)]
-        assert hits in ([[2]], [2])  # client 1's label is the third unique label
+        assert hits in ([[index]], [index])  # client 1's label is client 0's third
         assert all(limit == LABEL_HASH_RANGE for limit, _ in seen)
         rows.append(np.concatenate([values for _, values in seen]))
     monkeypatch.undo()
@@ -123,9 +139,10 @@ def test_unblinded_comparisons_give_the_non_matching_codes_away(monkeypatch, pro
     assert smallest_p_value(small, large) < ALPHA
     # the key holder reads the differences l - u off (first the comparisons with u_0, u_1,
     # u_2); with its own code l it has the other labels' codes
-    for views, (first, second, third) in ((small, SMALL_CODES), (large, LARGE_CODES)):
+    for views, codes in ((small, SMALL_CODES), (large, LARGE_CODES)):
         differences = np.rint(views[0, :3]).astype(np.int64)
-        np.testing.assert_array_equal(differences, [third - first, third - second, 0])
+        expected = [codes[2] - code for code in unique_codes(codes)]
+        np.testing.assert_array_equal(differences, expected)
 
 
 def count_views(
