@@ -115,6 +115,14 @@ def observe() -> Iterator[Views]:
         _PackedRun.append_unique = append_unique
 
 
+def senders_chunks(senders: Sequence[str]) -> list[list[int]]:
+    """The naive layout's growth of U as the server sees it: per sender, the indices of
+    the entries it added, from the server's list of who sent each entry."""
+    return [
+        [i for i, sender in enumerate(senders) if sender == name] for name in dict.fromkeys(senders)
+    ]
+
+
 def closure_ranking(lists: Sequence[Sequence[int]], size: int) -> np.ndarray:
     """Rank of each of ``size`` nodes by the transitive closure of the consecutive pairs of
     ``lists``: (nodes it follows) - (nodes it precedes), ties by index."""
@@ -187,12 +195,8 @@ def attack(
     believed = np.asarray(assign_placeholders(size, seed))
     server_truth = label_of_placeholder[believed]  # the real label of what it ranks as U_i
     chunks = views.server_chunks
-    if isinstance(registry._run, _NaiveRun):  # the server's list of who sent each entry
-        senders = registry._run.unique_senders
-        chunks = [
-            [i for i, sender in enumerate(senders) if sender == name]
-            for name in dict.fromkeys(senders)
-        ]
+    if isinstance(registry._run, _NaiveRun):
+        chunks = senders_chunks(registry._run.unique_senders)
     return Recovery(
         key_holder_closure=share(closure_ranking(key_rows, size), label_of_index),
         key_holder_borda=share(borda_ranking(key_rows, size), label_of_index),

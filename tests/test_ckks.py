@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tenseal as ts
 from privacy_attacks import fixed_secrets
 
 import stratify.registry.ckks.protocols as protocols_module
@@ -115,6 +116,60 @@ def test_blind_server_cannot_decrypt_and_sends_only_blinded_comparisons(blind_ro
     assert masked[1] == 5  # not a count slot: left as it is
     np.testing.assert_array_equal(server.unmask(masked, np.array([0, 2]), masks), [7, 9])
     assert stats.multiplications == 20 and stats.maskings == 1
+
+
+def test_each_compared_slot_is_blinded_by_its_own_factor(blind_roles):
+    # One factor r for the whole comparison would give the key holder r (l - u_i) in every
+    # slot: the ratio of two slots, (l - u_i) / (l - u_j) mod t, would be the same in every
+    # comparison, and with its own code l it would solve for the u_i.
+    key_holder, server = blind_roles
+    stats = ProtocolStats()
+    label = server.receive(key_holder.encrypt(np.array([10, 10, 10]), stats), "client 0", 3)
+    unique = server.receive(key_holder.encrypt(np.array([3, 7, 10]), stats), "clients", 3)
+    ratios = set()
+    for _ in range(20):
+        blob = server.compare(label, unique, np.array([0, 1, 2]), stats)
+        first, second, match = key_holder.decrypt(blob, "c", 0, stats)
+        assert match == 0 and first != 0 and second != 0
+        ratios.add(int(first) * pow(int(second), -1, T) % T)
+    assert len(ratios) == 20
+
+
+def test_each_count_is_masked_by_its_own_mask(blind_roles):
+    # One mask m for all counts would give the key holder c_i + m: the difference of two
+    # slots is the difference of the counts.
+    key_holder, server = blind_roles
+    stats = ProtocolStats()
+    counts = np.array([40, 17, 5_000, 1])
+    total = server.receive(key_holder.encrypt(counts, stats), "aggregate", len(counts))
+    positions = np.arange(len(counts))
+    for _ in range(10):
+        blob, masks = server.reveal(total, positions, stats)
+        masked = key_holder.decrypt(blob, "c", 0, stats)
+        np.testing.assert_array_equal(server.unmask(masked, positions, masks), counts)
+        seen_differences = np.mod(masked[1:] - masked[0], T)
+        assert not np.any(seen_differences == np.mod(counts[1:] - counts[0], T))
+
+
+def test_the_check_slots_the_key_holder_sees_are_blinded_not_the_plain_values(blind_roles):
+    # A ciphertext whose check slots are not zero (tampered, or another key's) must not
+    # show the key holder what it holds there: the server multiplies the check slots by
+    # fresh factors, as it does the compared slots.
+    key_holder, server = blind_roles
+    stats = ProtocolStats()
+    context = key_holder._context
+    crafted = ts.bfv_vector(context, [4, 0, 0, 123, 456]).serialize()  # check slots 123, 456
+    vector = server.receive(crafted, "client 0", 3)
+    zeros = server.receive(key_holder.encrypt(np.zeros(3, dtype=np.int64), stats), "c", 3)
+    seen = set()
+    for _ in range(20):
+        blob = server.compare(vector, zeros, np.array([0]), stats)
+        checks = np.mod(ts.bfv_vector_from(context, blob).decrypt(), T)[-CHECK_SLOTS:]
+        assert np.all(checks != 0) and tuple(checks) != (123, 456)
+        seen.add(tuple(int(check) for check in checks))
+        with pytest.raises(RegistryError, match="check slots"):
+            key_holder.decrypt(blob, "client 0", 0, stats)  # and it is refused
+    assert len(seen) == 20
 
 
 def test_blinded_comparison_is_exact_at_the_worst_case_with_noise_to_spare(blind_roles):

@@ -15,16 +15,26 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from privacy_attacks import fixed_secrets
+from privacy_attacks import (
+    Recovery,
+    attack,
+    federation_labels,
+    fixed_secrets,
+    observe,
+    senders_chunks,
+)
 from scipy import stats
 
 import stratify.registry.ckks.roles as roles_module
+from stratify.registry.base import assign_placeholders
 from stratify.registry.ckks import (
     BLIND_PLAIN_MODULUS,
     COUNT_LIMIT,
     LABEL_HASH_RANGE,
     CKKSRegistry,
 )
+from stratify.registry.client_secrets import RegistrySecrets
+from stratify.registry.plain import PlainRegistry
 
 DRAWS = 200
 ALPHA = 0.01
@@ -186,3 +196,116 @@ def test_unmasked_counts_the_key_holder_decrypts_are_the_true_counts(monkeypatch
     true_counts, views = count_views(monkeypatch, "packed", increments)
     np.testing.assert_allclose(views, true_counts, atol=0.01)
     assert stats.spearmanr(true_counts, views).pvalue < ALPHA
+
+
+# -- order: nothing the key holder or the server receives is in label order ------------
+
+SPLITS = ["iid", "dirichlet:0.5", "dirichlet:0.1"]
+
+
+def recovery_rates(
+    spec: str, classes: int, seeds: range, protocol: str = "packed-blind"
+) -> dict[str, float]:
+    """Mean share of the labels each attacker recovers, one registration per seed (10
+    clients for 10 classes, 20 for 100)."""
+    clients = 10 if classes == 10 else 20
+    recoveries = [
+        attack(
+            federation_labels(spec, classes, clients, seed),
+            classes,
+            seed,
+            protocol,
+            secrets=fixed_secrets(seed),
+        )
+        for seed in seeds
+    ]
+    return {
+        name: float(np.mean([getattr(recovery, name) for recovery in recoveries]))
+        for name in Recovery.__dataclass_fields__
+    }
+
+
+@pytest.mark.parametrize("spec", SPLITS)
+@pytest.mark.parametrize(("classes", "seeds", "bound"), [(10, 20, 0.25), (100, 2, 0.1)])
+def test_order_attacks_of_key_holder_and_seed_knowing_server_do_no_better_than_chance(
+    spec, classes, seeds, bound
+):
+    # Were the clients to encode in label order, the key holder would rank the unique
+    # labels from the order of each client's decrypted match rows, and a server knowing
+    # --seed would do the same from who added which entries to U (tests/privacy_attacks.py).
+    # Chance is 1 / classes.
+    rates = recovery_rates(spec, classes, range(seeds))
+    assert all(rate <= bound for rate in rates.values()), rates
+
+
+def test_the_naive_layout_shows_the_attackers_what_the_packed_one_does():
+    # so the packed layout's attack test covers both
+    clients = federation_labels("dirichlet:0.1", 10, 10, seed=0)
+    seen = []
+    for protocol in ("packed-blind", "naive-blind"):
+        registry = CKKSRegistry(seed=0, protocol=protocol, secrets=fixed_secrets(0))
+        with observe() as views:
+            registry.register(clients, num_classes=10)
+        chunks = views.server_chunks
+        if protocol == "naive-blind":
+            chunks = senders_chunks(registry._run.unique_senders)
+        seen.append((views.key_holder_rows, chunks))
+    assert seen[0] == seen[1] and len(seen[0][0]) == len(clients)
+
+
+def test_the_order_attacks_recover_every_label_when_clients_encode_in_label_order(monkeypatch):
+    # the attacks have power: with the secret order replaced by the order the clients list
+    # their labels (ascending, as a federation lists them), they recover the labels
+    monkeypatch.setattr(
+        RegistrySecrets, "client_order", lambda self, client, size: list(range(size))
+    )
+    monkeypatch.setattr(
+        RegistrySecrets, "placeholders", lambda self, size: list(assign_placeholders(size, 0))
+    )
+    for spec in ("iid", "dirichlet:0.5"):
+        rates = recovery_rates(spec, 10, range(1))
+        assert rates["key_holder_closure"] == 1.0 and rates["key_holder_borda"] >= 0.9, rates
+    assert recovery_rates("iid", 10, range(1))["server_closure"] == 1.0
+
+
+def test_what_the_server_sees_is_the_counts_the_growth_of_u_and_each_clients_placeholders():
+    clients = federation_labels("dirichlet:0.5", 10, 6, seed=3)
+    registry = CKKSRegistry(seed=3, protocol="packed-blind", secrets=fixed_secrets(3))
+    with observe() as views:
+        result = registry.register(clients, num_classes=10)
+    # the growth of U: each client adds as many entries as it brings labels new to U, at
+    # the next indices, and those indices come to be the placeholders it holds among others
+    seen: set[int] = set()
+    growth = []
+    for counts in clients:
+        new = set(counts) - seen
+        seen |= new
+        growth.append(len(new))
+    assert [len(chunk) for chunk in views.server_chunks] == [n for n in growth if n]
+    # the placeholders and counts: exact (the paper's design), and nothing else
+    for client, counts in enumerate(clients):
+        assert len(result.client_placeholders(client)) == len(counts)
+    assert result.global_counts.sum() == sum(map(sum, (c.values() for c in clients)))
+
+
+def test_placeholders_are_uniform_over_the_clients_secrets_whatever_the_seed():
+    # the placeholder of each label, over 400 draws of the secrets with one seed: uniform
+    clients = federation_labels("dirichlet:0.5", 10, 6, seed=0)
+    placeholders = np.array(
+        [
+            [
+                PlainRegistry(seed=0, secrets=fixed_secrets(draw))
+                .register(clients)
+                .client_maps[client][label]
+                for client, label in ((0, min(clients[0])), (0, max(clients[0])))
+            ]
+            for draw in range(400)
+        ]
+    )
+    for column in placeholders.T:
+        assert stats.chisquare(np.bincount(column, minlength=10)).pvalue >= ALPHA
+    # one draw through the secure registry: its own secrets, not the seed's permutation
+    registry = CKKSRegistry(seed=0, protocol="packed-blind")
+    secure = registry.register(clients, num_classes=10)
+    assert secure.client_maps != PlainRegistry(seed=0).register(clients).client_maps
+    assert registry.placeholder_of_index != list(assign_placeholders(10, seed=0))
