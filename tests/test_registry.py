@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from privacy_attacks import federation_labels, fixed_secrets
+from scipy import stats
 
 from stratify.errors import RegistryError, StratifyError
 from stratify.registry import (
@@ -23,6 +24,7 @@ from stratify.registry import (
 )
 from stratify.registry.base import assign_placeholders
 from stratify.registry.ckks import CKKSRegistry, same_result
+from stratify.registry.client_secrets import RegistrySecrets, keyed_permutation
 
 
 def dirichlet_clients(num_clients: int, num_classes: int, alpha: float, seed: int) -> list[dict]:
@@ -170,3 +172,17 @@ def test_bad_input_is_rejected_the_same_way_by_every_registry(registry_index, cl
         registry.register(clients)
     assert isinstance(caught.value, StratifyError)  # the CLI prints it as one line
     assert registry.result is previous
+
+
+def test_keyed_permutations_are_exact_per_key_and_uniform_over_keys():
+    first, again = keyed_permutation(b"k", 30), keyed_permutation(b"k", 30)
+    assert sorted(first) == list(range(30)) and first == again
+    assert keyed_permutation(b"other", 30) != first
+    # where item 0 lands, and which item lands first, over 3,000 keys: uniform over 6
+    draws = np.array([keyed_permutation(b"key %d" % i, 6) for i in range(3000)])
+    assert stats.chisquare(np.bincount(np.argmax(draws == 0, axis=1), minlength=6)).pvalue > 0.01
+    assert stats.chisquare(np.bincount(draws[:, 0], minlength=6)).pvalue > 0.01
+    # secrets survive their file, and their repr does not show them
+    secrets = RegistrySecrets.draw()
+    assert RegistrySecrets.from_bytes(secrets.to_bytes(), "file") == secrets
+    assert secrets.secret.hex() not in repr(secrets)

@@ -18,7 +18,8 @@ import hashlib
 import hmac
 import json
 import secrets
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from stratify.errors import CorruptRunError
 
@@ -56,7 +57,8 @@ def keyed_permutation(key: bytes, size: int) -> list[int]:
     return order
 
 
-def _keyed_words(key: bytes):
+def _keyed_words(key: bytes) -> Iterator[int]:
+    """64-bit words of HMAC-SHA256(``key``, 0), HMAC-SHA256(``key``, 1), ..."""
     counter = 0
     while True:
         digest = hmac.new(key, counter.to_bytes(8, "big"), hashlib.sha256).digest()
@@ -72,10 +74,11 @@ class RegistrySecrets:
     Parameters
     ----------
     secret : bytes
-        :data:`SECRET_BYTES` random bytes (:meth:`draw`).
+        :data:`SECRET_BYTES` random bytes (:meth:`draw`); left out of ``repr``, so a log
+        or an error message never shows it.
     """
 
-    secret: bytes
+    secret: bytes = field(repr=False)
 
     @classmethod
     def draw(cls) -> RegistrySecrets:
