@@ -77,7 +77,9 @@ def build_experiment(
         then are labels that no client holds refused, since a caller's federation, e.g. a
         streaming window, may hold a subset of the labels).
     registry : LabelRegistry, optional
-        The label registry to run (default: CKKS or plain by ``config.secure``).
+        The label registry to run (default: CKKS or plain by ``config.secure``; a default
+        CKKS one draws fresh clients' secrets, so its placeholders differ from run to run:
+        :class:`~stratify.run.Run` passes one with the secrets it keeps in the run folder).
     model : torch.nn.Module, optional
         The global model (default: a fresh ``config.model`` seeded with ``config.seed``).
     strategy : Strategy, optional

@@ -90,7 +90,11 @@ class Federation:
         return LabelRuns(samples, np.cumsum(starts) - 1, owners[first], labels[first], counts)
 
     def label_counts(self) -> list[dict[int, int]]:
-        """Each client's ``{label: count}``, labels in ascending order: the registry's input."""
+        """Each client's ``{label: count}``, labels in ascending order: the registry's input.
+
+        The order reaches no other party: the secure registry's clients encode their labels
+        in their own secret random order (docs/architecture.md, "Privacy").
+        """
         runs = self.label_runs()
         counts: list[dict[int, int]] = [{} for _ in range(self.num_clients)]
         for client, label, count in zip(

@@ -1,7 +1,8 @@
 """A training run: set-up, epochs, evaluation, metrics files, checkpoint and resume.
 
 Files written to the run folder (docs/architecture.md, "Run folder"): ``config.json``,
-``metrics.jsonl`` (one object per epoch), ``summary.json`` and ``checkpoint.pt``.
+``metrics.jsonl`` (one object per epoch), ``summary.json``, ``checkpoint.pt`` and, for a
+secure run, the clients' registry secrets (``client_secrets.json``).
 """
 
 from __future__ import annotations
@@ -19,20 +20,28 @@ from stratify.backend import Timer
 from stratify.checkpoints import checkpoint_problem
 from stratify.config import RESUMABLE_CHANGES, TrainConfig
 from stratify.data.datasets import Dataset
-from stratify.errors import CheckpointError, ConfigError, StratifyError, TrainingError
+from stratify.errors import (
+    CheckpointError,
+    ConfigError,
+    CorruptRunError,
+    StratifyError,
+    TrainingError,
+)
 from stratify.experiment import build_experiment
 from stratify.measures import accuracy_summary
 from stratify.method import EpochStats
+from stratify.registry import SECRETS_FILE, RegistrySecrets, make_registry
 from stratify.runfolder import (
     RunFolder,
     check_same_settings,
     checkpoint_bytes,
     read_checkpoint,
+    read_file,
     software_versions,
     strict_json,
 )
 
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt")
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", SECRETS_FILE)
 
 
 @dataclass
@@ -86,6 +95,10 @@ class Run:
     dataset : Dataset, optional
         ``config.dataset`` already loaded (a worker running many runs loads it once);
         default: load it.
+    secrets : RegistrySecrets, optional
+        The clients' registry secrets (a plain run given them registers as a secure run
+        with them would). Default: a secure run draws fresh ones, or reads those saved in
+        ``config.out`` on ``--resume``; a plain run needs none.
     """
 
     def __init__(
@@ -96,6 +109,7 @@ class Run:
         on_epoch: Callable[[EpochRecord], None] | None = None,
         on_steps: Callable[[int], None] | None = None,
         dataset: Dataset | None = None,
+        secrets: RegistrySecrets | None = None,
     ) -> None:
         if resume and overwrite:
             raise ConfigError("--resume and --overwrite contradict each other; give one")
@@ -113,7 +127,7 @@ class Run:
             )
         self.out = Path(config.out) if config.out is not None else None
         try:
-            self._set_up(resume, on_steps, dataset)
+            self._set_up(resume, on_steps, dataset, secrets)
         except BaseException:
             self.close()
             raise
@@ -123,9 +137,15 @@ class Run:
         resume: bool,
         on_steps: Callable[[int], None] | None,
         dataset: Dataset | None,
+        secrets: RegistrySecrets | None,
     ) -> None:
         checkpoint = self._read_checkpoint() if resume else None
-        self.experiment = build_experiment(self.config, dataset=dataset)
+        if secrets is None and self.config.secure:
+            secrets = self._read_secrets() if resume else RegistrySecrets.draw()
+        registry = make_registry(
+            self.config.secure, self.config.seed, self.config.protocol, secrets=secrets
+        )
+        self.experiment = build_experiment(self.config, dataset=dataset, registry=registry)
         self.device = self.experiment.device
         self.dataset = self.experiment.dataset
         self.federation = self.experiment.federation
@@ -138,6 +158,8 @@ class Run:
         if self.folder is not None:
             # only now that every part is built: a failed set-up leaves --out untouched
             self.folder.start()
+            if secrets is not None and not resume:
+                self.folder.write_bytes(SECRETS_FILE, secrets.to_bytes())
             self.folder.write_json("config.json", self._config_record())
             self._write_progress()
 
@@ -157,6 +179,23 @@ class Run:
                 f"ask for more than {epoch} with --epochs"
             )
         return checkpoint
+
+    def _read_secrets(self) -> RegistrySecrets:
+        """The registry secrets the secure run in ``config.out`` drew (``--resume``)."""
+        assert self.out is not None  # --resume needs --out
+        path = self.out / SECRETS_FILE
+        try:
+            data = read_file(path, limit=4096)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"--resume: {path} is missing; a secure run resumes only with the registry "
+                "secrets it drew (start a new run with --overwrite)"
+            ) from None
+        except OSError as error:
+            raise CheckpointError(f"--resume: cannot read {path}: {error.strerror}") from None
+        except CorruptRunError as error:  # a folder or a FIFO where the file belongs
+            raise CheckpointError(f"--resume: {error}") from None
+        return RegistrySecrets.from_bytes(data, f"--resume: {path}")
 
     def _config_record(self) -> dict[str, Any]:
         return {

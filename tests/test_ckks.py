@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tenseal as ts
+from privacy_attacks import fixed_secrets
 
 import stratify.registry.ckks.protocols as protocols_module
 import stratify.registry.ckks.roles as roles_module
 from stratify.errors import RegistryError
-from stratify.registry.base import PROTOCOLS, assign_placeholders
+from stratify.registry.base import PROTOCOLS
 from stratify.registry.ckks import (
     BLIND_PLAIN_MODULUS,
     CHECK_SLOTS,
@@ -114,6 +116,60 @@ def test_blind_server_cannot_decrypt_and_sends_only_blinded_comparisons(blind_ro
     assert masked[1] == 5  # not a count slot: left as it is
     np.testing.assert_array_equal(server.unmask(masked, np.array([0, 2]), masks), [7, 9])
     assert stats.multiplications == 20 and stats.maskings == 1
+
+
+def test_each_compared_slot_is_blinded_by_its_own_factor(blind_roles):
+    # One factor r for the whole comparison would give the key holder r (l - u_i) in every
+    # slot: the ratio of two slots, (l - u_i) / (l - u_j) mod t, would be the same in every
+    # comparison, and with its own code l it would solve for the u_i.
+    key_holder, server = blind_roles
+    stats = ProtocolStats()
+    label = server.receive(key_holder.encrypt(np.array([10, 10, 10]), stats), "client 0", 3)
+    unique = server.receive(key_holder.encrypt(np.array([3, 7, 10]), stats), "clients", 3)
+    ratios = set()
+    for _ in range(20):
+        blob = server.compare(label, unique, np.array([0, 1, 2]), stats)
+        first, second, match = key_holder.decrypt(blob, "c", 0, stats)
+        assert match == 0 and first != 0 and second != 0
+        ratios.add(int(first) * pow(int(second), -1, T) % T)
+    assert len(ratios) == 20
+
+
+def test_each_count_is_masked_by_its_own_mask(blind_roles):
+    # One mask m for all counts would give the key holder c_i + m: the difference of two
+    # slots is the difference of the counts.
+    key_holder, server = blind_roles
+    stats = ProtocolStats()
+    counts = np.array([40, 17, 5_000, 1])
+    total = server.receive(key_holder.encrypt(counts, stats), "aggregate", len(counts))
+    positions = np.arange(len(counts))
+    for _ in range(10):
+        blob, masks = server.reveal(total, positions, stats)
+        masked = key_holder.decrypt(blob, "c", 0, stats)
+        np.testing.assert_array_equal(server.unmask(masked, positions, masks), counts)
+        seen_differences = np.mod(masked[1:] - masked[0], T)
+        assert not np.any(seen_differences == np.mod(counts[1:] - counts[0], T))
+
+
+def test_the_check_slots_the_key_holder_sees_are_blinded_not_the_plain_values(blind_roles):
+    # A ciphertext whose check slots are not zero (tampered, or another key's) must not
+    # show the key holder what it holds there: the server multiplies the check slots by
+    # fresh factors, as it does the compared slots.
+    key_holder, server = blind_roles
+    stats = ProtocolStats()
+    context = key_holder._context
+    crafted = ts.bfv_vector(context, [4, 0, 0, 123, 456]).serialize()  # check slots 123, 456
+    vector = server.receive(crafted, "client 0", 3)
+    zeros = server.receive(key_holder.encrypt(np.zeros(3, dtype=np.int64), stats), "c", 3)
+    seen = set()
+    for _ in range(20):
+        blob = server.compare(vector, zeros, np.array([0]), stats)
+        checks = np.mod(ts.bfv_vector_from(context, blob).decrypt(), T)[-CHECK_SLOTS:]
+        assert np.all(checks != 0) and tuple(checks) != (123, 456)
+        seen.add(tuple(int(check) for check in checks))
+        with pytest.raises(RegistryError, match="check slots"):
+            key_holder.decrypt(blob, "client 0", 0, stats)  # and it is refused
+    assert len(seen) == 20
 
 
 def test_blinded_comparison_is_exact_at_the_worst_case_with_noise_to_spare(blind_roles):
@@ -236,9 +292,11 @@ def test_every_protocol_and_plain_give_identical_results(kind, num_classes):
     labels = LABEL_SETS[kind]
     clients = random_clients(rng, labels, num_clients=5)
     bound = len({label for client in clients for label in client}) if num_classes else None
-    expected = PlainRegistry(seed=11).register(clients, num_classes=bound)
+    expected = PlainRegistry(seed=11, secrets=fixed_secrets(11)).register(
+        clients, num_classes=bound
+    )
     for protocol in PROTOCOLS:
-        registry = CKKSRegistry(seed=11, protocol=protocol)
+        registry = CKKSRegistry(seed=11, secrets=fixed_secrets(11), protocol=protocol)
         assert_identical(registry.register(clients, num_classes=bound), expected)
 
 
@@ -251,49 +309,57 @@ def test_labels_differing_by_one_at_the_top_of_the_hash_range():
         {TOP - 3: 9, TOP: 1, 1: 2},
         {1: 3, 0: 3, TOP - 2: 1},
     ]
-    expected = PlainRegistry(seed=2).register(clients)
+    expected = PlainRegistry(seed=2, secrets=fixed_secrets(2)).register(clients)
     assert expected.num_placeholders == len(labels)
     for protocol in PROTOCOLS:
-        registry = CKKSRegistry(seed=2, protocol=protocol, label_hash=int)
+        registry = CKKSRegistry(seed=2, secrets=fixed_secrets(2), protocol=protocol, label_hash=int)
         assert_identical(registry.register(clients, num_classes=len(labels)), expected)
 
 
 def test_equal_keys_of_different_types_are_one_label_and_text_is_not_a_number():
     clients = [{1: 2, "1": 3}, {True: 4, 2: 1}, {2.0: 5, "2": 6}]
-    expected = PlainRegistry(seed=0).register(clients)
+    expected = PlainRegistry(seed=0, secrets=fixed_secrets(0)).register(clients)
     assert expected.num_placeholders == 4
     for protocol in PROTOCOLS:
-        assert_identical(CKKSRegistry(seed=0, protocol=protocol).register(clients), expected)
+        assert_identical(
+            CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=protocol).register(clients),
+            expected,
+        )
 
 
-def test_discovery_is_in_client_order_then_mapping_order():
-    clients = [{"b": 1, "a": 2}, {"c": 3, "a": 4}, {"d": 5, "b": 6}]
-    order = assign_placeholders(4, seed=5)  # placeholder of the i-th discovered label
+def test_discovery_is_in_client_order_then_each_clients_secret_order():
+    clients = [{"b": 1, "a": 2, "e": 1}, {"c": 3, "a": 4}, {"d": 5, "b": 6}]
+    secrets = fixed_secrets(5)
+    discovered: dict[str, int] = {}
+    for client, counts in enumerate(clients):
+        for position in secrets.client_order(client, len(counts)):
+            discovered.setdefault(list(counts)[position], len(discovered))
+    assert list(discovered) != ["b", "a", "e", "c", "d"]  # not the order the clients list
+    order = secrets.placeholders(5)  # placeholder of the i-th discovered label
     for protocol in PROTOCOLS:
-        result = CKKSRegistry(seed=5, protocol=protocol).register(clients)
-        discovered = {"b": 0, "a": 1, "c": 2, "d": 3}
+        result = CKKSRegistry(seed=5, secrets=secrets, protocol=protocol).register(clients)
         for client, counts in enumerate(clients):
             assert result.client_maps[client] == {
-                label: int(order[discovered[label]]) for label in counts
+                label: order[discovered[label]] for label in counts
             }
 
 
 def test_global_counts_are_exact_for_large_counts():
     clients = [{0: 999_999, 1: 1}, {0: 700_001, 2: 123_457}, {2: 1, 1: 65_536}]
-    expected = PlainRegistry(seed=1).register(clients)
+    expected = PlainRegistry(seed=1, secrets=fixed_secrets(1)).register(clients)
     for protocol in PROTOCOLS:
-        registry = CKKSRegistry(seed=1, protocol=protocol)
+        registry = CKKSRegistry(seed=1, secrets=fixed_secrets(1), protocol=protocol)
         assert_identical(registry.register(clients), expected)
         assert registry.stats.max_decryption_error < 1e-3
 
 
 def test_num_classes_stops_discovery_once_every_class_is_found():
     clients = [{0: 1, 1: 1, 2: 1}, {2: 1, 0: 1}, {1: 1}, {0: 1, 2: 1, 1: 1}]
-    expected = PlainRegistry(seed=4).register(clients)
+    expected = PlainRegistry(seed=4, secrets=fixed_secrets(4)).register(clients)
     for protocol in PROTOCOLS:
-        stopping = CKKSRegistry(seed=4, protocol=protocol)
+        stopping = CKKSRegistry(seed=4, secrets=fixed_secrets(4), protocol=protocol)
         assert_identical(stopping.register(clients, num_classes=3), expected)
-        scanning = CKKSRegistry(seed=4, protocol=protocol)
+        scanning = CKKSRegistry(seed=4, secrets=fixed_secrets(4), protocol=protocol)
         assert_identical(scanning.register(clients), expected)
         assert stopping.stats.subtractions < scanning.stats.subtractions
 
@@ -310,7 +376,7 @@ def test_timings_and_stats_are_recorded(monkeypatch):
     clients = [{0: 3, 1: 4}, {1: 2, 2: 5}]
     for protocol in PROTOCOLS:
         created.clear()
-        registry = CKKSRegistry(seed=0, protocol=protocol)
+        registry = CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=protocol)
         registry.register(clients, num_classes=3)
         assert set(registry.timings) == {"setup_s", "unique_s", "mapping_s", "aggregation_s"}
         assert all(value >= 0 for value in registry.timings.values())
@@ -331,8 +397,9 @@ def test_timings_and_stats_are_recorded(monkeypatch):
 def test_packed_vectors_hold_many_labels_per_subtraction(protocol):
     labels = list(range(40))
     clients = [{label: 1 for label in labels}, {label: 2 for label in reversed(labels)}]
-    registry = CKKSRegistry(seed=0, protocol=protocol)
-    assert_identical(registry.register(clients, num_classes=40), PlainRegistry(0).register(clients))
+    registry = CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=protocol)
+    expected = PlainRegistry(0, secrets=fixed_secrets(0)).register(clients)
+    assert_identical(registry.register(clients, num_classes=40), expected)
     # 40 labels fit one vector (4096 CKKS slots, 8190 BFV data slots) in blocks of 40.
     # Client 0 adds its labels unseen, which fills U, so discovery ends; mapping is one
     # subtraction per client.
@@ -346,7 +413,7 @@ def test_blinded_packing_holds_twice_the_labels_of_ckks():
     clients = [{label: 1 for label in labels}]
     vectors = {}
     for protocol in ("packed", "packed-blind"):
-        registry = CKKSRegistry(seed=0, protocol=protocol)
+        registry = CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=protocol)
         registry.register(clients, num_classes=100)
         vectors[protocol] = registry.stats.subtractions  # mapping: one per label vector
     assert vectors == {"packed": 3, "packed-blind": 2}  # ceil(100 / 40), ceil(100 / 81)
@@ -359,20 +426,22 @@ def test_placeholders_do_not_follow_label_order():
     labels = list(range(20))
     clients = [{label: 1 for label in labels}]  # discovered in ascending label order
     for protocol in PROTOCOLS:
-        result = CKKSRegistry(seed=9, protocol=protocol).register(clients)
+        result = CKKSRegistry(seed=9, secrets=fixed_secrets(9), protocol=protocol).register(clients)
         placeholders = [result.client_maps[0][label] for label in labels]
         assert sorted(placeholders) == labels
         assert placeholders != labels and placeholders != labels[::-1]
-    # over many seeds, placeholder and label value are uncorrelated
-    correlations = [np.corrcoef(labels, assign_placeholders(20, seed))[0, 1] for seed in range(500)]
+    # over many clients' secrets, placeholder and label value are uncorrelated
+    correlations = [
+        np.corrcoef(labels, fixed_secrets(seed).placeholders(20))[0, 1] for seed in range(500)
+    ]
     assert abs(np.mean(correlations)) < 0.03
 
 
 def test_placeholders_depend_only_on_discovery_order_not_on_label_values():
     clients = [{3: 1, 1: 2}, {2: 1, 3: 4}, {0: 7}]
     renamed = [{f"label {label * 1000}": count for label, count in c.items()} for c in clients]
-    first = CKKSRegistry(seed=6, protocol="packed").register(clients)
-    second = CKKSRegistry(seed=6, protocol="packed").register(renamed)
+    first = CKKSRegistry(seed=6, secrets=fixed_secrets(6), protocol="packed").register(clients)
+    second = CKKSRegistry(seed=6, secrets=fixed_secrets(6), protocol="packed").register(renamed)
     assert [list(m.values()) for m in first.client_maps] == [
         list(m.values()) for m in second.client_maps
     ]
@@ -388,7 +457,7 @@ GOOD = [{0: 2, 1: 3}, {1: 1, 2: 4}]
 @pytest.fixture(params=PROTOCOLS)
 def registered(request) -> CKKSRegistry:
     """A registry that already holds a result, to show failures leave it untouched."""
-    registry = CKKSRegistry(seed=0, protocol=request.param)
+    registry = CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=request.param)
     registry.register(GOOD)
     return registry
 
@@ -431,7 +500,9 @@ def test_more_unique_labels_than_the_bound(registered):
         "client 0 brings unique label number 3",
         num_classes=2,
     )
-    bounded = CKKSRegistry(seed=0, protocol=registered.protocol, max_unique=2)
+    bounded = CKKSRegistry(
+        seed=0, secrets=fixed_secrets(0), protocol=registered.protocol, max_unique=2
+    )
     fails_cleanly(bounded, [{0: 1}, {1: 1, 2: 1}], "client 1 brings unique label number 3")
     fails_cleanly(bounded, [{0: 1}, {1: 1}, {2: 1}], "client 2: label 2 matches no discovered")
 
@@ -453,7 +524,9 @@ def test_label_that_does_not_hash_into_range(protocol):
 
 
 def test_hash_collision_is_raised_not_merged():
-    registry = CKKSRegistry(seed=0, label_hash=lambda label: 5 if label in ("a", "b") else 9)
+    registry = CKKSRegistry(
+        seed=0, secrets=fixed_secrets(0), label_hash=lambda label: 5 if label in ("a", "b") else 9
+    )
     message = fails_cleanly(registry, [{"a": 1}, {"c": 1, "b": 2}], "hash to the same code 5")
     assert "'a' (client 0)" in message and "'b' (client 1)" in message
 
@@ -546,7 +619,7 @@ def aggregation_starts(monkeypatch) -> dict[str, bool]:
 def test_a_foreign_unique_label_is_traced_to_the_client_that_added_it(protocol, monkeypatch):
     # Client 0's labels become the unique list; every comparison after that is computed
     # from its ciphertexts and fails, but the error names client 0, not client 1.
-    registry = CKKSRegistry(seed=0, protocol=protocol)
+    registry = CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=protocol)
     registry.register(GOOD)
     foreign = foreign_key_holder(registry)
     tamper_client(
@@ -562,7 +635,7 @@ def test_a_foreign_unique_label_is_traced_to_the_client_that_added_it(protocol, 
 @pytest.mark.parametrize("protocol", BLINDED)
 @pytest.mark.parametrize("client", [0, 1])
 def test_a_foreign_count_is_traced_to_its_client(protocol, client, monkeypatch):
-    registry = CKKSRegistry(seed=0, protocol=protocol)
+    registry = CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=protocol)
     registry.register(GOOD)
     foreign = foreign_key_holder(registry)
     phase = aggregation_starts(monkeypatch)
@@ -582,7 +655,7 @@ def test_a_foreign_count_is_traced_to_its_client(protocol, client, monkeypatch):
 def test_a_tampered_ciphertext_in_an_incremental_registration_names_the_client(
     protocol, monkeypatch
 ):
-    registry = CKKSRegistry(seed=0, protocol=protocol)
+    registry = CKKSRegistry(seed=0, secrets=fixed_secrets(0), protocol=protocol)
     registry.add_label(0, "a", 2)
     registry.add_label(1, "b", 1)
     before = registry.result
@@ -598,7 +671,7 @@ def test_a_tampered_ciphertext_in_an_incremental_registration_names_the_client(
     assert registry.result is before
     monkeypatch.undo()
     assert registry.add_label(2, "a", 5) == before.client_maps[0]["a"]  # still works after
-    plain = PlainRegistry(seed=0)
+    plain = PlainRegistry(seed=0, secrets=fixed_secrets(0))
     for arrival in [(0, "a", 2), (1, "b", 1), (2, "a", 5)]:
         plain.add_label(*arrival)
     assert_identical(registry.result, plain.result)

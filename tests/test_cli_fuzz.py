@@ -155,7 +155,10 @@ def assert_exits_cleanly(argv, code, err):
 
 def assert_complete_run(out, argv):
     names = sorted(path.name for path in out.iterdir())
-    assert names == ["checkpoint.pt", "config.json", "metrics.jsonl", "summary.json"], argv
+    expected = ["checkpoint.pt", "config.json", "metrics.jsonl", "summary.json"]
+    if "--secure" in argv:  # the clients' registry secrets, for --resume
+        expected = sorted([*expected, "client_secrets.json"])
+    assert names == expected, argv
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((out / "summary.json").read_text())
     config = json.loads((out / "config.json").read_text())

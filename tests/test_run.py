@@ -9,6 +9,7 @@ from engines import client_data
 from stratify.algorithms import ALGORITHMS
 from stratify.cli.main import main
 from stratify.errors import ConfigError, OutputError, StratifyError, TrainingError
+from stratify.registry import SECRETS_FILE, RegistrySecrets
 from stratify.run import Run, TrainConfig
 
 FAST = {"repeat_count": 40}  # 400 steps per epoch on digits
@@ -209,13 +210,15 @@ def test_train_cli_runs_and_resumes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("protocol", ["packed", "naive"])
-def test_secure_registry_learns_exactly_like_the_plain_one(tmp_path, protocol):
-    Run(config(tmp_path, "plain", epochs=1, partition="dirichlet:0.5")).train()
+def test_secure_registry_learns_exactly_like_the_plain_one_given_its_secrets(tmp_path, protocol):
     Run(
         config(
             tmp_path, "secure", epochs=1, partition="dirichlet:0.5", secure=True, protocol=protocol
         )
     ).train()
+    saved = (tmp_path / "secure" / SECRETS_FILE).read_bytes()
+    secrets = RegistrySecrets.from_bytes(saved, SECRETS_FILE)
+    Run(config(tmp_path, "plain", epochs=1, partition="dirichlet:0.5"), secrets=secrets).train()
     assert read_metrics(tmp_path / "secure") == read_metrics(tmp_path / "plain")
 
 

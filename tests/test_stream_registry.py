@@ -49,7 +49,7 @@ def test_after_a_full_registration_old_placeholders_stay_and_a_new_label_gets_th
     initial = [{0: 4, 1: 2}, {1: 3, 2: 1}]
     registry = registries()[index]
     before = registry.register(initial, num_classes=None)
-    plain = PlainRegistry(seed=5)
+    plain = PlainRegistry(seed=5, secrets=registry.secrets)  # the clients' same secrets
     plain.register(initial)
     assert same_result(before, plain.result)
     # client 1 starts holding label 0 (known), a new client 2 brings label 9 (new)

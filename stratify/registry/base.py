@@ -8,6 +8,11 @@ placeholder. The scheduler and selector see only placeholders.
 A stream registers one label at a time (:meth:`LabelRegistry.add_label`): a label new to
 every client gets the next placeholder, ``U``, so the placeholders already handed out
 stay as they are.
+
+With :class:`~stratify.registry.client_secrets.RegistrySecrets` (always, in the secure
+registry) every client encodes its labels in a secret random order and the placeholders
+are a secret permutation; without (the plain registry) the labels go in the order the
+caller lists them and the permutation is seeded (docs/architecture.md, "Privacy").
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from stratify.errors import RegistryError
+from stratify.registry.client_secrets import RegistrySecrets
 
 #: The secure registry's protocols (docs/architecture.md, "Privacy"): the paper's ``naive``
 #: and the ``packed`` SIMD layout (CKKS), and each with the server blinding comparisons and
@@ -53,8 +59,9 @@ class RegistryResult:
 def assign_placeholders(num_unique: int, seed: int) -> np.ndarray:
     """Placeholder of the i-th discovered unique label: a seeded random permutation.
 
-    Discovery order follows client order, not label values, and the permutation hides
-    even that, so placeholders are unlinkable to label values.
+    The plain registry's: anyone who knows ``seed`` can compute it, so the secure registry
+    draws its permutation from the clients' secrets instead
+    (:meth:`~stratify.registry.client_secrets.RegistrySecrets.placeholders`).
     """
     return np.random.default_rng([seed, 0x5EED]).permutation(num_unique)
 
@@ -110,17 +117,40 @@ class LabelRegistry(ABC):
     Parameters
     ----------
     seed : int
-        Seed of the placeholder assignment; the same seed gives the same placeholders in
-        every registry implementation, so secure and plain runs learn identically.
+        Seed of the placeholder assignment when there are no ``secrets``.
+    secrets : RegistrySecrets, optional
+        The clients' secrets: each client's encoding order and the placeholder
+        permutation. Registries given the same secrets (or, without, the same seed) return
+        the same result, so a secure and a plain run given them learn identically.
     """
 
     name: str = "registry"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, secrets: RegistrySecrets | None = None) -> None:
         self.seed = seed
+        self.secrets = secrets
         self.result: RegistryResult | None = None
         #: placeholder of the i-th discovered unique label
         self.placeholder_of_index: list[int] = []
+
+    def encoding_order(self, client_labels: Sequence[Mapping[Any, int]]) -> list[dict[Any, int]]:
+        """Each client's ``{label: count}`` in the order the client encodes its labels: a
+        secret random order with :attr:`secrets`, else the order given."""
+        if self.secrets is None:
+            return [dict(counts) for counts in client_labels]
+        ordered = []
+        for client, counts in enumerate(client_labels):
+            items = list(counts.items())
+            order = self.secrets.client_order(client, len(items))
+            ordered.append(dict(items[position] for position in order))
+        return ordered
+
+    def assign_placeholders(self, num_unique: int) -> list[int]:
+        """Placeholder of the i-th discovered unique label: from :attr:`secrets`, else
+        seeded (:func:`assign_placeholders`)."""
+        if self.secrets is not None:
+            return self.secrets.placeholders(num_unique)
+        return [int(p) for p in assign_placeholders(num_unique, self.seed)]
 
     @abstractmethod
     def register(

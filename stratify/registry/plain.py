@@ -7,25 +7,30 @@ from typing import Any
 
 import numpy as np
 
-from stratify.registry.base import (
-    LabelRegistry,
-    RegistryResult,
-    assign_placeholders,
-    validate_client_labels,
-)
+from stratify.registry.base import LabelRegistry, RegistryResult, validate_client_labels
+from stratify.registry.client_secrets import RegistrySecrets
 
 
 class PlainRegistry(LabelRegistry):
     """Registry for ``--no-secure`` runs and for checking the CKKS protocols.
 
-    Unique labels are discovered in client order (each client's labels in the order its
-    mapping lists them), exactly as the encrypted protocols discover them.
+    Unique labels are discovered in client order (each client's labels in its encoding
+    order: as its mapping lists them, or the secret order of ``secrets``), exactly as the
+    encrypted protocols discover them. Deterministic: the same seed (or secrets) and input
+    give the same result.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the placeholder permutation when there are no ``secrets``.
+    secrets : RegistrySecrets, optional
+        Clients' secrets, to give exactly the secure registry's result for the same ones.
     """
 
     name = "plain"
 
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed=seed)
+    def __init__(self, seed: int = 0, secrets: RegistrySecrets | None = None) -> None:
+        super().__init__(seed=seed, secrets=secrets)
         self.discovered: dict[Hashable, int] = {}
 
     def register(
@@ -33,10 +38,10 @@ class PlainRegistry(LabelRegistry):
     ) -> RegistryResult:
         validate_client_labels(client_labels)
         discovered: dict[Hashable, int] = {}
-        for counts in client_labels:
+        for counts in self.encoding_order(client_labels):
             for label in counts:
                 discovered.setdefault(label, len(discovered))
-        placeholder_of_index = [int(p) for p in assign_placeholders(len(discovered), self.seed)]
+        placeholder_of_index = self.assign_placeholders(len(discovered))
         placeholder = {label: placeholder_of_index[i] for label, i in discovered.items()}
         client_maps = [{label: placeholder[label] for label in counts} for counts in client_labels]
         global_counts = np.zeros(len(discovered), dtype=np.int64)

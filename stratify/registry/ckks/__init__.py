@@ -10,14 +10,15 @@ Two roles, kept in separate objects so that the server provably cannot decrypt:
   loads the clients' ciphertexts against that context and computes on them.
 
 :class:`CKKSRegistry` runs one of four protocols with one interface and identical output:
-exactly :class:`~stratify.registry.plain.PlainRegistry`'s result for the same seed.
+exactly :class:`~stratify.registry.plain.PlainRegistry`'s result for the same secrets.
 ``naive`` and ``packed`` are the paper's CKKS protocol and its SIMD layout, where the key
 holder decrypts raw differences and counts (:class:`KeyHolder`, :class:`Server`).
 ``naive-blind`` and ``packed-blind`` run the same layouts in BFV on the same ring, with
 the server blinding every difference by random factors and masking every count
 (:class:`BlindKeyHolder`, :class:`BlindServer`): the key holder learns only which labels
-match. Unique labels are discovered in client order, then each client's mapping order,
-and placeholders come from :func:`~stratify.registry.base.assign_placeholders`.
+match. Unique labels are discovered in client order, then each client's secret encoding
+order, and placeholders come from the clients' secrets
+(:class:`~stratify.registry.client_secrets.RegistrySecrets`).
 
 Modules: :mod:`.encoding` (label codes, parameters, precision), :mod:`.stats` (counters),
 :mod:`.roles` (key holders and servers), :mod:`.protocols` (the naive and packed runs) and
@@ -38,7 +39,6 @@ from stratify.registry.ckks.encoding import (
     CKKSParameters,
     KeyedLabelHash,
     label_bytes,
-    seeded_hash_key,
 )
 from stratify.registry.ckks.registry import CKKSRegistry, same_result
 from stratify.registry.ckks.roles import BlindKeyHolder, BlindServer, KeyHolder, Server
@@ -63,5 +63,4 @@ __all__ = [
     "Server",
     "label_bytes",
     "same_result",
-    "seeded_hash_key",
 ]

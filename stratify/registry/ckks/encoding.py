@@ -159,11 +159,3 @@ class KeyedLabelHash:
     def __call__(self, label: Hashable) -> int:
         digest = hmac.new(self.key, label_bytes(label), hashlib.sha256).digest()
         return int.from_bytes(digest[:8], "big") % self.hash_range
-
-
-def seeded_hash_key(seed: int) -> bytes:
-    """The clients' hash key derived from the registry seed, for reproducible runs.
-
-    A deployment passes a key the clients agreed on in secret instead.
-    """
-    return hashlib.sha256(b"stratify label hash key:" + repr(seed).encode()).digest()

@@ -13,7 +13,6 @@ from stratify.registry.base import (
     PROTOCOLS,
     LabelRegistry,
     RegistryResult,
-    assign_placeholders,
     validate_client_labels,
 )
 from stratify.registry.ckks.encoding import (
@@ -21,7 +20,6 @@ from stratify.registry.ckks.encoding import (
     BFVParameters,
     CKKSParameters,
     KeyedLabelHash,
-    seeded_hash_key,
 )
 from stratify.registry.ckks.protocols import (
     START_BLOCK_SIZE,
@@ -38,6 +36,7 @@ from stratify.registry.ckks.roles import (
     ServerRole,
 )
 from stratify.registry.ckks.stats import ProtocolStats
+from stratify.registry.client_secrets import RegistrySecrets
 
 
 class CKKSRegistry(LabelRegistry):
@@ -46,20 +45,27 @@ class CKKSRegistry(LabelRegistry):
     masks counts (BFV on the same ring) so that the key holder learns only match bits.
 
     Gives exactly :class:`~stratify.registry.plain.PlainRegistry`'s result for the same
-    seed and input, :meth:`register` and :meth:`add_label` alike. :meth:`register` either
-    completes or raises :class:`~stratify.errors.RegistryError` with :attr:`result`,
-    :attr:`timings` and :attr:`stats` unchanged. :meth:`add_label` continues the last
-    registration's protocol run (the same ``U`` and encrypted count totals, the same keys).
+    secrets and input, :meth:`register` and :meth:`add_label` alike: each client encodes
+    its labels in a secret random order and the placeholders are a secret permutation
+    (docs/architecture.md, "Privacy"), so neither the key holder nor the server receives
+    anything in label order, and the run's seed does not determine the placeholders.
+    :meth:`register` either completes or raises :class:`~stratify.errors.RegistryError`
+    with :attr:`result`, :attr:`timings` and :attr:`stats` unchanged. :meth:`add_label`
+    continues the last registration's protocol run (the same ``U`` and encrypted count
+    totals, the same keys).
 
     Parameters
     ----------
     seed : int
-        Seed of the placeholder assignment (and of the default hash key).
+        The run's seed, kept for reference: it is public, so nothing secret follows from it.
     protocol : {"packed-blind", "packed", "naive-blind", "naive"}
         How labels and counts are laid out in ciphertexts (``packed``: SIMD blocks;
         ``naive``: one value per ciphertext), and whether the server blinds (``-blind``).
+    secrets : RegistrySecrets, optional
+        The clients' secrets (encoding orders, placeholder permutation, hash key); default
+        drawn afresh from the OS's CSPRNG. A run saves them to resume exactly.
     hash_key : bytes, optional
-        Key of the clients' keyed label hash; default derived from ``seed``.
+        Key of the clients' keyed label hash; default derived from ``secrets``.
     label_hash : callable, optional
         Replaces the keyed hash (``label -> int`` in ``[0, LABEL_HASH_RANGE)``); codes
         are range-checked.
@@ -91,6 +97,7 @@ class CKKSRegistry(LabelRegistry):
         seed: int = 0,
         protocol: str = "packed-blind",
         *,
+        secrets: RegistrySecrets | None = None,
         hash_key: bytes | None = None,
         label_hash: Callable[[Hashable], int] | None = None,
         max_unique: int | None = None,
@@ -98,7 +105,7 @@ class CKKSRegistry(LabelRegistry):
         blind_parameters: BFVParameters | None = None,
         blinding_seed: int | None = None,
     ) -> None:
-        super().__init__(seed=seed)
+        super().__init__(seed=seed, secrets=secrets or RegistrySecrets.draw())
         if protocol not in PROTOCOLS:
             raise RegistryError(
                 f"unknown registry protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}"
@@ -114,7 +121,8 @@ class CKKSRegistry(LabelRegistry):
         self.parameters = parameters or CKKSParameters()
         self.blind_parameters = blind_parameters or BFVParameters()
         self.blinding_seed = blinding_seed
-        self.label_hash = label_hash or KeyedLabelHash(hash_key or seeded_hash_key(seed))
+        assert self.secrets is not None  # drawn above when not given
+        self.label_hash = label_hash or KeyedLabelHash(hash_key or self.secrets.hash_key)
         self.timings: dict[str, float] = {}
         self.stats: ProtocolStats | None = None
         self._roles: tuple[KeyHolderRole, ServerRole] | None = None
@@ -147,7 +155,8 @@ class CKKSRegistry(LabelRegistry):
             or num_classes < 1
         ):
             raise RegistryError(f"num_classes must be a positive integer, got {num_classes!r}")
-        client_counts = [[int(count) for count in counts.values()] for counts in client_labels]
+        encoded = self.encoding_order(client_labels)  # what each client sends, in its order
+        client_counts = [[int(count) for count in counts.values()] for counts in encoded]
         total_count = sum(map(sum, client_counts))
         if total_count > COUNT_LIMIT:
             raise RegistryError(
@@ -160,8 +169,8 @@ class CKKSRegistry(LabelRegistry):
 
         start = time.perf_counter()
         code_owner: dict[int, tuple[Hashable, int]] = {}
-        codes = key_holder.encode(client_labels, code_owner)  # each client hashes its own labels
-        labels = [list(counts) for counts in client_labels]
+        codes = key_holder.encode(encoded, code_owner)  # each client hashes its own labels
+        labels = [list(counts) for counts in encoded]
         unique_limit = num_classes if num_classes is not None else self.max_unique
         run: _ProtocolRun
         if self.layout == "naive":
@@ -187,14 +196,14 @@ class CKKSRegistry(LabelRegistry):
 
         start = time.perf_counter()
         unique_indices = run.map_labels()
-        placeholder_of_index = [int(p) for p in assign_placeholders(run.num_unique, self.seed)]
+        placeholder_of_index = self.assign_placeholders(run.num_unique)
         client_placeholders = [
             [placeholder_of_index[index] for index in indices] for indices in unique_indices
         ]
-        client_maps = [
-            dict(zip(counts, placeholders))
-            for counts, placeholders in zip(client_labels, client_placeholders)
-        ]
+        client_maps = []
+        for counts, sent, placeholders in zip(client_labels, encoded, client_placeholders):
+            mapped = dict(zip(sent, placeholders))
+            client_maps.append({label: mapped[label] for label in counts})  # the caller's order
         mapping_s = time.perf_counter() - start
 
         start = time.perf_counter()

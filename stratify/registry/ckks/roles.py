@@ -128,7 +128,8 @@ class KeyHolderRole(ABC):
         if seen[0] != label:
             raise RegistryError(
                 f"labels {seen[0]!r} (client {seen[1]}) and {label!r} (client {client}) "
-                f"hash to the same code {code}; register with another seed or hash key"
+                f"hash to the same code {code}; register again with other clients' secrets (a new "
+                "run draws its own) or another hash key"
             )
         return code
 

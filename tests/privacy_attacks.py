@@ -1,0 +1,238 @@
+"""Order-recovery attacks on the secure registry, from what each party sees.
+
+The key holder decrypts, client by client, whether each of the client's labels matches each
+unique label ``U_i``; the rows come in the order the client encoded its labels. Were that
+order the label order, two consecutive matches ``U_a``, ``U_b`` of one client would say
+``label(U_a) < label(U_b)``, and over many clients the ranking of the ``U_i`` is the
+labels (with labels ``0..C-1`` the rank is the label). The server sees which client added
+how many entries to ``U``, in order, and the placeholders each client holds; knowing the
+run's seed it would map ``U_i`` to its placeholder with
+:func:`~stratify.registry.base.assign_placeholders`.
+
+Two rankings are tried on every view: the transitive closure of the consecutive pairs
+(each ``U_i`` ranked by how many entries it follows minus how many it precedes) and a
+Borda count (each ``U_i`` ranked by its average relative position in the lists it appears
+in). The score is the share of labels recovered exactly; chance is ``1 / C``.
+
+Run as ``python tests/privacy_attacks.py`` to print the recovery rates of both attackers
+on ``iid``, ``dirichlet:0.5`` and ``dirichlet:0.1`` at 10 and 100 classes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stratify.data.partition import partition
+from stratify.federation import Federation
+from stratify.registry.base import assign_placeholders
+from stratify.registry.ckks import CKKSRegistry
+from stratify.registry.ckks.encoding import MATCH_THRESHOLD
+from stratify.registry.ckks.protocols import _NaiveRun, _PackedRun, _ProtocolRun
+from stratify.registry.client_secrets import RegistrySecrets
+
+
+def fixed_secrets(seed: int) -> RegistrySecrets:
+    """Clients' secrets fixed by ``seed``, for tests that compare registries exactly (a
+    run draws its own from the OS)."""
+    return RegistrySecrets(hashlib.sha256(b"test secrets %d" % seed).digest())
+
+
+def federation_labels(spec: str, classes: int, clients: int, seed: int) -> list[dict[int, int]]:
+    """Each client's ``{label: count}`` as a run registers it (``Federation.label_counts``)
+    for ``classes`` classes of 60 samples split by ``spec``."""
+    labels = np.repeat(np.arange(classes), 60)
+    indices = partition(labels, clients, spec, seed=seed)
+    return Federation(indices, labels).label_counts()
+
+
+@dataclass
+class Views:
+    """What the key holder decrypted and what the server saw during one registration."""
+
+    #: key holder, mapping phase: per client, the index in U of each row, in the order seen
+    key_holder_rows: list[list[int]] = field(default_factory=list)
+    #: server: per client that grew U, the indices it appended, in order
+    server_chunks: list[list[int]] = field(default_factory=list)
+
+
+@contextmanager
+def observe() -> Iterator[Views]:
+    """Record, during the registrations run inside it, the decrypted match rows of the
+    mapping phase (key holder) and the growth of ``U`` (server)."""
+    views = Views()
+    state = {"mapping": False, "client": None, "search": 0}
+    compare, append_unique = _ProtocolRun.compare, _PackedRun.append_unique
+    map_labels = {layout: layout.map_labels for layout in (_NaiveRun, _PackedRun)}
+
+    def recording_compare(self, client, vector, unique, compared, parts):
+        values = compare(self, client, vector, unique, compared, parts)
+        if not state["mapping"]:
+            return values
+        if state["client"] != client:  # a new client's rows start
+            views.key_holder_rows.append([])
+            state["client"], state["search"] = client, 0
+        rows = views.key_holder_rows[-1]
+        if isinstance(self, _PackedRun):
+            width, size = self.num_unique, self.block_size
+            for row in range(len(compared) // width):
+                hits = np.flatnonzero(np.abs(values[row * size : row * size + width]) < 0.5)
+                rows.extend(hits[:1].tolist())
+        else:  # naive: one comparison at a time, U_0, U_1, ... until the match
+            if abs(values[0]) < MATCH_THRESHOLD:
+                rows.append(state["search"])
+                state["search"] = 0
+            else:
+                state["search"] += 1
+        return values
+
+    def recording_map_labels(self):
+        state["mapping"], state["client"] = True, None
+        try:
+            return map_labels[type(self)](self)
+        finally:
+            state["mapping"] = False
+
+    def recording_append(self, client, new_codes):
+        start = self.num_unique
+        views.server_chunks.append(list(range(start, start + len(new_codes))))
+        return append_unique(self, client, new_codes)
+
+    _ProtocolRun.compare = recording_compare
+    for layout in map_labels:
+        layout.map_labels = recording_map_labels
+    _PackedRun.append_unique = recording_append
+    try:
+        yield views
+    finally:
+        _ProtocolRun.compare = compare
+        for layout, original in map_labels.items():
+            layout.map_labels = original
+        _PackedRun.append_unique = append_unique
+
+
+def senders_chunks(senders: Sequence[str]) -> list[list[int]]:
+    """The naive layout's growth of U as the server sees it: per sender, the indices of
+    the entries it added, from the server's list of who sent each entry."""
+    return [
+        [i for i, sender in enumerate(senders) if sender == name] for name in dict.fromkeys(senders)
+    ]
+
+
+def closure_ranking(lists: Sequence[Sequence[int]], size: int) -> np.ndarray:
+    """Rank of each of ``size`` nodes by the transitive closure of the consecutive pairs of
+    ``lists``: (nodes it follows) - (nodes it precedes), ties by index."""
+    reach = np.zeros((size, size), dtype=bool)
+    for items in lists:
+        for first, second in zip(items[:-1], items[1:]):
+            reach[first, second] = True
+    for middle in range(size):
+        reach |= reach[:, middle : middle + 1] & reach[middle : middle + 1, :]
+    score = reach.sum(axis=0) - reach.sum(axis=1)
+    return ranks(score)
+
+
+def borda_ranking(lists: Sequence[Sequence[int]], size: int) -> np.ndarray:
+    """Rank of each of ``size`` nodes by its average relative position in ``lists``
+    (``0`` first, ``1`` last; ``0.5`` where it is never in a list of two or more)."""
+    total, seen = np.zeros(size), np.zeros(size)
+    for items in lists:
+        if len(items) < 2:
+            continue
+        total[list(items)] += np.arange(len(items)) / (len(items) - 1)
+        seen[list(items)] += 1
+    average = np.where(seen > 0, total / np.maximum(seen, 1), 0.5)
+    return ranks(average)
+
+
+def ranks(score: np.ndarray) -> np.ndarray:
+    order = np.lexsort((np.arange(len(score)), score))
+    rank = np.empty(len(score), dtype=np.int64)
+    rank[order] = np.arange(len(score))
+    return rank
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Share of labels recovered exactly by each attacker and ranking."""
+
+    key_holder_closure: float
+    key_holder_borda: float
+    server_closure: float
+    server_borda: float
+
+
+def attack(
+    client_labels: list[dict[int, int]],
+    classes: int,
+    seed: int,
+    protocol: str = "packed-blind",
+    **registry_options,
+) -> Recovery:
+    """Register ``client_labels`` (labels ``0..classes-1``) with a secure registry of
+    ``seed`` and run both attacks on what the key holder and the server saw."""
+    registry = CKKSRegistry(seed=seed, protocol=protocol, **registry_options)
+    with observe() as views:
+        result = registry.register(client_labels, num_classes=classes)
+    size = result.num_placeholders
+    assert size == classes
+    label_of_placeholder = np.empty(size, dtype=np.int64)
+    for mapping in result.client_maps:
+        for label, placeholder in mapping.items():
+            label_of_placeholder[placeholder] = label
+    # truth: the label of each entry of U
+    label_of_index = label_of_placeholder[np.array(registry.placeholder_of_index)]
+
+    def share(guess: np.ndarray, truth: np.ndarray) -> float:
+        return float(np.mean(guess == truth))
+
+    key_rows = views.key_holder_rows
+    # the server knowing the seed takes placeholder p for U entry assign_placeholders(...)[i]
+    believed = np.asarray(assign_placeholders(size, seed))
+    server_truth = label_of_placeholder[believed]  # the real label of what it ranks as U_i
+    chunks = views.server_chunks
+    if isinstance(registry._run, _NaiveRun):
+        chunks = senders_chunks(registry._run.unique_senders)
+    return Recovery(
+        key_holder_closure=share(closure_ranking(key_rows, size), label_of_index),
+        key_holder_borda=share(borda_ranking(key_rows, size), label_of_index),
+        server_closure=share(closure_ranking(chunks, size), server_truth),
+        server_borda=share(borda_ranking(chunks, size), server_truth),
+    )
+
+
+def main() -> None:
+    clients = {10: 10, 100: 20}
+    print("classes  split           protocol      KH-closure  KH-Borda  srv-closure  srv-Borda")
+    for classes in (10, 100):
+        for spec in ("iid", "dirichlet:0.5", "dirichlet:0.1"):
+            protocols = ("packed-blind", "naive-blind") if classes == 10 else ("packed-blind",)
+            for protocol in protocols:
+                results = [
+                    attack(federation_labels(spec, classes, clients[classes], seed), classes, seed)
+                    if protocol == "packed-blind"
+                    else attack(
+                        federation_labels(spec, classes, clients[classes], seed),
+                        classes,
+                        seed,
+                        protocol,
+                    )
+                    for seed in range(3)
+                ]
+                mean = {
+                    name: np.mean([getattr(r, name) for r in results])
+                    for name in Recovery.__dataclass_fields__
+                }
+                print(
+                    f"{classes:7d}  {spec:14s}  {protocol:12s}  "
+                    f"{mean['key_holder_closure']:10.2f}  {mean['key_holder_borda']:8.2f}  "
+                    f"{mean['server_closure']:11.2f}  {mean['server_borda']:9.2f}"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""A secure run's registry secrets: drawn once, kept in the run folder, used on --resume.
+
+docs/architecture.md, "Privacy": the placeholders of a secure run come from the clients'
+secrets, not from ``--seed``; ``--resume`` and a rerun from the saved secrets are exact,
+and a missing or damaged secrets file is refused without touching the run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stratify.cli.main import main
+from stratify.registry import SECRETS_FILE, RegistrySecrets
+from stratify.run import Run, TrainConfig
+
+TRAIN = ["train", "--dataset", "digits", "--partition", "dirichlet:0.5", "--clients", "8"]
+TRAIN += ["--repeat-count", "20", "--lr", "0.05", "--secure", "--protocol", "packed-blind"]
+
+
+def secure_config(tmp_path, name, epochs):
+    return TrainConfig(
+        dataset="digits",
+        partition="dirichlet:0.5",
+        clients=8,
+        epochs=epochs,
+        lr=0.05,
+        secure=True,
+        options={"repeat_count": 20},
+        out=str(tmp_path / name),
+    )
+
+
+def metrics(folder):
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.pop("wall_seconds")
+    return rows
+
+
+def saved_secrets(folder) -> RegistrySecrets:
+    return RegistrySecrets.from_bytes((folder / SECRETS_FILE).read_bytes(), SECRETS_FILE)
+
+
+def test_resume_and_a_rerun_from_the_saved_secrets_are_exact(tmp_path):
+    first = Run(secure_config(tmp_path, "first", epochs=1))
+    first.train()
+    secrets = saved_secrets(tmp_path / "first")
+    # the same seed without the secrets gives other placeholders: the seed is public
+    other = Run(secure_config(tmp_path, "other", epochs=1))
+    assert saved_secrets(tmp_path / "other") != secrets
+    assert other.placeholders.client_maps != first.placeholders.client_maps
+    other.close()
+
+    resumed = Run(secure_config(tmp_path, "first", epochs=2), resume=True)
+    assert resumed.placeholders.client_maps == first.placeholders.client_maps
+    resumed.train()
+    rerun = Run(secure_config(tmp_path, "rerun", epochs=2), secrets=secrets)
+    rerun.train()
+    assert metrics(tmp_path / "rerun") == metrics(tmp_path / "first")
+    assert saved_secrets(tmp_path / "first") == secrets  # resuming kept the file as it was
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda path: path.unlink(), "client_secrets.json is missing"),
+        (lambda path: path.write_text("{not json"), "does not hold the run's registry secrets"),
+        (
+            lambda path: path.write_text('{"format": 1, "secret": "abcd"}'),
+            "does not hold the run's registry secrets",
+        ),
+        (lambda path: (path.unlink(), path.mkdir()), "is a folder, not a regular file"),
+    ],
+)
+def test_resume_without_intact_secrets_is_one_line_and_changes_nothing(
+    tmp_path, capsys, damage, message
+):
+    out = tmp_path / "run"
+    main([*TRAIN, "--epochs", "1", "--out", str(out)])
+    damage(out / SECRETS_FILE)
+    before = {path.name: path.read_bytes() if path.is_file() else None for path in out.iterdir()}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TRAIN, "--epochs", "2", "--out", str(out), "--resume"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "--resume" in err[0], err
+    after = {path.name: path.read_bytes() if path.is_file() else None for path in out.iterdir()}
+    assert after == before
+
+
+def test_a_plain_run_writes_no_secrets_and_resumes_without_them(tmp_path, capsys):
+    out = tmp_path / "plain"
+    plain = [arg if arg != "--secure" else "--no-secure" for arg in TRAIN]
+    main([*plain, "--epochs", "1", "--out", str(out)])
+    assert not (out / SECRETS_FILE).exists()
+    main([*plain, "--epochs", "2", "--out", str(out), "--resume"])
+    assert [row["epoch"] for row in metrics(out)] == [1, 2]
