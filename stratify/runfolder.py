@@ -720,7 +720,8 @@ class RunFolder:
         be an input the user named for this command (:func:`guard_input`)."""
         for name in self.files:
             found = guarded_as(self.path / name)
-            if found is not None and found.named:
+            # another holder's own files are its lock's business
+            if found is not None and found.named and found.owner is None:
                 raise OutputError(
                     f"--out {self.given}: its {name} would be {found.what}; an output never "
                     "replaces an input of the command: choose another --out"
@@ -728,7 +729,7 @@ class RunFolder:
         if self.mode != "overwrite":
             return
         for resolved, entry in list(_GUARDED.items()):
-            if entry.named and Path(resolved).is_relative_to(self.path):
+            if entry.named and entry.owner is None and Path(resolved).is_relative_to(self.path):
                 raise OutputError(
                     f"--out {self.given} --overwrite would delete {resolved}, {entry.what}: "
                     "choose another --out"
