@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stratify.data.datasets.folders import DIGITS_DG_DOMAINS, PACS_DOMAINS
-from stratify.data.datasets.tabular import COVTYPE_BINARY_FILES
+from stratify.data.datasets.tabular import COVTYPE_BINARY_FILES, COVTYPE_FILES
 from stratify.errors import DatasetError
 
 #: seconds a download waits for a connection or for data before it gives up on a mirror
@@ -234,6 +234,9 @@ def sources() -> dict[str, Source]:
         download=found["mnist-10k"].download,
         moves=found["mnist-10k"].moves,
     )
+    covtype_table = tuple(
+        f"{folder}{name}" for folder in ("covtype/", "") for name in COVTYPE_FILES
+    )
     covtype_binary = tuple(
         f"{folder}{name}" for folder in ("covtype/", "") for name in COVTYPE_BINARY_FILES
     )
@@ -246,10 +249,10 @@ def sources() -> dict[str, Source]:
         "cifar10": found["cifar10"],
         "cifar100": found["cifar100"],
         "covtype": Source(
-            files="covertype/samples_py3, covertype/targets_py3",
-            layouts=((("covertype/samples_py3",), ("covertype/targets_py3",)),),
-            how="by hand: scikit-learn's cache; on a machine with internet run "
-            "sklearn.datasets.fetch_covtype(data_home=DIR) and copy DIR/covertype/ here",
+            files="covtype/covtype.data[.gz]",
+            layouts=((covtype_table,),),
+            how="by hand: covtype.data.gz of the UCI Machine Learning Repository "
+            "(Covertype) into DIR/covtype/ (scikit-learn's pickled cache is not read)",
         ),
         "covtype-binary": Source(
             files="covtype/covtype.libsvm.binary[.scale][.bz2]",
