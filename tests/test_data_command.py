@@ -230,7 +230,7 @@ def test_an_incomplete_extracted_folder_is_not_merged_into(tmp_path, capsys, no_
     "name, message",
     [
         ("pacs", "pacs cannot be downloaded by stratify; by hand: the PACS images"),
-        ("covtype", "covtype cannot be downloaded by stratify; by hand: covtype.data.gz of the UCI"),
+        ("covtype", "covtype cannot be downloaded by stratify; by hand: covtype.data.gz"),
         ("digits", "digits cannot be downloaded by stratify; it needs no files"),
         ("nope", "unknown dataset 'nope'; choose one of"),
     ],
