@@ -76,7 +76,9 @@ class JsonLinesAppender:
                     ) from None
                 raise
             os.set_blocking(fd, True)
-            self.handle = os.fdopen(fd, "ab")
+            # unbuffered: a line is written whole by append, and closing never waits on a
+            # reader (a stream stopped while a FIFO was full has nothing left to flush)
+            self.handle = os.fdopen(fd, "ab", buffering=0)
             mode = os.fstat(self.handle.fileno()).st_mode
             self.regular = stat.S_ISREG(mode)
             if self.regular and size is not None and size < os.fstat(self.handle.fileno()).st_size:
@@ -91,7 +93,9 @@ class JsonLinesAppender:
         assert self.handle is not None
         data = (strict_json(record) + "\n").encode()
         try:
-            self.handle.write(data)
+            view = memoryview(data)
+            while view:
+                view = view[self.handle.write(view) or 0 :]
             self.handle.flush()
         except OSError as error:
             raise OutputError(f"cannot write {self.what}: {describe_os_error(error)}") from None
