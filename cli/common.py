@@ -134,7 +134,7 @@ def write_output(path: str, data: str | bytes, flag: str = "--json") -> None:
         The option that named it, for the message.
     """
     try:
-        write_file(Path(path), data.encode() if isinstance(data, str) else data)
+        write_file(Path(path), data.encode() if isinstance(data, str) else data, flag)
     except OSError as error:
         kept = " (its previous version is kept)" if os.path.isfile(path) else ""
         reason = error.strerror or error

@@ -3,6 +3,7 @@ of those that can be fetched (:mod:`stratify.data.sources`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -11,7 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 from stratify.cli.common import DATA_DIR
-from stratify.data.sources import download, missing_entries, source, sources, status
+from stratify.data.sources import (
+    check_data_folder,
+    check_published,
+    download,
+    missing_entries,
+    source,
+    sources,
+    status,
+)
 from stratify.errors import ConfigError
 
 
@@ -24,7 +33,9 @@ def data() -> None:
 @DATA_DIR
 def list_command(data_dir: str | None) -> None:
     """Each dataset: the files it needs, where they are looked for, whether they are there."""
-    root = Path(data_dir).resolve() if data_dir else None
+    if data_dir:
+        check_data_folder(Path(data_dir), "--data-dir")
+    root = Path(os.path.realpath(data_dir)) if data_dir else None
     if root is None:
         where = "none given (--data-dir DIR or STRATIFY_DATA_DIR)"
     else:
@@ -67,8 +78,11 @@ def download_command(name: str, directory: str | None) -> None:
     if directory is None:
         raise ConfigError("give --dir DIR, the folder to download into")
     folder = Path(directory)
+    check_data_folder(folder, "--dir")
     if item.download is not None and status(item, folder) == "present":
-        click.echo(f"{name}: already present in {folder} ({item.files})")
+        check_published(name, item, folder)
+        checked = " (checked against the published checksums)" if item.checksums else ""
+        click.echo(f"{name}: already present in {folder} ({item.files}){checked}")
         return
     placed = download(name, folder)
     for path in placed:

@@ -26,7 +26,7 @@ from rich.table import Table
 from stratify.cli.train import config_option
 from stratify.stream.config import StreamConfig
 from stratify.stream.learner import DivergenceError
-from stratify.stream.run import SOURCE_POSITIONS, StreamRun
+from stratify.stream.run import SOURCE_POSITIONS, STOP_GRACE_SECONDS, StreamRun
 
 #: exit code of a diverged stream (the run's failure, not the user's input)
 DIVERGED = 1
@@ -113,6 +113,21 @@ def stream(
             kept = "it stopped before its first metrics line, so nothing was kept"
         click.echo(f"error: {error}; {kept}", err=True)
         sys.exit(DIVERGED)
+    if run.abandoned:
+        assert run.stopped_by is not None  # only a stop signal abandons an event
+        number = signal.Signals[run.stopped_by].value
+        kept = (
+            f"the checkpoint after line {run.checkpointed_lines} is kept; resume with: "
+            f"{resume_command(config)}"
+            if run.checkpointed_lines
+            else "no checkpoint had been written yet, so start it again"
+        )
+        click.echo(
+            f"stopped by {run.stopped_by}: the event being learned was still running "
+            f"{STOP_GRACE_SECONDS:g} s later and was abandoned; {kept}",
+            err=True,
+        )
+        sys.exit(128 + number)
     if run.stopped_by is not None:
         number = signal.Signals[run.stopped_by].value
         click.echo(

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,7 @@ def read_file(path: Path, limit: int | None = None) -> bytes:
 
     A FIFO is opened without waiting for a writer (``O_NONBLOCK``) and refused, so a FIFO
     put where a run file belongs cannot make a command hang; so are folders and devices.
+    The file is guarded from the command's outputs from then on (:func:`guard_input`).
 
     Parameters
     ----------
@@ -148,6 +150,8 @@ def read_file(path: Path, limit: int | None = None) -> bytes:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise CorruptRunError(f"{path} is {file_kind(info.st_mode)}, not a regular file")
+        if guarded_as(path) is None:  # what this command reads, no output may replace
+            guard_input(path, "a file this command reads", named=False)
         if limit is not None and info.st_size > limit:
             raise CorruptRunError(
                 f"{path} holds {info.st_size:,} bytes, more than the {limit:,} it can hold"
@@ -281,9 +285,10 @@ def write_through(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def write_file(path: str | os.PathLike, data: bytes) -> None:
+def write_file(path: str | os.PathLike, data: bytes, flag: str = "the output") -> None:
     """Write ``data`` to the file the user named ``path``, never replacing what is there
-    by something else.
+    by something else, and never an input of the command (:func:`check_output`, which
+    raises :class:`OutputError` naming ``flag``).
 
     - a regular file (or a new one) is replaced atomically (:func:`write_atomically`);
     - a symlink is followed: its target is replaced, the link stays;
@@ -293,6 +298,7 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
 
     Raises ``OSError`` (``IsADirectoryError`` for a folder).
     """
+    check_output(path, flag)
     descriptor = own_descriptor(Path(path))
     if descriptor is not None:
         for stream in (sys.stdout, sys.stderr):
@@ -312,15 +318,150 @@ def write_file(path: str | os.PathLike, data: bytes) -> None:
     write_atomically(target, data)
 
 
-def write_output_file(path: Path, data: bytes) -> None:
+def write_output_file(path: Path, data: bytes, flag: str = "the output") -> None:
     """:func:`write_file`, a failure (a full disk, a read-only folder) one
     :class:`OutputError` line naming the file and saying whether its previous version is
     kept (it always is when there was one)."""
     try:
-        write_file(path, data)
+        write_file(path, data, flag)
     except OSError as error:
         kept = " (its previous version is kept)" if os.path.isfile(path) else ""
         raise OutputError(f"cannot write {path}: {describe_os_error(error)}{kept}") from None
+
+
+# -- inputs are never outputs ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A file (or a folder and all below it) that no output of this process may be.
+
+    Attributes
+    ----------
+    what : str
+        What it is, for the refusal (``"the --source events of this stream"``).
+    owner : object or None
+        The writer allowed to write it (a :class:`RunFolder` its own files), or ``None``.
+    named : bool
+        Whether the user named it as an input (a run folder of the command must not
+        hold it either), rather than a file the command happened to read back; such a
+        file is guarded only while it is the file that was read (same path, same inode),
+        so a file the toolkit later replaced, or removed, is free again.
+    folder : bool
+        Whether everything below it is guarded too (a data folder's files).
+    inode : tuple of int, optional
+        Its ``(device, inode)`` when it was guarded.
+    """
+
+    what: str
+    owner: object | None = None
+    named: bool = True
+    folder: bool = False
+    inode: tuple[int, int] | None = None
+
+
+#: resolved path -> what guards it; and (device, inode) -> resolved path, so a hard link
+#: or a bind mount naming a guarded file meets the same entry
+_GUARDED: dict[str, Guarded] = {}
+_GUARDED_INODES: dict[tuple[int, int], str] = {}
+
+
+def _identity(path: str | os.PathLike) -> tuple[str, tuple[int, int] | None]:
+    resolved = os.path.realpath(path)
+    try:
+        info = os.stat(resolved)
+    except (OSError, ValueError):
+        return resolved, None
+    return resolved, (info.st_dev, info.st_ino)
+
+
+def guard_input(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    owner: object | None = None,
+    named: bool = True,
+    folder: bool = False,
+) -> None:
+    """Declare ``path`` an input of this process (or a file a run owns): from now on no
+    output is written to it, whatever ``--overwrite`` says (:func:`check_output`).
+
+    Every place that opens an output checks it (:func:`write_file`, the stream's
+    appended files, :meth:`RunFolder.open`), so every command gets the rule by declaring
+    its inputs (docs/architecture.md, "Run folder").
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file (links followed; it need not exist yet).
+    what : str
+        What it is, named in the refusal.
+    owner, named, folder
+        As :class:`Guarded`'s attributes.
+    """
+    resolved, inode = _identity(path)
+    _GUARDED[resolved] = Guarded(what, owner, named, folder, inode)
+    if inode is not None and named:
+        _GUARDED_INODES[inode] = resolved
+
+
+def release_input(path: str | os.PathLike, owner: object | None = None) -> None:
+    """Stop guarding ``path`` (its command, or its run, is over); with ``owner``, only
+    if that writer guards it."""
+    resolved, inode = _identity(path)
+    entry = _GUARDED.get(resolved)
+    if entry is None or (owner is not None and entry.owner is not owner):
+        return
+    del _GUARDED[resolved]
+    if inode is not None and _GUARDED_INODES.get(inode) == resolved:
+        del _GUARDED_INODES[inode]
+
+
+def guarded_as(path: str | os.PathLike, owner: object | None = None) -> Guarded | None:
+    """What guards the output ``path`` from ``owner`` (links followed, hard links and
+    files below a guarded folder included), or ``None``."""
+    resolved, inode = _identity(path)
+    found = _GUARDED.get(resolved)
+    if found is not None and not found.named and found.inode != inode:
+        found = None  # replaced or removed since it was read
+    if found is None and inode is not None and inode in _GUARDED_INODES:
+        other = _GUARDED_INODES[inode]
+        if _identity(other)[1] == inode:  # not an inode number reused since
+            found = _GUARDED.get(other)
+    if found is None:
+        for parent in Path(resolved).parents:
+            entry = _GUARDED.get(str(parent))
+            if entry is not None and entry.folder:
+                found = entry
+                break
+    if found is None or (owner is not None and found.owner is owner):
+        return None
+    return found
+
+
+def check_output(path: str | os.PathLike, flag: str, owner: object | None = None) -> None:
+    """Refuse an output ``path`` that is an input of this command or a file its run owns.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The output, as the user named it.
+    flag : str
+        The option that named it, for the message.
+    owner : object, optional
+        The writer; its own guarded files are allowed.
+
+    Raises
+    ------
+    OutputError
+        One line naming what the file is.
+    """
+    found = guarded_as(path, owner)
+    if found is not None:
+        raise OutputError(
+            f"{flag} {os.fspath(path)} is {found.what}; an output never replaces an input of "
+            "the command or a file of its run (whatever --overwrite says): give another file"
+        )
 
 
 def auxiliary_name(name: str, suffix: str) -> str:
@@ -557,11 +698,13 @@ class RunFolder:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         folder = cls(path, files, checkpoint)
         folder.mode = mode
+        folder._check_inputs()
         folder.lock.acquire()
         try:
             if folder._recover_interrupted_replacement():
                 folder.lock.lock_folder()
             folder._check_mode()
+            folder._guard_own_files()
         except OSError as error:
             folder.close()
             raise OutputError(
@@ -571,6 +714,32 @@ class RunFolder:
             folder.close()
             raise
         return folder
+
+    def _check_inputs(self) -> None:
+        """Refuse a folder whose run files (or, when replacing it, whose anything) would
+        be an input the user named for this command (:func:`guard_input`)."""
+        for name in self.files:
+            found = guarded_as(self.path / name)
+            # another holder's own files are its lock's business
+            if found is not None and found.named and found.owner is None:
+                raise OutputError(
+                    f"--out {self.given}: its {name} would be {found.what}; an output never "
+                    "replaces an input of the command: choose another --out"
+                )
+        if self.mode != "overwrite":
+            return
+        for resolved, entry in list(_GUARDED.items()):
+            if entry.named and entry.owner is None and Path(resolved).is_relative_to(self.path):
+                raise OutputError(
+                    f"--out {self.given} --overwrite would delete {resolved}, {entry.what}: "
+                    "choose another --out"
+                )
+
+    def _guard_own_files(self) -> None:
+        """Guard this run's files from the command's other outputs (a ``--predictions``
+        naming ``metrics.jsonl``) until :meth:`close`."""
+        for name in self.files:
+            guard_input(self.path / name, f"the {name} of the run in {self.given}", owner=self)
 
     def _siblings(self, kind: str) -> list[Path]:
         """This folder's ``staging`` or ``replaced`` folders (prefix and 8 hex digits, so
@@ -750,6 +919,8 @@ class RunFolder:
                         pass  # not empty: something else was put there meanwhile
             self._started = False
         self.lock.release()
+        for name in self.files:
+            release_input(self.path / name, owner=self)
         if not self.committed:
             self.lock.remove_created_parents()
 

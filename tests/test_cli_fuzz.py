@@ -1,7 +1,8 @@
 """Property-based test of the command line (hypothesis): random combinations of options and
 values, valid and not, for ``train``, ``partition-stats``, ``bench-privacy``, ``bench``,
-``stream``, ``reproduce`` (damaged grid folders included) and ``plot`` (damaged records,
-stream run folders, unsupported formats).
+``stream`` (outputs naming its inputs, FIFOs, unbounded work), ``reproduce`` (damaged
+grid folders and calibration files included) and ``plot`` (damaged records, stream run
+folders, unsupported formats).
 
 The property: every command line ends with exit code 0 or 2, never a traceback; exit code
 2 comes with exactly one ``error:`` line, the last one on stderr; a ``train`` that exits
@@ -247,13 +248,13 @@ STREAM_OPTIONS = {
     "--max-uses": ["1", "2", "0"],
     "--max-clients": ["1", "3", "0", "1000000000"],
     "--max-pending": ["1", "0", "1000000000"],
-    "--steps-per-event": ["1", "3", "0", "-1"],
+    "--steps-per-event": ["1", "3", "0", "-1", "1000000000"],
     "--chunk": ["1", "5", "0"],
     "--selection": ["uniform", "weighted", "best"],
     "--lr": ["0.05", "5", "0", "nan", "inf", "-1"],
     "--momentum": ["0", "0.9", "1", "nan"],
     "--retrain-every": ["3", "0", "1000000000"],
-    "--local-epochs": ["1", "0", "x"],
+    "--local-epochs": ["1", "0", "x", "1000000000"],
     "--local-batch-size": ["2", "0"],
     "--local-momentum": ["0.5", "1", "-1"],
     "--on-diverge": ["stop", "skip", "retry"],
@@ -265,7 +266,22 @@ STREAM_OPTIONS = {
     "--seed": ["0", "-1", str(2**64)],
     "--device": ["cpu", "tpu"],
     "--protocol": ["packed", "naive", "fast"],
-    "--predictions": ["{tmp}/p.jsonl", "{tmp}", "/nonexistent/p.jsonl", "-"],
+    # outputs: new, a folder, nowhere, stdout, and every way of naming an input or a file
+    # of the run (the source, the held-out set, a link to the source, the run's metrics),
+    # a FIFO nobody reads and a file holding something else
+    "--predictions": [
+        "{tmp}/p.jsonl",
+        "{tmp}",
+        "/nonexistent/p.jsonl",
+        "-",
+        "{tmp}/events.jsonl",
+        "{tmp}/test.jsonl",
+        "{tmp}/link.jsonl",
+        "{tmp}/run/metrics.jsonl",
+        "{tmp}/fifo",
+        "{tmp}/notes.txt",
+    ],
+    "--files-root": ["{tmp}", "{tmp}/missing", "{tmp}/events.jsonl"],
     "--test": ["{tmp}/test.jsonl", "{tmp}/missing.jsonl", "{tmp}", "{tmp}/events.jsonl"],
     "--source-position": ["replay", "continue", "detect", "sideways"],
 }
@@ -287,10 +303,14 @@ def test_stream_exits_with_0_or_2(chosen, flags, existing):
         lines.insert(5, json.dumps({"client": 1, "x": [0.0, 1.0, 0.0]}))  # unlabeled
         (Path(tmp) / "events.jsonl").write_text("\n".join(lines) + "\n")
         (Path(tmp) / "test.jsonl").write_text(lines[0] + "\n")
+        (Path(tmp) / "link.jsonl").symlink_to(Path(tmp) / "events.jsonl")
+        (Path(tmp) / "notes.txt").write_text("notes\n")
+        os.mkfifo(Path(tmp) / "fifo")
         folder = Path(tmp) / "run"
         base = ["stream", "--source", f"{tmp}/events.jsonl", "--out", str(folder)]
         if existing:
             assert run([*base, "--no-secure", "--mlp-hidden", "4"], tmp)[0] == 0
+        inputs = {name: (Path(tmp) / name).read_bytes() for name in ("events.jsonl", "test.jsonl")}
         argv = [*base, *chosen, *flags]
         if "--secure" not in flags:
             argv.append("--no-secure")
@@ -300,6 +320,8 @@ def test_stream_exits_with_0_or_2(chosen, flags, existing):
         if code == 1 and err and "training diverged" in err[-1]:
             return  # a diverging stream: exit code 1 by design, with its one line
         assert_exits_cleanly(argv, code, err)
+        # no output ever replaced an input
+        assert {name: (Path(tmp) / name).read_bytes() for name in inputs} == inputs, argv
         if code == 0:
             summary = json.loads((folder / "summary.json").read_text())
             assert summary["lines"] == 13, argv
@@ -336,6 +358,18 @@ REPRODUCE_OPTIONS = {
 REPRODUCE_FLAGS = ["--tune", "--dry-run", "--keep-corrupt"]
 
 
+#: what the dry run may find where it keeps its calibration: damaged, or no file at all
+CALIBRATIONS = {
+    "calibration-not-utf8": lambda path: path.write_bytes(b"\xff\xfe"),
+    "calibration-kinds-list": lambda path: path.write_text('{"kinds": []}'),
+    "calibration-nan": lambda path: path.write_text(
+        '{"kinds": {"fedavg": {"group": 1, "epochs": [NaN, -1, 1e308]}}}'
+    ),
+    "calibration-folder": lambda path: path.mkdir(),
+    "calibration-fifo": os.mkfifo,
+}
+
+
 def damaged_grid(out):
     """A finished tiny grid folder with one cell's metrics cut short."""
     cells = out / "cells" / "classes-2"
@@ -351,7 +385,7 @@ def damaged_grid(out):
     grid=st.sampled_from(["fuzz-tiny", "fuzz-tiny", "fuzz-tiny", "table1", "ablation-chunk"]),
     chosen=options(REPRODUCE_OPTIONS, max_size=3),
     flags=st.lists(st.sampled_from(REPRODUCE_FLAGS), max_size=2, unique=True),
-    out=st.sampled_from(["fresh", "fresh", "damaged", "empty", "file"]),
+    out=st.sampled_from(["fresh", "fresh", "damaged", "empty", "file", *CALIBRATIONS]),
 )
 def test_reproduce_exits_with_0_or_2(grid, chosen, flags, out):
     argv = ["reproduce", grid, *chosen, *flags]
@@ -375,6 +409,9 @@ def test_reproduce_exits_with_0_or_2(grid, chosen, flags, out):
                 damaged_grid(folder)
             elif out == "file":
                 folder.write_text("a file")
+            elif out in CALIBRATIONS:
+                folder.mkdir()
+                CALIBRATIONS[out](folder / "calibration.json")
             argv += ["--out", "" if out == "empty" else str(folder)]
             code, err = run(argv, tmp)
             assert_exits_cleanly(argv, code, err)

@@ -230,7 +230,7 @@ def test_an_incomplete_extracted_folder_is_not_merged_into(tmp_path, capsys, no_
     "name, message",
     [
         ("pacs", "pacs cannot be downloaded by stratify; by hand: the PACS images"),
-        ("covtype", "covtype cannot be downloaded by stratify; by hand: scikit-learn's cache"),
+        ("covtype", "covtype cannot be downloaded by stratify; by hand: covtype.data.gz"),
         ("digits", "digits cannot be downloaded by stratify; it needs no files"),
         ("nope", "unknown dataset 'nope'; choose one of"),
     ],
@@ -262,3 +262,29 @@ def test_list_reads_the_environment_s_folder_and_names_what_is_lacking(
 def test_list_says_present_for_the_shared_mnist_files(shared_data_dir, capsys):
     code, out, _ = run(capsys, "data", "list", "--data-dir", shared_data_dir)
     assert code == 0 and "present" in row(out, "mnist-10k")
+
+
+def test_a_garbage_file_of_the_right_name_is_never_already_present(tmp_path, capsys, mnist_mirror):
+    served, files = mnist_mirror
+    target = tmp_path / "data"
+    (target / "mnist").mkdir(parents=True)
+    for name in files:
+        (target / "mnist" / name).write_bytes(b"garbage!")  # 8 bytes, the right names
+    code, out, err = run(capsys, "data", "download", "mnist-10k", "--dir", str(target))
+    assert code == 2 and "already present" not in out
+    assert "does not match its published MD5" in err and len(err.strip().splitlines()) == 1
+    assert (target / "mnist" / "t10k-labels-idx1-ubyte.gz").read_bytes() == b"garbage!"
+    # one good file and one bad: the bad one is still refused, nothing is placed
+    (target / "mnist" / "t10k-images-idx3-ubyte.gz").write_bytes(files["t10k-images-idx3-ubyte.gz"])
+    code, _, err = run(capsys, "data", "download", "mnist-10k", "--dir", str(target))
+    assert code == 2 and "t10k-labels-idx1-ubyte.gz does not match" in err
+
+
+@pytest.mark.parametrize(
+    "command", [["data", "list", "--data-dir"], ["data", "download", "mnist-10k", "--dir"]]
+)
+def test_a_symlink_loop_as_the_data_folder_is_one_line(tmp_path, capsys, command):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    code, _, err = run(capsys, *command, str(tmp_path / "a"))
+    assert code == 2 and "a symlink loop" in err and len(err.strip().splitlines()) == 1

@@ -133,7 +133,7 @@ def test_file_datasets_in_an_empty_folder_name_the_expected_files(name, tmp_path
         "fashion-mnist": "fashion-mnist",
         "cifar10": "cifar-10-batches-py",
         "cifar100": "cifar-100-python",
-        "covtype": "covertype",
+        "covtype": "covtype.data.gz",
         "covtype-binary": "covtype.libsvm.binary",
         "tiny-imagenet": "tiny-imagenet-200",
         "pacs": "pacs",
@@ -247,29 +247,38 @@ def test_cifar10_with_corrupt_batches_is_a_dataset_error(tmp_path):
 # ---------------------------------------------------------------------------- covtype
 
 
-def test_covtype_standardises_relabels_and_splits(tmp_path, monkeypatch):
-    import sklearn.datasets
-    from sklearn.utils import Bunch
-
+@pytest.mark.parametrize("name", ["covtype/covtype.data.gz", "covtype.data"])
+def test_covtype_reads_the_table_standardises_relabels_and_splits(tmp_path, name):
     rng = np.random.default_rng(0)
-    features = rng.normal(5.0, 3.0, size=(100, 54))
-    features[:, 0] = 1.0  # a constant column must not divide by zero
+    features = rng.integers(0, 3000, size=(100, 54))
+    features[:, 0] = 1  # a constant column must not divide by zero
     targets = np.arange(100) % 7 + 1
-    calls = []
-
-    def fake_fetch(data_home, download_if_missing):
-        calls.append((data_home, download_if_missing))
-        return Bunch(data=features, target=targets)
-
-    monkeypatch.setattr(sklearn.datasets, "fetch_covtype", fake_fetch)
+    text = "\n".join(",".join(map(str, row)) for row in np.column_stack([features, targets]))
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (text + "\n").encode()
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
     dataset = load_dataset("covtype", data_dir=str(tmp_path))
-    assert calls == [(str(tmp_path), False)]
     assert dataset.x_train.shape == (80, 54) and dataset.x_test.shape == (20, 54)
     assert dataset.num_classes == 7
     assert set(dataset.y_train.tolist()) | set(dataset.y_test.tolist()) == set(range(7))
     assert torch.allclose(dataset.x_train[:, 1:].mean(0), torch.zeros(53), atol=1e-5)
     assert torch.allclose(dataset.x_train[:, 1:].std(0, unbiased=False), torch.ones(53), atol=1e-4)
     assert torch.all(dataset.x_train[:, 0] == 0)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"1,2,3\n", "rows of 3 values"),
+        (b"\xff\xfe garbage\n", "cannot read"),
+        (("1," * 54 + "9\n").encode(), "outside 1..7"),
+    ],
+)
+def test_a_damaged_covtype_table_is_one_line(tmp_path, content, reason):
+    (tmp_path / "covtype.data").write_bytes(content)
+    with pytest.raises(DatasetError, match=reason):
+        load_dataset("covtype", data_dir=str(tmp_path))
 
 
 def write_libsvm(path: Path, rows: list[tuple[int, dict[int, float]]]) -> None:

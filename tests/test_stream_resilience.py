@@ -154,7 +154,10 @@ def test_a_fifo_as_npy_file_or_test_set_does_not_hang(tmp_path, capsys):
     lines.append(json.dumps({"client": "c0", "label": 1, "path": "rows.npy", "row": 0}))
     source.write_text("\n".join(lines) + "\n")
     start = time.monotonic()
-    main(["stream", "--source", str(source), "--out", str(tmp_path / "run"), *FLAGS])
+    main(
+        ["stream", "--source", str(source), "--files-root", str(tmp_path)]
+        + ["--out", str(tmp_path / "run"), *FLAGS]
+    )
     err = capsys.readouterr().err
     assert "warning: line 6: cannot read" in err and "not a regular file" in err
     with pytest.raises(SystemExit) as exit_:
@@ -329,7 +332,7 @@ def test_unlabeled_events_are_predicted_and_late_labels_learned(tmp_path, capsys
     with pytest.raises(SystemExit) as exit_:  # a new run would lose the predictions written
         main(["stream", "--source", str(source), "--out", str(tmp_path / "other"),
               "--predictions", str(predictions), *FLAGS])  # fmt: skip
-    assert exit_.value.code == 2 and "already holds predictions" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "is a file that is not empty" in capsys.readouterr().err
 
 
 def test_metrics_are_appended_and_memory_does_not_grow_with_reports(tmp_path):

@@ -271,3 +271,25 @@ def test_resume_after_a_kill_of_the_command_fed_by_a_pipe(tmp_path):
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["events"] == 300 and summary["steps"] == reference.learner.stats.steps
+
+
+@pytest.mark.parametrize("position", ["replay", "continue"])
+def test_resume_with_an_explicit_position_never_learns_a_line_twice(tmp_path, position):
+    """A stream stopped after 150 lines, resumed with --source-position replay (the whole
+    source again) or continue (only the new lines): every line learned once, the learner
+    as an uninterrupted stream's."""
+    lines = write_events(tmp_path / "all.jsonl", 300, seed=5)
+    reference = StreamRun(stream_config(tmp_path / "all.jsonl", tmp_path / "reference"))
+    reference.run()
+    first = tmp_path / "first.jsonl"
+    first.write_text("\n".join(lines[:150]) + "\n")
+    StreamRun(stream_config(first, tmp_path / "stopped")).run()
+    rest = tmp_path / "rest.jsonl"
+    rest.write_text("\n".join(lines[150:]) + "\n")
+    source = tmp_path / ("all.jsonl" if position == "replay" else "rest.jsonl")
+    resumed = StreamRun(
+        stream_config(source, tmp_path / "stopped"), resume=True, source_position=position
+    )
+    summary = resumed.run()
+    assert summary["events"] == 300 and summary["lines"] == 300
+    assert_same_learner(resumed.learner, reference.learner)

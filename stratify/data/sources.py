@@ -12,10 +12,13 @@ temporary folder is removed whatever happens. Without a network the download is 
 
 from __future__ import annotations
 
+import errno
 import functools
 import http.client
+import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import urllib.error
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stratify.data.datasets.folders import DIGITS_DG_DOMAINS, PACS_DOMAINS
-from stratify.data.datasets.tabular import COVTYPE_BINARY_FILES
+from stratify.data.datasets.tabular import COVTYPE_BINARY_FILES, COVTYPE_FILES
 from stratify.errors import DatasetError
 
 #: seconds a download waits for a connection or for data before it gives up on a mirror
@@ -78,6 +81,9 @@ class Source:
         data folder once it is complete.
     kind : str
         ``"files"``, or ``"bundled"``/``"generated"`` for data that needs no folder.
+    checksums : tuple of (str, str)
+        ``(relative path, MD5)`` of the files a download places, as published: a file
+        already there is checked against it before it counts as present.
     """
 
     files: str
@@ -86,6 +92,7 @@ class Source:
     download: Callable[[Path], None] | None = None
     moves: tuple[str, ...] = ()
     kind: str = "files"
+    checksums: tuple[tuple[str, str], ...] = ()
 
 
 # -- downloads -----------------------------------------------------------------------------
@@ -155,6 +162,18 @@ def idx_download(
     return download
 
 
+def idx_checksums(
+    folder: str, resources: Sequence[tuple[str, str]], stems: Sequence[str]
+) -> tuple[tuple[str, str], ...]:
+    """The published MD5s of the gzipped IDX files ``stems`` under ``<folder>/``."""
+    checksums = dict(resources)
+    return tuple(
+        (f"{folder}/{stem}.gz", checksums[f"{stem}.gz"])
+        for stem in stems
+        if f"{stem}.gz" in checksums
+    )
+
+
 def cifar_download(dataset_class: type) -> Callable[[Path], None]:
     """A download of torchvision's CIFAR archive (MD5-checked), extracted, with every
     extracted file checked against torchvision's MD5 too."""
@@ -187,6 +206,7 @@ def _torchvision_sources() -> dict[str, Source]:
         how="the two MNIST test files, from torchvision's MNIST mirrors",
         download=idx_download("mnist", MNIST.resources, MNIST.mirrors, MNIST_TEST),
         moves=tuple(f"mnist/{stem}.gz" for stem in MNIST_TEST),
+        checksums=idx_checksums("mnist", MNIST.resources, MNIST_TEST),
     )
 
     def full_idx(folder: str, torchvision_folder: str, dataset_class: type) -> Source:
@@ -201,18 +221,23 @@ def _torchvision_sources() -> dict[str, Source]:
             how=f"the four IDX files, from torchvision's {dataset_class.__name__} mirrors",
             download=idx_download(folder, resources, mirrors, MNIST_ALL),
             moves=tuple(f"{folder}/{stem}.gz" for stem in MNIST_ALL),
+            checksums=idx_checksums(folder, resources, MNIST_ALL),
         )
 
     def cifar(dataset_class: type) -> Source:
         base = dataset_class.base_folder  # type: ignore[attr-defined]
         listed = [*dataset_class.train_list, *dataset_class.test_list]  # type: ignore[attr-defined]
-        names = [name for name, _ in listed] + [dataset_class.meta["filename"]]  # type: ignore[attr-defined]
+        meta = dataset_class.meta  # type: ignore[attr-defined]
+        names = [name for name, _ in listed] + [meta["filename"]]
         return Source(
             files=f"{base}/ ({', '.join(names)})",
             layouts=(tuple((f"{base}/{name}",) for name in names),),
             how=f"torchvision's {dataset_class.filename}, extracted",  # type: ignore[attr-defined]
             download=cifar_download(dataset_class),
             moves=(base,),
+            checksums=tuple(
+                (f"{base}/{name}", md5) for name, md5 in [*listed, (meta["filename"], meta["md5"])]
+            ),
         )
 
     return {
@@ -233,6 +258,10 @@ def sources() -> dict[str, Source]:
         how="made from mnist-10k's files (the default base)",
         download=found["mnist-10k"].download,
         moves=found["mnist-10k"].moves,
+        checksums=found["mnist-10k"].checksums,
+    )
+    covtype_table = tuple(
+        f"{folder}{name}" for folder in ("covtype/", "") for name in COVTYPE_FILES
     )
     covtype_binary = tuple(
         f"{folder}{name}" for folder in ("covtype/", "") for name in COVTYPE_BINARY_FILES
@@ -246,10 +275,10 @@ def sources() -> dict[str, Source]:
         "cifar10": found["cifar10"],
         "cifar100": found["cifar100"],
         "covtype": Source(
-            files="covertype/samples_py3, covertype/targets_py3",
-            layouts=((("covertype/samples_py3",), ("covertype/targets_py3",)),),
-            how="by hand: scikit-learn's cache; on a machine with internet run "
-            "sklearn.datasets.fetch_covtype(data_home=DIR) and copy DIR/covertype/ here",
+            files="covtype/covtype.data[.gz]",
+            layouts=((covtype_table,),),
+            how="by hand: covtype.data.gz of the UCI Machine Learning Repository "
+            "(Covertype) into DIR/covtype/ (scikit-learn's pickled cache is not read)",
         ),
         "covtype-binary": Source(
             files="covtype/covtype.libsvm.binary[.scale][.bz2]",
@@ -299,6 +328,33 @@ def source(name: str) -> Source:
 # -- presence ------------------------------------------------------------------------------
 
 
+def check_data_folder(path: Path, flag: str) -> bool:
+    """Whether the data folder ``path`` exists; one line for anything that cannot be one.
+
+    Parameters
+    ----------
+    path : Path
+        The folder the user named.
+    flag : str
+        The option that named it (``--data-dir``, ``--dir``).
+
+    Raises
+    ------
+    DatasetError
+        A symlink loop, a file, or a folder the OS refuses to look into.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        reason = "a symlink loop" if error.errno == errno.ELOOP else error.strerror or error
+        raise DatasetError(f"{flag} {path} cannot be used: {reason}; give a folder") from None
+    if not stat.S_ISDIR(mode):
+        raise DatasetError(f"{flag} {path} is a file; give a folder")
+    return True
+
+
 def missing_entries(item: Source, data_dir: Path | None) -> list[str]:
     """The entries of ``item``'s closest layout that are not in ``data_dir`` (empty: all
     present; for data that needs no files, always empty)."""
@@ -314,6 +370,29 @@ def missing_entries(item: Source, data_dir: Path | None) -> list[str]:
         if best is None or len(gaps) < len(best):
             best = gaps
     return best or []
+
+
+def check_published(name: str, item: Source, directory: Path) -> None:
+    """Refuse files already in ``directory`` that a download would place but that do not
+    match their published checksum (a damaged or foreign file of the right name).
+
+    Raises
+    ------
+    DatasetError
+        One line naming the files, with what to do.
+    """
+    from torchvision.datasets.utils import check_integrity
+
+    bad = [
+        relative
+        for relative, md5 in item.checksums
+        if (directory / relative).exists() and not check_integrity(str(directory / relative), md5)
+    ]
+    if bad:
+        raise DatasetError(
+            f"{name}: {', '.join(str(directory / relative) for relative in bad)} does not match "
+            "its published MD5; move it away and download again"
+        )
 
 
 def status(item: Source, data_dir: Path | None) -> str:
@@ -348,9 +427,9 @@ def download(name: str, directory: Path) -> list[Path]:
     if item.download is None:
         detail = item.how if item.kind == "files" else f"it needs no files ({item.files})"
         raise DatasetError(f"{name} cannot be downloaded by stratify; {detail}")
-    if directory.exists() and not directory.is_dir():
-        raise DatasetError(f"--dir {directory} is a file; give a folder")
+    exists = check_data_folder(directory, "--dir")
     if status(item, directory) == "present":
+        check_published(name, item, directory)
         return []
     for move in item.moves:
         target = directory / move
@@ -360,7 +439,9 @@ def download(name: str, directory: Path) -> list[Path]:
                 f"{target} exists but lacks {missing}; move it away (or complete it by hand) "
                 "and download again"
             )
-    created = not directory.exists()
+    if exists:
+        check_published(name, item, directory)
+    created = not exists
     directory.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".stratify-download-{name}-", dir=directory))
     placed = []

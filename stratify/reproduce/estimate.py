@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stratify.errors import CorruptRunError, OutputError
 from stratify.parallel import (
     LocalBackend,
     RunEvent,
@@ -39,6 +41,8 @@ from stratify.reproduce.tuning import (
     tuning_cells,
     tuning_config,
 )
+from stratify.runfiles import is_count, is_metric, read_json_object
+from stratify.runfolder import describe_os_error, file_kind, write_atomically
 from stratify.vectorize import plan_groups
 
 CALIBRATION_FILE = "calibration.json"
@@ -159,32 +163,80 @@ def machine() -> dict[str, Any]:
     return {"cores": available_cores(), "cpu_count": os.cpu_count()}
 
 
+#: the longest one epoch's stored cost may be (a week): more is a damaged file
+LONGEST_EPOCH_SECONDS = 7 * 24 * 3600.0
+
+
+def valid_entry(entry: object) -> bool:
+    """A stored kind as :func:`load_costs` writes it: ``{"group": n >= 1, "epochs":
+    [seconds, …]}``, every cost a positive finite number of at most a week."""
+    if not isinstance(entry, dict) or not is_count(entry.get("group"), 1):
+        return False
+    epochs = entry.get("epochs")
+    return (
+        isinstance(epochs, list)
+        and 0 < len(epochs) <= CALIBRATION_EPOCHS
+        and all(is_metric(value) and 0 < value <= LONGEST_EPOCH_SECONDS for value in epochs)
+    )
+
+
+def read_calibration(path: Path) -> dict[str, Any]:
+    """The kinds stored in ``path`` that hold for this machine; a damaged file (not
+    UTF-8, not JSON, fields of the wrong type or out of range) holds none, so its kinds
+    are calibrated again and the file replaced.
+
+    Raises
+    ------
+    OutputError
+        Something else than a regular file is in its place (a folder, a FIFO), or it
+        cannot be read: refused before any calibration.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        raise OutputError(f"cannot read {path}: {describe_os_error(error)}") from None
+    if not stat.S_ISREG(mode):
+        raise OutputError(
+            f"{path} is {file_kind(mode)}, where the grid keeps its calibration; move it away"
+        )
+    try:
+        saved = read_json_object(path)
+    except CorruptRunError:
+        return {}
+    except OSError as error:
+        raise OutputError(f"cannot read {path}: {describe_os_error(error)}") from None
+    kinds = saved.get("kinds")
+    if saved.get("machine") != machine() or not isinstance(kinds, dict):
+        return {}
+    return {kind: entry for kind, entry in kinds.items() if valid_entry(entry)}
+
+
 def load_costs(
     out: Path, sizes: dict[str, int], calibrate: Callable[[str], tuple[float, ...]]
 ) -> tuple[dict[str, Cost], list[str]]:
     """The stored costs of ``out/calibration.json`` where they fit (same machine, same
-    group size), the others calibrated now with ``calibrate(kind)`` and stored; and the
-    kinds calibrated now."""
+    group size, valid: :func:`read_calibration`), the others calibrated now with
+    ``calibrate(kind)`` and stored (the file replaced atomically); and the kinds
+    calibrated now."""
     path = out / CALIBRATION_FILE
-    stored: dict[str, Any] = {}
-    if path.exists():
-        try:
-            saved = json.loads(path.read_text())
-            if saved.get("machine") == machine():
-                stored = saved.get("kinds", {})
-        except (OSError, json.JSONDecodeError, AttributeError):
-            stored = {}
+    stored = read_calibration(path)
     costs, measured = {}, []
     for kind, size in sizes.items():
         entry = stored.get(kind)
-        if not isinstance(entry, dict) or entry.get("group") != size:
+        if entry is None or entry["group"] != size:
             entry = {"group": size, "epochs": list(calibrate(kind))}
             stored[kind] = entry
             measured.append(kind)
         costs[kind] = Cost(tuple(float(value) for value in entry["epochs"]))
     if measured:
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"machine": machine(), "kinds": stored}, indent=2) + "\n")
+        text = json.dumps({"machine": machine(), "kinds": stored}, indent=2) + "\n"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, text.encode())
+        except OSError as error:
+            raise OutputError(f"cannot write {path}: {describe_os_error(error)}") from None
     return costs, measured
 
 

@@ -11,6 +11,7 @@ only what differs for a stream (a default, a help sentence) changed.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,7 @@ from stratify.validation import (
 RESUMABLE_STREAM_CHANGES = (
     "source",
     "test",
+    "files_root",
     "predictions",
     "out",
     "device",
@@ -67,6 +69,33 @@ def check_shape(value: object, flag: str) -> tuple[int, ...]:
         raise ConfigError(
             f"{flag} takes comma-separated positive integers (e.g. 1,28,28), got {value!r}"
         ) from None
+
+
+#: the most single-sample steps one event schedules, or passes a FedAvg round makes over
+#: a buffer: a typo such as ``--steps-per-event 1000000000`` is refused up front instead
+#: of making one event run for days (as the benches' ``--repeat``, docs/architecture.md
+#: "Streaming")
+MAX_UNIT_WORK = 10_000
+
+
+def check_unit_work(value: object, flag: str) -> int:
+    """A positive int of at most :data:`MAX_UNIT_WORK`: how many times a loop inside
+    one event runs."""
+    count = check_positive_int(value, flag)
+    if count > MAX_UNIT_WORK:
+        raise ConfigError(
+            f"{flag} takes at most {MAX_UNIT_WORK:,} (it repeats work inside every event), "
+            f"got {count:,}"
+        )
+    return count
+
+
+def check_folder(value: object, flag: str) -> str:
+    """An existing folder's name."""
+    path = check_path(value, flag)
+    if not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is not a folder; give the folder of the .npy files")
+    return path
 
 
 def check_flag(value: object, flag: str) -> bool:
@@ -100,6 +129,13 @@ class StreamConfig(RunSettings):
         "Held-out samples in the events' format (no client needed), evaluated every "
         "--eval-every events.",
         check=check_path,
+        cli_type=str,
+    )
+    files_root: str | None = option(
+        None,
+        'The folder events\' "path" entries (.npy files) are read from, and the only one: '
+        'a path leading outside it is refused per event [default: none, "path" refused].',
+        check=check_folder,
         cli_type=str,
     )
     predictions: str | None = option(
@@ -180,8 +216,9 @@ class StreamConfig(RunSettings):
     )
     steps_per_event: int = option(
         1,
-        "Single-sample updates the server schedules after each arriving event.",
-        check=check_positive_int,
+        f"Single-sample updates the server schedules after each arriving event (at most "
+        f"{MAX_UNIT_WORK:,}).",
+        check=check_unit_work,
     )
     chunk: int = option_of(StratifyOptions, "chunk", modes=("single-sample", "batch"))
     selection: str = option_of(StratifyOptions, "selection")
@@ -204,8 +241,9 @@ class StreamConfig(RunSettings):
     )
     local_epochs: int | None = option(
         None,
-        "fedavg-periodic: passes over its buffer a client makes per round [default: 1].",
-        check=check_positive_int,
+        f"fedavg-periodic: passes over its buffer a client makes per round, at most "
+        f"{MAX_UNIT_WORK:,} [default: 1].",
+        check=check_unit_work,
         cli_type=int,
     )
     local_batch_size: int | None = option(

@@ -281,8 +281,9 @@ def parse_line(
     line : int
         Its number (1-based), kept as the sample's identity.
     base_dir : pathlib.Path, optional
-        Folder that relative ``"path"`` entries are read from (default: the working
-        folder).
+        The only folder ``"path"`` entries are read from (``--files-root``): a relative
+        path is taken from it, and a path that leads outside it (``..``, an absolute
+        path, a symlink) is refused; ``None``: ``"path"`` is refused.
     require_client : bool
         Whether ``"client"`` must be given (a held-out test set needs none).
 
@@ -348,7 +349,20 @@ def read_npy_row(path: object, row: object, base_dir: Path | None) -> torch.Tens
     """The features stored at ``path`` (a ``.npy`` file), or its row ``row``."""
     if not isinstance(path, str) or not path:
         raise EventError('"path" must name a .npy file')
-    file = Path(path) if base_dir is None else base_dir / path
+    if base_dir is None:
+        raise EventError(
+            '"path" is read only under the folder given as --files-root; give --files-root '
+            "DIR to read features from .npy files"
+        )
+    file = base_dir / path
+    try:
+        # the file as the OS would open it, links followed: an event names no file outside
+        # the root the user gave (docs/architecture.md, "Streaming")
+        inside = Path(os.path.realpath(file)).is_relative_to(os.path.realpath(base_dir))
+    except ValueError as error:  # a NUL byte
+        raise EventError(f"cannot read {path!r}: {error}") from None
+    if not inside:
+        raise EventError(f'"path" {path!r} leads outside --files-root {base_dir}')
     try:
         mode = os.stat(file).st_mode
     except (OSError, ValueError) as error:
@@ -504,17 +518,14 @@ def stdin_reader(stdin: Any) -> Callable[[int], bytes]:
     return lambda size: stdin.readline().encode("utf-8", "surrogateescape")
 
 
-def source_dir(source: str) -> Path | None:
-    """Folder that a source's relative ``"path"`` entries are read from: the source
-    file's own folder, or the working folder for standard input."""
-    return None if source == "-" else Path(source).resolve().parent
-
-
 # -- a held-out test set ------------------------------------------------------------------
 
 
-def load_test_set(path: str, max_line_bytes: int = 1 << 24) -> tuple[list[Any], list[Identifier]]:
-    """A held-out test set in the events' format (``"client"`` not needed).
+def load_test_set(
+    path: str, max_line_bytes: int = 1 << 24, files_root: Path | None = None
+) -> tuple[list[Any], list[Identifier]]:
+    """A held-out test set in the events' format (``"client"`` not needed); ``"path"``
+    entries are read under ``files_root`` only (:func:`parse_line`).
 
     Returns
     -------
@@ -544,7 +555,7 @@ def load_test_set(path: str, max_line_bytes: int = 1 << 24) -> tuple[list[Any], 
                     f"({max_line_bytes:,} bytes)"
                 )
             try:
-                event = parse_line(raw.data, raw.number, source_dir(path), require_client=False)
+                event = parse_line(raw.data, raw.number, files_root, require_client=False)
             except EventError as error:
                 raise ConfigError(f"--test {path} line {raw.number}: {error}") from None
             if event is None:

@@ -39,7 +39,9 @@ from stratify.runfolder import (
     RunFolder,
     check_same_settings,
     checkpoint_bytes,
+    guard_input,
     read_checkpoint,
+    release_input,
     software_versions,
 )
 from stratify.stream.config import RESUMABLE_STREAM_CHANGES, StreamConfig
@@ -56,7 +58,6 @@ from stratify.stream.events import (
     open_source,
     parse_line,
     read_lines,
-    source_dir,
     stdin_reader,
 )
 from stratify.stream.learner import Prediction, StreamLearner
@@ -74,8 +75,17 @@ SOURCE_POSITIONS = ("detect", "replay", "continue")
 STOP_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 
+#: seconds an event may go on learning after a stop signal before it is abandoned
+STOP_GRACE_SECONDS = 3.0
+
+
 class StopReading(Exception):
     """Raised by the signal handler while the stream waits for input."""
+
+
+class AbandonEvent(BaseException):
+    """Raised (by an alarm) in an event still being learned :data:`STOP_GRACE_SECONDS`
+    after a stop signal; a ``BaseException`` so no handler on the way swallows it."""
 
 
 def line_hash(raw: RawLine) -> str:
@@ -132,6 +142,8 @@ class StreamRun:
             raise ConfigError("--source is required: a JSON Lines file, or - for standard input")
         if config.source != "-":
             check_source(config.source)
+        elif (stdin if stdin is not None else sys.stdin) is None:
+            raise ConfigError("--source -: standard input is closed; give a file or a pipe")
         if resume and config.out is None:
             raise ConfigError("--resume needs --out DIR pointing at the stream to continue")
         if source_position not in SOURCE_POSITIONS:
@@ -143,9 +155,8 @@ class StreamRun:
             raise ConfigError("--source-position applies to --resume only")
         if resume and overwrite:
             raise ConfigError("--resume and --overwrite contradict each other; give one")
-        if config.predictions is not None:
-            check_predictions_target(config.predictions, not resume, overwrite)
         self.config = config
+        self.files_root = None if config.files_root is None else Path(config.files_root)
         self.resuming = resume
         self.overwrite = overwrite
         self.source_position = source_position
@@ -159,13 +170,29 @@ class StreamRun:
         self.metrics: JsonLinesAppender | None = None
         self.predictions: JsonLinesAppender | None = None
         self.stopped_by: str | None = None
+        self.abandoned = False
         self.reading = False
-        if config.out is not None:
-            mode = "resume" if resume else "overwrite" if overwrite else "new"
-            self.folder = RunFolder.open(
-                config.out, RUN_FILES, mode=mode, checkpoint="checkpoint.pt"
+        self.learning = False
+        self.checkpointed_lines = 0
+        # the inputs, guarded from every output of this run until it is closed
+        self.inputs = [
+            (path, f"the {flag} {what} of this stream")
+            for path, flag, what in (
+                (config.source, "--source", "events"),
+                (config.test, "--test", "samples"),
             )
+            if path not in (None, "-")
+        ]
+        for path, what in self.inputs:
+            guard_input(path, what)
         try:
+            if config.out is not None:
+                mode = "resume" if resume else "overwrite" if overwrite else "new"
+                self.folder = RunFolder.open(
+                    config.out, RUN_FILES, mode=mode, checkpoint="checkpoint.pt"
+                )
+            if config.predictions is not None:
+                check_predictions_target(config.predictions, not resume, overwrite)
             self._set_up(resume)
         except BaseException:
             self.close()
@@ -191,7 +218,9 @@ class StreamRun:
         self.test_labels: list[Identifier] = []
         self.x_test: torch.Tensor | None = None
         if config.test is not None:
-            self.test_features, self.test_labels = load_test_set(config.test, config.max_line_bytes)
+            self.test_features, self.test_labels = load_test_set(
+                config.test, config.max_line_bytes, self.files_root
+            )
         self.learner = StreamLearner(config)
         self.lines = 0
         self.rejected = 0
@@ -216,16 +245,21 @@ class StreamRun:
             self.folder.write_json("config.json", self.config_record())
         if self.learner.started:
             self.prepare_test_set()
+        if not resume or not is_regular_file(self.config.predictions or "-"):
+            # opened now, so a FIFO nobody reads is refused before the stream starts
+            self.open_predictions()
 
     def close(self) -> None:
-        """Release the run folder and the appended files (a run that never wrote a
-        metrics line leaves nothing)."""
+        """Release the run folder, the appended files (a run that never wrote a metrics
+        line leaves nothing) and the guard on the inputs."""
         for appender in (self.metrics, self.predictions):
             if appender is not None:
                 appender.close()
         self.metrics = self.predictions = None
         if self.folder is not None:
             self.folder.close()
+        for path, _ in self.inputs:
+            release_input(path)
 
     # -- checkpoint -----------------------------------------------------------------------
 
@@ -249,6 +283,7 @@ class StreamRun:
             self.dropped_pending = int(checkpoint["dropped_pending"])
             for entry in checkpoint["pending"]:
                 self.pending[entry["id"]] = dict(entry)
+            self.checkpointed_lines = self.lines
         except (KeyError, ValueError, TypeError, RuntimeError, AttributeError) as error:
             raise ConfigError(
                 f"--resume: {self.folder_path('checkpoint.pt')} does not fit this stream "
@@ -289,6 +324,7 @@ class StreamRun:
         self.folder.write_json("summary.json", self.summary())
         self.folder.commit()
         self.last_checkpoint = time.monotonic()
+        self.checkpointed_lines = self.lines
 
     def begin(self) -> None:
         """Before the first new line is learned: (on resume) write the configuration and
@@ -301,16 +337,23 @@ class StreamRun:
             self.folder.write_json("config.json", self.config_record())
         if self.folder is not None and (self.resuming or self.record_count):
             self.open_metrics()
+        self.open_predictions()
+
+    def open_predictions(self) -> None:
+        """Open ``--predictions`` (once): cut back to the checkpoint's size on resume,
+        emptied with ``--overwrite``."""
         predictions = self.config.predictions
-        if predictions is not None:
-            # the size in the checkpoint is that of the file the checkpoint wrote to
-            same_file = self.resuming and self.checkpoint_predictions == self.predictions_path()
-            size = self.predictions_bytes if same_file else (0 if self.overwrite else None)
-            self.predictions = JsonLinesAppender(
-                None if predictions == "-" else Path(predictions),
-                size=size,
-                what=f"--predictions {predictions}",
-            )
+        if predictions is None or self.predictions is not None:
+            return
+        # the size in the checkpoint is that of the file the checkpoint wrote to
+        same_file = self.resuming and self.checkpoint_predictions == self.predictions_path()
+        size = self.predictions_bytes if same_file else (0 if self.overwrite else None)
+        self.predictions = JsonLinesAppender(
+            None if predictions == "-" else Path(predictions),
+            size=size,
+            what=f"--predictions {predictions}",
+            flag="--predictions",
+        )
 
     def predictions_path(self) -> str | None:
         """``--predictions`` as an absolute path (``-`` and ``None`` as they are)."""
@@ -324,6 +367,8 @@ class StreamRun:
             self.folder.location / "metrics.jsonl",
             size=self.metrics_bytes,
             what=str(self.folder.path / "metrics.jsonl"),
+            flag="--out",
+            owner=self.folder,
         )
 
     def folder_path(self, name: str) -> str:
@@ -356,9 +401,17 @@ class StreamRun:
         if self.handle_signals:
             for number in STOP_SIGNALS:
                 previous[number] = signal.signal(number, self._on_signal)
+            previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
         try:
             return self._run()
+        except AbandonEvent:
+            # the learner is halfway through an event: nothing more is written, and the
+            # last checkpoint (whose appended files a resume cuts back to) is what is kept
+            self.abandoned = True
+            return self.summary()
         finally:
+            if self.handle_signals:
+                signal.setitimer(signal.ITIMER_REAL, 0)
             for number, handler in previous.items():
                 signal.signal(number, handler)
             self.close()
@@ -367,6 +420,14 @@ class StreamRun:
         self.stopped_by = STOP_SIGNALS.get(signal.Signals(number), str(number))
         if self.reading:
             raise StopReading
+        if self.learning:
+            # a long event (many steps, a FedAvg round, a blocked --predictions FIFO) ends
+            # within the grace period, or is abandoned
+            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE_SECONDS)
+
+    def _on_alarm(self, number: int, frame: FrameType | None) -> None:
+        if self.learning:
+            raise AbandonEvent
 
     def _source(self) -> Iterator[RawLine]:
         source = self.config.source or "-"
@@ -418,7 +479,13 @@ class StreamRun:
             self.begin()
             start = time.perf_counter()
             was_started = learner.started
-            learned = self.consume(raw, number)
+            self.learning = True
+            try:
+                learned = self.consume(raw, number)
+            finally:
+                self.learning = False
+                if self.stopped_by is not None and self.handle_signals:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
             self.lines = number
             if len(self.first_hashes) < FINGERPRINT_LINES:
                 self.first_hashes.append(line_hash(raw))
@@ -457,7 +524,7 @@ class StreamRun:
                 raise EventError(
                     f"longer than --max-line-bytes ({self.config.max_line_bytes:,} bytes)"
                 )
-            item = parse_line(raw.data, number, source_dir(self.config.source or "-"))
+            item = parse_line(raw.data, number, self.files_root)
             if item is None:
                 return False
             if isinstance(item, LateLabel):

@@ -16,6 +16,7 @@ from stratify.data.datasets.base import (
     fixed_split,
     make_dataset,
     normalise_images,
+    read_data_file,
     require_data_dir,
 )
 from stratify.errors import DatasetError
@@ -93,7 +94,8 @@ def load_tiny_imagenet(data_dir: str | None, device, seed: int, *, image_size: i
         train_labels += [class_of[wnid]] * len(files)
     test_paths: list[Path] = []
     test_labels: list[int] = []
-    for line_number, line in enumerate(annotations.read_text().splitlines(), start=1):
+    text = read_data_file("tiny-imagenet", annotations).decode("utf-8", errors="replace")
+    for line_number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")

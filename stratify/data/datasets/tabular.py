@@ -1,8 +1,11 @@
-"""Tabular data: Covertype (581,012 samples, 54 features, 7 classes) through scikit-learn."""
+"""Tabular data: Covertype (581,012 samples, 54 features, 7 classes; and LIBSVM's
+binary version), parsed from text."""
 
 from __future__ import annotations
 
-import pickle
+import gzip
+import io
+import zlib
 
 import numpy as np
 
@@ -11,47 +14,54 @@ from stratify.data.datasets.base import (
     dataset_loader,
     fixed_split,
     make_dataset,
+    read_data_file,
     require_data_dir,
-    require_regular_files,
 )
 from stratify.errors import DatasetError
+
+#: File names of the original covertype table (UCI), in the order they are looked for.
+COVTYPE_FILES = ("covtype.data.gz", "covtype.data")
+#: columns of a covertype row: 54 features and the cover type (1..7)
+COVTYPE_COLUMNS = 55
 
 
 @dataset_loader("covtype")
 def load_covtype(data_dir: str | None, device, seed: int) -> Dataset:
-    """Forest covertype via ``sklearn.datasets.fetch_covtype(data_home=data_dir)``, no download.
+    """Forest covertype (7 classes) from the original table, ``covtype.data[.gz]`` in
+    ``data_dir/covtype/`` or ``data_dir``: 55 comma-separated integers a row.
 
-    Labels 1..7 become 0..6; a fixed 80/20 split; features standardised with the training
-    split's mean and standard deviation (so no test statistics leak into training).
+    The table is parsed as text: no pickle (scikit-learn's ``covertype/samples_py3``
+    cache is one, and unpickling a crafted file runs code) is ever read. Labels 1..7
+    become 0..6; a fixed 80/20 split; features standardised with the training split's
+    mean and standard deviation (so no test statistics leak into training).
     """
-    directory = require_data_dir(
-        "covtype",
-        data_dir,
-        "covertype/samples_py3 and covertype/targets_py3 (scikit-learn's cache)",
-    )
-    from sklearn.datasets import fetch_covtype
-
-    require_regular_files("covtype", directory / "covertype")
-    try:
-        bunch = fetch_covtype(data_home=str(directory), download_if_missing=False)
-    except OSError:
+    directory = require_data_dir("covtype", data_dir, "covtype/covtype.data[.gz]")
+    candidates = [
+        folder / name for folder in (directory / "covtype", directory) for name in COVTYPE_FILES
+    ]
+    path = next((candidate for candidate in candidates if candidate.exists()), None)
+    if path is None:
         raise DatasetError(
-            f"covtype: no scikit-learn cache in {directory / 'covertype'}; run "
-            f"sklearn.datasets.fetch_covtype(data_home={str(directory)!r}) once on a machine "
-            "with internet access and copy the folder here"
-        ) from None
-    except (EOFError, ValueError, KeyError, pickle.UnpicklingError) as error:
-        raise DatasetError(
-            f"covtype: cannot read {directory / 'covertype'} ({error}); "
-            "delete it and fetch it again"
-        ) from None
-    features = np.asarray(bunch.data, dtype=np.float32)
-    labels = np.asarray(bunch.target, dtype=np.int64) - 1
-    if features.ndim != 2 or len(features) != len(labels) or labels.min() < 0 or labels.max() > 6:
-        raise DatasetError(
-            f"covtype: {directory / 'covertype'} holds unexpected data (features {features.shape}, "
-            "labels outside 1..7); delete it and fetch it again"
+            f"covtype: none of {', '.join(COVTYPE_FILES)} in {directory / 'covtype'} or "
+            f"{directory}; get covtype.data.gz from the UCI Machine Learning Repository "
+            "(Covertype)"
         )
+    data = read_data_file("covtype", path)
+    try:
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+        table = np.loadtxt(io.BytesIO(data), delimiter=",", dtype=np.int64, ndmin=2)
+    except (OSError, EOFError, ValueError, zlib.error) as error:
+        reason = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+        raise DatasetError(f"covtype: cannot read {path} ({reason})") from None
+    if table.shape[1] != COVTYPE_COLUMNS or not len(table):
+        raise DatasetError(
+            f"covtype: {path} has rows of {table.shape[1]} values, not {COVTYPE_COLUMNS}"
+        )
+    features = table[:, :-1].astype(np.float32)
+    labels = table[:, -1] - 1
+    if labels.min() < 0 or labels.max() > 6:
+        raise DatasetError(f"covtype: {path} has cover types outside 1..7")
     return standardised_split("covtype", features, labels, 7, test_share=5, device=device)
 
 
