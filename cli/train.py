@@ -38,7 +38,7 @@ from stratify.parallel import (
     run_specs,
 )
 from stratify.reproduce.results import mean_std
-from stratify.run import EpochRecord, Run
+from stratify.run import EpochRecord, Run, read_secrets
 from stratify.runfiles import read_records
 from stratify.validation import check_positive_int, check_seeds
 
@@ -150,6 +150,13 @@ def default_out(config: TrainConfig) -> str:
     metavar="INTEGER",
     help="Single-thread worker processes for --seeds [default: the number of cores].",
 )
+@click.option(
+    "--client-secrets",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A secure run's client_secrets.json: register with the secrets that run drew, "
+    "so this run repeats its placeholders and numbers exactly (a secure run draws fresh "
+    "secrets otherwise).",
+)
 @VECTORIZE_OPTION
 def train(
     dataset_options: tuple[str, ...],
@@ -159,6 +166,7 @@ def train(
     seeds: str | None,
     workers: str | None,
     vectorize: str | None,
+    client_secrets: Path | None,
     **values: Any,
 ) -> None:
     """Train the global model federatedly and write config, metrics, summary and checkpoint."""
@@ -170,6 +178,12 @@ def train(
         raise ConfigError("--workers applies to --seeds (several runs at once)")
     elif vectorize is not None:
         raise ConfigError("--vectorize applies to --seeds (several runs at once)")
+    if client_secrets is not None and (resume or seeds is not None):
+        raise ConfigError(
+            "--client-secrets starts one new run; --resume reads the run's own secrets"
+            if resume
+            else "--client-secrets applies to one run, not to --seeds"
+        )
     config_keys = {entry.name for entry in TrainConfig.flag_fields()}
     config = TrainConfig(
         **{key: value for key, value in values.items() if key in config_keys},
@@ -191,6 +205,9 @@ def train(
             config,
             resume=resume,
             overwrite=overwrite,
+            secrets=None
+            if client_secrets is None
+            else read_secrets(client_secrets, "--client-secrets"),
             on_epoch=display.epoch_done,
             on_steps=display.samples_done,
         )

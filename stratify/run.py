@@ -183,19 +183,12 @@ class Run:
     def _read_secrets(self) -> RegistrySecrets:
         """The registry secrets the secure run in ``config.out`` drew (``--resume``)."""
         assert self.out is not None  # --resume needs --out
-        path = self.out / SECRETS_FILE
-        try:
-            data = read_file(path, limit=4096)
-        except FileNotFoundError:
-            raise CheckpointError(
-                f"--resume: {path} is missing; a secure run resumes only with the registry "
-                "secrets it drew (start a new run with --overwrite)"
-            ) from None
-        except OSError as error:
-            raise CheckpointError(f"--resume: cannot read {path}: {error.strerror}") from None
-        except CorruptRunError as error:  # a folder or a FIFO where the file belongs
-            raise CheckpointError(f"--resume: {error}") from None
-        return RegistrySecrets.from_bytes(data, f"--resume: {path}")
+        return read_secrets(
+            self.out / SECRETS_FILE,
+            "--resume",
+            "a secure run resumes only with the registry secrets it drew "
+            "(start a new run with --overwrite)",
+        )
 
     def _config_record(self) -> dict[str, Any]:
         return {
@@ -397,3 +390,33 @@ def train(config: TrainConfig, **kwargs: Any) -> dict[str, Any]:
 
 
 __all__ = ["TrainConfig", "Run", "EpochRecord", "train", "StratifyError"]
+
+
+def read_secrets(path: Path, option: str, if_missing: str = "") -> RegistrySecrets:
+    """The registry secrets a run kept in ``path`` (its ``client_secrets.json``).
+
+    Parameters
+    ----------
+    path : Path
+        The secrets file.
+    option : str
+        The option that named it, for the error message.
+    if_missing : str
+        What to do when the file is missing, appended to that message.
+
+    Raises
+    ------
+    CheckpointError
+        The file is missing, unreadable, not a file or not a secrets file.
+    """
+    try:
+        data = read_file(path, limit=4096)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{option}: {path} is missing" + (f"; {if_missing}" if if_missing else "")
+        ) from None
+    except OSError as error:
+        raise CheckpointError(f"{option}: cannot read {path}: {error.strerror}") from None
+    except CorruptRunError as error:  # a folder or a FIFO where the file belongs
+        raise CheckpointError(f"{option}: {error}") from None
+    return RegistrySecrets.from_bytes(data, f"{option}: {path}")

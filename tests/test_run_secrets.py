@@ -98,3 +98,41 @@ def test_a_plain_run_writes_no_secrets_and_resumes_without_them(tmp_path, capsys
     assert not (out / SECRETS_FILE).exists()
     main([*plain, "--epochs", "2", "--out", str(out), "--resume"])
     assert [row["epoch"] for row in metrics(out)] == [1, 2]
+
+
+def test_train_with_client_secrets_repeats_a_secure_run_exactly(tmp_path, capsys):
+    first, again, other = tmp_path / "first", tmp_path / "again", tmp_path / "other"
+    main([*TRAIN, "--epochs", "1", "--out", str(first)])
+    main([*TRAIN, "--epochs", "1", "--out", str(other)])
+    main(
+        [
+            *TRAIN,
+            "--epochs",
+            "1",
+            "--out",
+            str(again),
+            "--client-secrets",
+            str(first / SECRETS_FILE),
+        ]
+    )
+    assert metrics(again) == metrics(first)
+    assert (again / SECRETS_FILE).read_bytes() == (first / SECRETS_FILE).read_bytes()
+    # without them the same command draws other secrets (the seed is public)
+    assert (other / SECRETS_FILE).read_bytes() != (first / SECRETS_FILE).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "is missing"), ("{not json", "does not hold the run's registry secrets")],
+)
+def test_bad_client_secrets_is_one_line_and_writes_nothing(tmp_path, capsys, content, message):
+    secrets_file = tmp_path / "secrets.json"
+    if content is not None:
+        secrets_file.write_text(content)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TRAIN, "--epochs", "1", "--out", str(out), "--client-secrets", str(secrets_file)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "--client-secrets" in err[0], err
+    assert not out.exists()
