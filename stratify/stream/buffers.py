@@ -153,6 +153,10 @@ class ClientBuffers:
         order = np.lexsort((self.arrival[slots], self.uses[slots]))
         return int(slots[order[0]])
 
+    def target(self, slot: int) -> int:
+        """The class target (classifier row) of the sample in ``slot``."""
+        return int(self.y[slot])
+
     def use(self, slot: int, times: int = 1) -> bool:
         """Count ``times`` training uses of ``slot``; returns whether that evicted it."""
         self.uses[slot] += times

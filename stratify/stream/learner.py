@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -61,6 +62,7 @@ from stratify.stream.policies import (
 )
 from stratify.stream.prequential import Prequential
 from stratify.stream.scaling import RunningScaler
+from stratify.stream.step import MLPArrays, quiet
 
 #: held-out samples evaluated per forward pass
 EVAL_BATCH = 1000
@@ -246,6 +248,11 @@ class StreamLearner:
         self.schema: FeatureSchema | None = None
         self.input_shape: tuple[int, ...] | None = None
         self.mode_matters = True
+        #: NumPy views of an MLP's weights on CPU, for the prediction (:mod:`.step`)
+        self.arrays: MLPArrays | None = None
+        #: the model's parameters, detached: walking its modules for them every event
+        #: would cost as much as a small model's step
+        self.weights: list[torch.Tensor] = []
         #: the event at which training diverged (``--on-diverge stop``); learning is over
         self.diverged: str | None = None
         if model is not None and config.input_shape is not None:
@@ -308,6 +315,7 @@ class StreamLearner:
         self.mode_matters = any(
             isinstance(module, MODE_DEPENDENT) for module in self.model.modules()
         )
+        self.follow_model()
         self.input_shape = tuple(input_shape)
         self.buffers = ClientBuffers(
             config.capacity, self.input_shape, self.device, max_uses=config.max_uses
@@ -319,6 +327,11 @@ class StreamLearner:
         if self.registry.result is not None:
             self.buffers.add_placeholder(self.registry.result.num_placeholders - 1)
         self.policy.setup(self.context())
+
+    def follow_model(self) -> None:
+        """Take the model's parameters now (after it was built or its classifier grew)."""
+        self.arrays = MLPArrays.of(self.model)
+        self.weights = [parameter.detach() for parameter in self.model.parameters()]
 
     # -- features -------------------------------------------------------------------------
 
@@ -512,7 +525,7 @@ class StreamLearner:
         """Let the policy train, and check that the loss and the weights stayed finite."""
         undo = self.config.on_diverge == "skip"
         if undo:
-            saved = [parameter.detach().clone() for parameter in self.model.parameters()]
+            saved = [weight.clone() for weight in self.weights]
             point = self.policy.save_point()
         done: Training = self.policy.after_arrival(self.context())
         if done.steps == 0 or self.finite(done):
@@ -524,8 +537,7 @@ class StreamLearner:
             return
         if undo:
             with torch.no_grad():
-                for parameter, value in zip(self.model.parameters(), saved):
-                    parameter.copy_(value)
+                torch._foreach_copy_(self.weights, saved)
             self.policy.restore_point(point)
             self.stats.undone += 1
             return
@@ -541,8 +553,7 @@ class StreamLearner:
 
     def finite(self, done: Training) -> bool:
         """Whether the losses of ``done`` and every weight are finite (one device sync)."""
-        parameters = [p.detach() for p in self.model.parameters()]
-        total = torch.stack(torch._foreach_norm(parameters)).sum()
+        total = torch.stack(torch._foreach_norm(self.weights)).sum()
         if done.losses:
             total = total + torch.stack(done.losses).sum()
         return math.isfinite(float(total)) and math.isfinite(done.loss_sum)
@@ -568,19 +579,27 @@ class StreamLearner:
         self.class_of[label] = row
         if row >= self.rows:
             replaced = widen_classifier(self.model, row + 1, self.config.seed)
+            self.follow_model()
             self.policy.classifier_grown(self.context(), replaced)
         return row
 
     @torch.no_grad()
     def _predict(self, x: torch.Tensor) -> Prediction:
         """The prediction for one sample as the model sees it."""
+        known = max(1, len(self.classes))
+        if self.arrays is not None:
+            logits = self.arrays.logits(x.reshape(-1).numpy())[:known]
+            with quiet():
+                exp = np.exp(logits - logits.max())
+                probabilities = exp / exp.sum()
+            return Prediction(int(probabilities.argmax()), torch.from_numpy(probabilities))
         if self.mode_matters:
             self.model.eval()
-        logits = self.model(x.unsqueeze(0))[0, : max(1, len(self.classes))]
+        output = self.model(x.unsqueeze(0))[0, :known]
         if self.mode_matters:
             self.model.train()
-        probabilities = torch.softmax(logits.float(), dim=0)
-        return Prediction(int(probabilities.argmax()), probabilities.cpu())
+        probabilities_tensor = torch.softmax(output.float(), dim=0)
+        return Prediction(int(probabilities_tensor.argmax()), probabilities_tensor.cpu())
 
     @torch.no_grad()
     def test_accuracy(self, x_test: torch.Tensor, labels: Sequence[Identifier]) -> float | None:
