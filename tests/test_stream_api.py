@@ -158,15 +158,42 @@ def test_a_diverging_step_stops_learning_or_is_undone():
     with pytest.raises(DivergenceError):  # learning is over
         stopping.learn_one(events[0].x, 0)
     skipping = StreamLearner(config(scale="none", lr=50.0, momentum=0.9, on_diverge="skip"))
+    learned_after_a_skip = 0
     for event in events:
+        undone, steps = skipping.stats.undone, skipping.stats.steps
+        before = [w.clone() for w in skipping.weights]
         skipping.ingest(event)
+        if skipping.stats.undone == undone and 0 < undone:  # kept, after an undone one
+            changed = any(not torch.equal(a, b) for a, b in zip(before, skipping.weights))
+            learned_after_a_skip += changed and skipping.stats.steps > steps
     assert skipping.stats.undone > 0 and skipping.stats.events == 200
+    # learning goes on after an undone update: nothing non-finite was kept (the momentum)
+    assert learned_after_a_skip > 0
     assert all(torch.isfinite(p).all() for p in skipping.model.parameters())
     assert skipping.snapshot()["train_loss"] is not None
     scaled = StreamLearner(config(lr=0.05))
     for event in events:
         scaled.ingest(event)
     assert scaled.stats.undone == 0 and math.isfinite(scaled.snapshot()["train_loss"])
+
+
+def test_a_prequential_prediction_uses_only_the_events_before_it():
+    """Each event is scored by the prediction the learner would have made before it
+    came: its log-loss term is the one of predict() just before ingest()."""
+    rng = np.random.default_rng(4)
+    learner = StreamLearner(config(lr=0.05))
+    for number in range(60):
+        label = int(rng.integers(3))
+        x = (rng.normal(0, 1, 4) + 2 * label) * [1000.0, 1.0, 0.01, 10.0]
+        event = Event(f"c{number % 2}", label, x, number + 1)
+        before = learner.predict(x)
+        loss = learner.prequential.log_loss_sum
+        learner.ingest(event)
+        if before is not None and label in learner.classes[: len(before.probabilities)]:
+            probability = before.probability(learner.class_of[label])
+            assert learner.prequential.log_loss_sum - loss == pytest.approx(
+                -math.log(max(probability, 1e-15)), rel=1e-6, abs=1e-9
+            )
 
 
 def test_prequential_metrics_match_scikit_learn():
