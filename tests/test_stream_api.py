@@ -98,6 +98,33 @@ def test_every_bad_value_is_an_event_error_that_changes_nothing(x, y, reason):
     assert after[:2] == before[:2] and all(torch.equal(a, b) for a, b in zip(after[2], before[2]))
 
 
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.empty(3, device="meta"),
+        torch.tensor([1.0, 0.0, 2.0]).to_sparse(),
+        torch.tensor([[1.0, 0.0, 2.0]]).to_sparse_csr(),
+        torch.nested.nested_tensor([torch.ones(3)]),
+    ],
+    ids=["meta", "sparse-coo", "sparse-csr", "nested"],
+)
+def test_every_per_event_method_refuses_tensors_without_values_as_event_errors(x):
+    learner = StreamLearner(config())
+    learner.learn_one([0.0, 1.0, 2.0], 0)
+    before = learned(learner)
+    for call in (
+        lambda: learner.ingest(Event("a", 1, x, 2)),
+        lambda: learner.learn_one(x, 1),
+        lambda: learner.predict_one(x),
+        lambda: learner.predict_proba_one(x),
+        lambda: learner.predict(x),
+    ):
+        with pytest.raises(EventError, match="must be a dense tensor of values"):
+            call()
+    after = learned(learner)
+    assert after[:2] == before[:2] and all(torch.equal(a, b) for a, b in zip(after[2], before[2]))
+
+
 def test_the_per_event_api_learns_named_features_and_boolean_labels():
     learner = StreamLearner(config(lr=0.1))
     assert learner.predict_one({"size": 1.0, "ratio": 0.5}) is None  # nothing learned yet
