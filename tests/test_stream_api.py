@@ -148,6 +148,15 @@ def test_the_per_event_api_learns_named_features_and_boolean_labels():
         learner.learn_one({"size": 1.0, "ratio": 0.0, "colour": 2.0}, True)
     with pytest.raises(EventError, match="feature 'size' must be a number"):
         learner.learn_one({"size": "big", "ratio": 0.0}, True)
+    with pytest.raises(
+        EventError, match=r"label 1 \(int\) equals the stream's label True \(bool\)"
+    ):
+        learner.learn_one({"size": 1.0, "ratio": 0.0}, 1)  # never merged with True
+    numbers = StreamLearner(config())
+    numbers.learn_one([1.0], 1)
+    with pytest.raises(EventError, match="label False .* equals the stream's label 0"):
+        numbers.learn_one([2.0], 0) or numbers.learn_one([2.0], False)
+    assert numbers.classes == [1, 0] and numbers.stats.events == 2
     zero = StreamLearner(config(missing="zero"))
     zero.learn_one({"a": 1.0, "b": 2.0}, "yes")
     zero.learn_one({"a": 5.0, "b": None}, "no")

@@ -488,6 +488,13 @@ class StreamLearner:
                 )
             client = len(self.clients)
         row = self.class_of.get(label)
+        if row is not None and type(self.classes[row]) is not type(label):
+            # Python takes 1 and True (0 and False) for one key: refused, never merged
+            raise EventError(
+                f"label {label!r} ({type(label).__name__}) equals the stream's label "
+                f"{self.classes[row]!r} ({type(self.classes[row]).__name__}); give every "
+                "label as one type"
+            )
         if row is None and self.config.num_classes is not None:
             if len(self.classes) >= self.config.num_classes:
                 raise EventError(
