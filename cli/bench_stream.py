@@ -53,11 +53,11 @@ def stream(
         "stream",
         "events",
         "events/s",
-        "bare torch events/s",
+        "bare torch/s",
         "ratio",
-        "first prediction s",
-        "peak RSS MB",
-        "prequential acc.",
+        "1st prediction s",
+        "RSS MB",
+        "accuracy",
     ):
         table.add_column(column, justify="right")
     for row in result.streams:
