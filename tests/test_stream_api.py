@@ -164,6 +164,38 @@ def test_the_per_event_api_learns_named_features_and_boolean_labels():
     assert zero.buffers.x[zero.buffers.occupied].tolist() == [[1.0, 2.0], [5.0, 0.0], [0.0, 3.0]]
 
 
+def test_named_features_come_and_go_as_river_takes_them_with_missing_zero():
+    learner = StreamLearner(config(missing="zero", momentum=0.5))
+    learner.learn_one({"a": 1.0, "b": 2.0}, "x")
+    learner.learn_one({"a": 3.0, "b": 1.0}, "y")
+    before = learner.predict_proba_one({"a": 1.0, "b": 2.0})
+    # an unknown key in a prediction is left out (its weights would be 0)
+    assert learner.predict_proba_one({"a": 1.0, "b": 2.0, "c": 9.0}) == before
+    assert learner.input_shape == (2,)
+    with pytest.warns(UserWarning, match=r"new feature\(s\) 'c': the input grows to 3"):
+        learner.learn_one({"a": 1.0, "b": 2.0, "c": 7.0}, "x")
+    assert learner.schema.names == ["a", "b", "c"] and learner.input_shape == (3,)
+    assert learner.buffers.x[learner.buffers.occupied][:2].tolist() == [[1, 2, 0], [3, 1, 0]]
+    with pytest.warns(UserWarning, match="feature 'b' is missing .* read as 0") as caught:
+        learner.learn_one({"a": 1.0, "c": 0.0}, "y")
+        learner.learn_one({"a": 2.0, "c": 0.0}, "y")  # warned once per feature
+    assert len(caught) == 1
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # only the new feature tells the classes apart
+        label = int(rng.integers(2))
+        learner.learn_one({"a": rng.normal(), "b": rng.normal(), "c": 3.0 * label}, "xy"[label])
+    assert learner.predict_one({"a": 0.0, "b": 0.0, "c": 3.0}) == "y"
+    assert learner.predict_one({"a": 0.0, "b": 0.0, "c": 0.0}) == "x"
+    again = StreamLearner(config(missing="zero", momentum=0.5))
+    again.load_state_dict(learner.state_dict())
+    sample = {"a": 0.5, "b": -1.0, "c": 1.5}
+    assert again.predict_proba_one(sample) == learner.predict_proba_one(sample)
+    fixed = StreamLearner(config(missing="zero", model="mlp", input_shape=(2,)))
+    fixed.learn_one({"a": 1.0, "b": 2.0}, "x")
+    with pytest.raises(EventError, match="feature 'c' is new, and the model's input is fixed"):
+        fixed.learn_one({"a": 1.0, "b": 2.0, "c": 7.0}, "x")
+
+
 def test_running_standardisation_uses_earlier_events_for_predictions():
     scaler = RunningScaler((2,), torch.device("cpu"))
     data = torch.tensor([[1.0, 1000.0], [3.0, 3000.0], [5.0, 2000.0]], dtype=torch.float64)

@@ -1,4 +1,5 @@
-"""A classifier that grows: a wider ``model.head`` for a class seen for the first time.
+"""A model that grows: a wider ``model.head`` for a class seen for the first time, and a
+wider first layer of an MLP for a named feature seen for the first time (:func:`widen_input`).
 
 Every model is ``head(embed(x))`` with ``head`` a ``nn.Linear`` (:mod:`stratify.nn.models`).
 Growing replaces the head with one of more rows that keeps the old rows exactly, so the
@@ -84,4 +85,34 @@ def widen_classifier(model: nn.Module, rows: int, seed: int) -> dict[int, torch.
     if head.bias is not None:
         replaced[id(head.bias)] = wider.bias
     model.head = wider
+    return replaced
+
+
+def widen_input(model: nn.Module, features: int) -> dict[int, torch.Tensor]:
+    """Widen the first ``nn.Linear`` of ``model.layers`` (an MLP's) to ``features`` inputs
+    in place, the new columns zero, so every output stays as it was for inputs whose new
+    features are 0.
+
+    Returns
+    -------
+    dict
+        ``id`` of each replaced parameter -> the parameter that replaces it, as
+        :func:`widen_classifier` returns.
+    """
+    layers = model.layers
+    position = next(i for i, layer in enumerate(layers) if isinstance(layer, nn.Linear))
+    first = layers[position]
+    if features < first.in_features:
+        raise ValueError(f"an input of {first.in_features} features cannot shrink to {features}")
+    wider = nn.Linear(features, first.out_features, bias=first.bias is not None)
+    wider = wider.to(device=first.weight.device, dtype=first.weight.dtype)
+    with torch.no_grad():
+        wider.weight.zero_()
+        wider.weight[:, : first.in_features] = first.weight
+        if first.bias is not None:
+            wider.bias.copy_(first.bias)
+    replaced = {id(first.weight): wider.weight}
+    if first.bias is not None:
+        replaced[id(first.bias)] = wider.bias
+    layers[position] = wider
     return replaced

@@ -27,6 +27,7 @@ labels to classifier rows (docs/architecture.md, "Streaming").
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,18 +38,19 @@ from torch import nn
 
 from stratify.backend import configure_cpu_for_single_sample, resolve_device
 from stratify.errors import ConfigError, RegistryError, TrainingError
-from stratify.nn.models import build_model
+from stratify.nn.models import MLP, build_model
 from stratify.nn.norm import has_batch_norm
 from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.stream.buffers import ClientBuffers
-from stratify.stream.classifier import classifier_head, widen_classifier
+from stratify.stream.classifier import classifier_head, widen_classifier, widen_input
 from stratify.stream.config import StreamConfig, check_buffer_memory, check_model_memory
 from stratify.stream.events import (
     Event,
     EventError,
     FeatureSchema,
     Identifier,
+    check_feature_name,
     check_features,
     check_identifier,
     check_label,
@@ -253,6 +255,8 @@ class StreamLearner:
         #: the model's parameters, detached: walking its modules for them every event
         #: would cost as much as a small model's step
         self.weights: list[torch.Tensor] = []
+        #: named features already warned about as missing (``--missing zero``)
+        self.warned_missing: set[str] = set()
         #: the event at which training diverged (``--on-diverge stop``); learning is over
         self.diverged: str | None = None
         if model is not None and config.input_shape is not None:
@@ -358,6 +362,7 @@ class StreamLearner:
                     return None
                 self.schema = schema
             else:
+                x = self.known_keys(x, fix_shape)  # may widen the schema: read it after
                 vector = self.schema.vector(x)
         else:
             if self.schema is not None:
@@ -378,6 +383,69 @@ class StreamLearner:
         if vector.numel() != expected:
             raise EventError(f"{vector.numel()} features, the stream's samples have {expected}")
         return vector.reshape(self.input_shape).to(self.device)
+
+    def known_keys(self, x: Mapping[Any, Any], learning: bool) -> Mapping[Any, Any]:
+        """Named features as river takes them, with ``--missing zero``: a missing one is
+        0 (warned once per name), and a new one widens the input when learning
+        (:meth:`add_features`) and is left out of a prediction (its weights would be 0).
+        With ``--missing error`` ``x`` is returned as it is, for the schema to refuse."""
+        assert self.schema is not None
+        if self.config.missing == "error":
+            return x
+        index = self.schema.index
+        new = [name for name in x if not isinstance(name, str) or name not in index]
+        if new and not learning:
+            return {name: value for name, value in x.items() if name in index}
+        if new:
+            self.add_features(new)
+        for name in self.schema.names:
+            if x.get(name) is None and name not in self.warned_missing:
+                self.warned_missing.add(name)
+                warnings.warn(
+                    f"feature {name!r} is missing from an event: read as 0 (warned once)",
+                    stacklevel=4,
+                )
+        return x
+
+    def add_features(self, names: list[object]) -> None:
+        """Widen the input by the named features ``names``: zero weights in the first
+        layer (every prediction stays as it was), zeros in the buffers and the feature
+        statistics (the events so far had them as 0, as ``--missing zero`` reads them).
+
+        Raises
+        ------
+        EventError
+            A bad feature name, or a model whose input cannot grow (``--input-shape``
+            given, or not an MLP); nothing was changed.
+        """
+        assert self.schema is not None and self.input_shape is not None
+        checked = [check_feature_name(name) for name in names]
+        if self.config.input_shape is not None or not isinstance(self.model, MLP):
+            raise EventError(
+                f"feature {checked[0]!r} is new, and the model's input is fixed (an MLP "
+                "sized from the first event grows; give --missing error to refuse such events)"
+            )
+        features = len(self.schema.names) + len(checked)
+        try:
+            check_buffer_memory(self.config.capacity, features)
+            check_model_memory(self.config, (features,), self.rows)
+        except ConfigError as error:
+            raise EventError(str(error)) from None
+        replaced = widen_input(self.model, features)
+        self.schema = FeatureSchema(self.schema.names + checked, self.config.missing)
+        self.input_shape = (features,)
+        self.buffers.widen(self.input_shape)
+        if self.scaler is not None:
+            self.scaler.widen(self.input_shape)
+        self.follow_model()
+        # the policy carries its state over to the replaced first layer as it does for a
+        # grown classifier (zero velocity for the new columns)
+        self.policy.classifier_grown(self.context(), replaced)
+        warnings.warn(
+            f"new feature(s) {', '.join(map(repr, checked))}: the input grows to {features} "
+            "features, the events so far had them as 0",
+            stacklevel=5,
+        )
 
     def model_features(self, x: torch.Tensor) -> torch.Tensor:
         """Raw features as the model sees them at prediction: standardised by the

@@ -59,6 +59,19 @@ class RunningScaler:
         self.shift = self.mean.to(torch.float32)
         self.factor = (self.m2 / self.count + EPSILON).rsqrt_().to(torch.float32)
 
+    def widen(self, shape: tuple[int]) -> None:
+        """Statistics for samples of the flat ``shape``, at least as long as now; the new
+        features count as 0 in every sample so far (mean and squared deviations 0)."""
+        for name in ("mean", "m2"):
+            old = getattr(self, name)
+            grown = old.new_zeros(shape)
+            grown[: old.numel()] = old.reshape(-1)
+            setattr(self, name, grown)
+        self.shift = self.mean.new_zeros(shape, dtype=torch.float32)
+        self.factor = self.mean.new_ones(shape, dtype=torch.float32)
+        if self.count:
+            self.refresh()
+
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (one sample or a batch) standardised, clipped to ``[-10, 10]``, float32.
         Before any update it is returned as it is."""

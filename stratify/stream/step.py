@@ -134,7 +134,7 @@ class SingleSampleStep:
     def follow(self, model: nn.Module, replaced: dict[int, torch.Tensor] | None = None) -> None:
         """Step ``model``'s parameters now, carrying every velocity over; a replaced
         parameter's (``replaced``: ``id`` of the old one → the new one) is padded with
-        zeros for its new rows."""
+        zeros for its new rows or columns."""
         old = getattr(self, "parameters", [])
         self.model = model
         self.arrays = MLPArrays.of(model)
@@ -153,9 +153,9 @@ class SingleSampleStep:
             value = carried.get(id(parameter))
             if value is None:
                 value = torch.zeros_like(parameter)
-            elif value.shape != parameter.shape:
+            elif value.shape != parameter.shape:  # grown rows or columns: zeros there
                 padded = value.new_zeros(parameter.shape)
-                padded[: value.shape[0]] = value
+                padded[tuple(slice(0, size) for size in value.shape)] = value
                 value = padded
             velocity.append(value)
         self.velocity = velocity
