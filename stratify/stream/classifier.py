@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from stratify.errors import ConfigError
+from stratify.nn.models import MLP
 
 
 def classifier_head(model: nn.Module) -> nn.Linear:
@@ -88,7 +89,7 @@ def widen_classifier(model: nn.Module, rows: int, seed: int) -> dict[int, torch.
     return replaced
 
 
-def widen_input(model: nn.Module, features: int) -> dict[int, torch.Tensor]:
+def widen_input(model: MLP, features: int) -> dict[int, torch.Tensor]:
     """Widen the first ``nn.Linear`` of ``model.layers`` (an MLP's) to ``features`` inputs
     in place, the new columns zero, so every output stays as it was for inputs whose new
     features are 0.
@@ -102,6 +103,7 @@ def widen_input(model: nn.Module, features: int) -> dict[int, torch.Tensor]:
     layers = model.layers
     position = next(i for i, layer in enumerate(layers) if isinstance(layer, nn.Linear))
     first = layers[position]
+    assert isinstance(first, nn.Linear)
     if features < first.in_features:
         raise ValueError(f"an input of {first.in_features} features cannot shrink to {features}")
     wider = nn.Linear(features, first.out_features, bias=first.bias is not None)

@@ -51,7 +51,9 @@ class MLPArrays:
     def __init__(self, model: MLP) -> None:
         linears = [layer for layer in model.layers if isinstance(layer, nn.Linear)]
         linears.append(model.head)
-        self.parameters = [p for layer in linears for p in (layer.weight, layer.bias)]
+        self.parameters: list[torch.Tensor] = [
+            p for layer in linears for p in (layer.weight, layer.bias)
+        ]
         self.weights = [layer.weight.detach().numpy() for layer in linears]
         self.biases = [layer.bias.detach().numpy() for layer in linears]
 
@@ -138,7 +140,7 @@ class SingleSampleStep:
         old = getattr(self, "parameters", [])
         self.model = model
         self.arrays = MLPArrays.of(model)
-        self.parameters = (
+        self.parameters: list[torch.Tensor] = (
             self.arrays.parameters
             if self.arrays is not None
             else [p for p in model.parameters() if p.requires_grad]
