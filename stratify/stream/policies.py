@@ -10,8 +10,9 @@ buffers hold (docs/architecture.md, "Streaming").
 As a :class:`~stratify.method.Strategy` does, a policy sees a narrow
 :class:`StreamContext` (the model, the buffers, the features as the model sees them)
 and returns what it did (:class:`Training`); the learner keeps the counters. The policy
-owns its optimizer: when the classifier grows, :meth:`StreamPolicy.classifier_grown`
-tells it which parameters were replaced.
+owns its optimizer state (Stratify's: a :class:`~stratify.stream.step.SingleSampleStep`):
+when parameters are replaced (a grown classifier, a widened input),
+:meth:`StreamPolicy.classifier_grown` tells it which.
 """
 
 from __future__ import annotations
