@@ -28,6 +28,7 @@ from stratify.cli.bench_steps import (
     parallel_seeds,
     vectorised_comparison,
 )
+from stratify.cli.bench_stream import stream
 from stratify.cli.bench_training import (
     batch_engine,
     compare_batch_mode,
@@ -719,3 +720,4 @@ def rounds(
 
 
 bench.add_command(local)
+bench.add_command(stream)

@@ -10,6 +10,12 @@ Two uses (``pip install river``, or ``pip install -e '.[compare]'``)::
     # the README's table: Stratify and river's standard models, prequential accuracy and events/s
     python examples/river_streams.py compare --datasets Phishing Bananas ImageSegments Shuttle
 
+    # a class that appears late: how often its first 5 and 20 examples are predicted right
+    python examples/river_streams.py late --seeds 5
+
+    # river's events/s on the streams of `stratify bench stream` (JSON parsed per line)
+    python examples/river_streams.py bench
+
 Every learner sees the same events in the same order and is scored test-then-train
 (each event predicted before it is learned): river with ``evaluate.progressive_val_score``
 and its ``Accuracy``, Stratify with its own ``prequential_accuracy``. Events/s is wall time
@@ -119,6 +125,95 @@ def compare(names: list[str], folder: Path) -> list[str]:
     return rows
 
 
+def late_class_stream(seed: int, events: int = 3000, late_from: int = 1500) -> list[Any]:
+    """``(x, y)`` of a stream of 5 Gaussian classes in 20 named features of different
+    scales (the bench's tabular stream), class 4 only from event ``late_from`` on."""
+    from stratify.stream.bench import tabular_events
+
+    stream = []
+    for event in tabular_events(2 * events, 20, 5, CLIENTS, seed):
+        if event["label"] == 4 and len(stream) < late_from:
+            continue
+        stream.append(({f"f{i}": v for i, v in enumerate(event["x"])}, event["label"]))
+        if len(stream) == events:
+            break
+    return stream
+
+
+def new_class_hits(model: Any, stream: list[Any], new: int = 4) -> list[bool]:
+    """Whether each example of class ``new`` was predicted right (test-then-train); a
+    StreamLearner gets client ``i mod 10`` for the i-th event."""
+    from stratify.stream import StreamLearner
+
+    hits = []
+    for number, (x, y) in enumerate(stream):
+        predicted = model.predict_one(x)
+        if isinstance(model, StreamLearner):
+            model.learn_one(x, y, client=number % CLIENTS)
+        else:
+            model.learn_one(x, y)
+        if y == new:
+            hits.append(predicted == y)
+    return hits
+
+
+def late(seeds: int) -> list[str]:
+    """Accuracy on the first 5 and 20 examples of a class that appears mid-stream:
+    Stratify's learner (defaults, plain registry) against river's OvR logistic
+    regression, the same streams."""
+    from river import linear_model, multiclass, preprocessing
+
+    from stratify.stream import StreamConfig, StreamLearner
+
+    results: dict[str, list[list[bool]]] = {"Stratify (defaults)": [], "river OvR LR": []}
+    for seed in range(seeds):
+        stream = late_class_stream(seed)
+        learner = StreamLearner(StreamConfig(secure=False, device="cpu", seed=seed))
+        river = preprocessing.StandardScaler() | multiclass.OneVsRestClassifier(
+            linear_model.LogisticRegression()
+        )
+        results["Stratify (defaults)"].append(new_class_hits(learner, stream))
+        results["river OvR LR"].append(new_class_hits(river, stream))
+    rows = ["| learner | first 5 of the new class | first 20 |", "|---|---|---|"]
+    for name, hits in results.items():
+        first5 = sum(sum(h[:5]) for h in hits) / (5 * len(hits))
+        first20 = sum(sum(h[:20]) for h in hits) / (20 * len(hits))
+        rows.append(f"| {name} | {100 * first5:.0f}% | {100 * first20:.0f}% |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def river_speed() -> list[str]:
+    """Events/s of river's OvR logistic regression (with its StandardScaler) on the
+    streams of ``stratify bench stream``, the same per-event work: parse the JSON line,
+    predict, learn; the first event left out of the time, as the bench does."""
+    from river import linear_model, multiclass, preprocessing
+
+    from stratify.stream.bench import digits_events, tabular_events
+
+    rows = ["| stream | river OvR LR events/s | prequential accuracy |", "|---|---|---|"]
+    for name, stream in [
+        ("tabular", tabular_events(5000, 20, 5, CLIENTS, 0)),
+        ("digits", digits_events(CLIENTS, 0)),
+    ]:
+        lines = [json.dumps(event) for event in stream]
+        model = preprocessing.StandardScaler() | multiclass.OneVsRestClassifier(
+            linear_model.LogisticRegression()
+        )
+        correct, start = 0, 0.0
+        for number, line in enumerate(lines):
+            if number == 1:
+                start = time.perf_counter()
+            event = json.loads(line)
+            x = dict(enumerate(event["x"]))
+            correct += model.predict_one(x) == event["label"]
+            model.learn_one(x, event["label"])
+        speed = (len(lines) - 1) / (time.perf_counter() - start)
+        rows.append(f"| {name} | {speed:,.0f} | {100 * correct / len(lines):.2f}% |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -128,7 +223,16 @@ def main(argv: list[str] | None = None) -> None:
     comparison.add_argument(
         "--datasets", nargs="+", default=["Phishing", "Bananas", "ImageSegments", "Shuttle"]
     )
+    lateness = commands.add_parser("late", help="accuracy on a class that appears late")
+    lateness.add_argument("--seeds", type=int, default=5)
+    commands.add_parser("bench", help="river on the streams of `stratify bench stream`")
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        river_speed()
+        return
+    if args.command == "late":
+        late(args.seeds)
+        return
     if args.command == "produce":
         produce(args.dataset)
         return

@@ -98,6 +98,33 @@ def test_every_bad_value_is_an_event_error_that_changes_nothing(x, y, reason):
     assert after[:2] == before[:2] and all(torch.equal(a, b) for a, b in zip(after[2], before[2]))
 
 
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.empty(3, device="meta"),
+        torch.tensor([1.0, 0.0, 2.0]).to_sparse(),
+        torch.tensor([[1.0, 0.0, 2.0]]).to_sparse_csr(),
+        torch.nested.nested_tensor([torch.ones(3)]),
+    ],
+    ids=["meta", "sparse-coo", "sparse-csr", "nested"],
+)
+def test_every_per_event_method_refuses_tensors_without_values_as_event_errors(x):
+    learner = StreamLearner(config())
+    learner.learn_one([0.0, 1.0, 2.0], 0)
+    before = learned(learner)
+    for call in (
+        lambda: learner.ingest(Event("a", 1, x, 2)),
+        lambda: learner.learn_one(x, 1),
+        lambda: learner.predict_one(x),
+        lambda: learner.predict_proba_one(x),
+        lambda: learner.predict(x),
+    ):
+        with pytest.raises(EventError, match="must be a dense tensor of values"):
+            call()
+    after = learned(learner)
+    assert after[:2] == before[:2] and all(torch.equal(a, b) for a, b in zip(after[2], before[2]))
+
+
 def test_the_per_event_api_learns_named_features_and_boolean_labels():
     learner = StreamLearner(config(lr=0.1))
     assert learner.predict_one({"size": 1.0, "ratio": 0.5}) is None  # nothing learned yet
@@ -121,11 +148,52 @@ def test_the_per_event_api_learns_named_features_and_boolean_labels():
         learner.learn_one({"size": 1.0, "ratio": 0.0, "colour": 2.0}, True)
     with pytest.raises(EventError, match="feature 'size' must be a number"):
         learner.learn_one({"size": "big", "ratio": 0.0}, True)
+    with pytest.raises(
+        EventError, match=r"label 1 \(int\) equals the stream's label True \(bool\)"
+    ):
+        learner.learn_one({"size": 1.0, "ratio": 0.0}, 1)  # never merged with True
+    numbers = StreamLearner(config())
+    numbers.learn_one([1.0], 1)
+    with pytest.raises(EventError, match="label False .* equals the stream's label 0"):
+        numbers.learn_one([2.0], 0) or numbers.learn_one([2.0], False)
+    assert numbers.classes == [1, 0] and numbers.stats.events == 2
     zero = StreamLearner(config(missing="zero"))
     zero.learn_one({"a": 1.0, "b": 2.0}, "yes")
     zero.learn_one({"a": 5.0, "b": None}, "no")
     zero.learn_one({"b": 3.0}, "no")
     assert zero.buffers.x[zero.buffers.occupied].tolist() == [[1.0, 2.0], [5.0, 0.0], [0.0, 3.0]]
+
+
+def test_named_features_come_and_go_as_river_takes_them_with_missing_zero():
+    learner = StreamLearner(config(missing="zero", momentum=0.5))
+    learner.learn_one({"a": 1.0, "b": 2.0}, "x")
+    learner.learn_one({"a": 3.0, "b": 1.0}, "y")
+    before = learner.predict_proba_one({"a": 1.0, "b": 2.0})
+    # an unknown key in a prediction is left out (its weights would be 0)
+    assert learner.predict_proba_one({"a": 1.0, "b": 2.0, "c": 9.0}) == before
+    assert learner.input_shape == (2,)
+    with pytest.warns(UserWarning, match=r"new feature\(s\) 'c': the input grows to 3"):
+        learner.learn_one({"a": 1.0, "b": 2.0, "c": 7.0}, "x")
+    assert learner.schema.names == ["a", "b", "c"] and learner.input_shape == (3,)
+    assert learner.buffers.x[learner.buffers.occupied][:2].tolist() == [[1, 2, 0], [3, 1, 0]]
+    with pytest.warns(UserWarning, match="feature 'b' is missing .* read as 0") as caught:
+        learner.learn_one({"a": 1.0, "c": 0.0}, "y")
+        learner.learn_one({"a": 2.0, "c": 0.0}, "y")  # warned once per feature
+    assert len(caught) == 1
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # only the new feature tells the classes apart
+        label = int(rng.integers(2))
+        learner.learn_one({"a": rng.normal(), "b": rng.normal(), "c": 3.0 * label}, "xy"[label])
+    assert learner.predict_one({"a": 0.0, "b": 0.0, "c": 3.0}) == "y"
+    assert learner.predict_one({"a": 0.0, "b": 0.0, "c": 0.0}) == "x"
+    again = StreamLearner(config(missing="zero", momentum=0.5))
+    again.load_state_dict(learner.state_dict())
+    sample = {"a": 0.5, "b": -1.0, "c": 1.5}
+    assert again.predict_proba_one(sample) == learner.predict_proba_one(sample)
+    fixed = StreamLearner(config(missing="zero", model="mlp", input_shape=(2,)))
+    fixed.learn_one({"a": 1.0, "b": 2.0}, "x")
+    with pytest.raises(EventError, match="feature 'c' is new, and the model's input is fixed"):
+        fixed.learn_one({"a": 1.0, "b": 2.0, "c": 7.0}, "x")
 
 
 def test_running_standardisation_uses_earlier_events_for_predictions():
@@ -158,15 +226,42 @@ def test_a_diverging_step_stops_learning_or_is_undone():
     with pytest.raises(DivergenceError):  # learning is over
         stopping.learn_one(events[0].x, 0)
     skipping = StreamLearner(config(scale="none", lr=50.0, momentum=0.9, on_diverge="skip"))
+    learned_after_a_skip = 0
     for event in events:
+        undone, steps = skipping.stats.undone, skipping.stats.steps
+        before = [w.clone() for w in skipping.weights]
         skipping.ingest(event)
+        if skipping.stats.undone == undone and 0 < undone:  # kept, after an undone one
+            changed = any(not torch.equal(a, b) for a, b in zip(before, skipping.weights))
+            learned_after_a_skip += changed and skipping.stats.steps > steps
     assert skipping.stats.undone > 0 and skipping.stats.events == 200
+    # learning goes on after an undone update: nothing non-finite was kept (the momentum)
+    assert learned_after_a_skip > 0
     assert all(torch.isfinite(p).all() for p in skipping.model.parameters())
     assert skipping.snapshot()["train_loss"] is not None
     scaled = StreamLearner(config(lr=0.05))
     for event in events:
         scaled.ingest(event)
     assert scaled.stats.undone == 0 and math.isfinite(scaled.snapshot()["train_loss"])
+
+
+def test_a_prequential_prediction_uses_only_the_events_before_it():
+    """Each event is scored by the prediction the learner would have made before it
+    came: its log-loss term is the one of predict() just before ingest()."""
+    rng = np.random.default_rng(4)
+    learner = StreamLearner(config(lr=0.05))
+    for number in range(60):
+        label = int(rng.integers(3))
+        x = (rng.normal(0, 1, 4) + 2 * label) * [1000.0, 1.0, 0.01, 10.0]
+        event = Event(f"c{number % 2}", label, x, number + 1)
+        before = learner.predict(x)
+        loss = learner.prequential.log_loss_sum
+        learner.ingest(event)
+        if before is not None and label in learner.classes[: len(before.probabilities)]:
+            probability = before.probability(learner.class_of[label])
+            assert learner.prequential.log_loss_sum - loss == pytest.approx(
+                -math.log(max(probability, 1e-15)), rel=1e-6, abs=1e-9
+            )
 
 
 def test_prequential_metrics_match_scikit_learn():

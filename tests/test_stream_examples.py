@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -11,6 +12,7 @@ from stratify.stream import StreamConfig
 from stratify.stream.run import StreamRun
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def load_example(name: str) -> ModuleType:
@@ -43,6 +45,18 @@ def test_streaming_example_ends_with_the_final_accuracy(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"final_accuracy={final:.4f}" and 0.0 <= final <= 1.0
     assert any(line.startswith("stratify: events=250 ") for line in lines)
+
+
+def test_the_quick_stream_learns_the_accuracy_the_readme_states(capsys):
+    stated = re.search(
+        r"`examples/streaming_ingestion\.py --quick`.*?`final_accuracy=([0-9.]+)`",
+        README.read_text(),
+        re.DOTALL,
+    )
+    assert stated is not None, "the README states the quick run's final accuracy"
+    # the plain registry gives the CKKS one's placeholders, so the same figure (README)
+    final = load_example("streaming_ingestion").main(["--quick", "--no-secure"])
+    assert final > 0.6 and abs(final - float(stated.group(1))) <= 0.02
 
 
 def test_the_example_stream_replays_through_the_command_line_format(tmp_path, capsys):

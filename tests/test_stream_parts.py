@@ -12,10 +12,11 @@ from torch import nn
 
 from stratify.nn.models import build_model
 from stratify.stream.buffers import ClientBuffers
-from stratify.stream.classifier import grow_classifier, widen_head
+from stratify.stream.classifier import widen_classifier, widen_head
 from stratify.stream.events import EventError, load_test_set, parse_line
 from stratify.stream.prequential import Prequential
 from stratify.stream.schedule import StreamSchedule, select_client
+from stratify.stream.step import SingleSampleStep
 
 CPU = torch.device("cpu")
 
@@ -190,29 +191,60 @@ def test_a_wider_head_keeps_the_known_classes_logits_and_draws_new_rows_by_seed(
         widen_head(head, 2, seed=0)
 
 
-def test_the_optimizer_follows_the_grown_classifier_with_its_momentum():
+def test_the_step_follows_the_grown_classifier_with_its_momentum():
     torch.manual_seed(0)
     model = build_model("mlp", (4,), 2, hidden=(8,))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    loss = model(torch.randn(3, 4)).sum()
-    loss.backward()
-    optimizer.step()
+    step = SingleSampleStep(model, lr=0.1, momentum=0.9)
+    step.step(torch.randn(1, 4), 1)
+    assert step.velocity is not None
+    old_momentum = step.velocity[-2].clone()  # the head's weight
+    hidden_momentum = step.velocity[0]
     old_head = model.head
-    old_momentum = optimizer.state[old_head.weight]["momentum_buffer"].clone()
-    hidden_weight = model.layers[1].weight
-    hidden_momentum = optimizer.state[hidden_weight]["momentum_buffer"]
-    grown = grow_classifier(model, optimizer, 4, seed=0)
+    replaced = widen_classifier(model, 4, seed=0)
+    step.follow(model, replaced)
     assert model.head is not old_head and model.head.out_features == 4
-    assert [id(p) for p in grown.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
-    assert grown.param_groups[0]["momentum"] == 0.9 and grown.param_groups[0]["lr"] == 0.1
-    momentum = grown.state[model.head.weight]["momentum_buffer"]
+    assert [id(p) for p in step.parameters] == [id(p) for p in model.parameters()]
+    momentum = step.velocity[-2]
     assert torch.equal(momentum[:2], old_momentum) and momentum[2:].abs().sum() == 0
-    assert grown.state[hidden_weight]["momentum_buffer"] is hidden_momentum
-    # and it steps the new parameters
-    model(torch.randn(3, 4)).sum().backward()
+    assert step.velocity[0] is hidden_momentum
+    # and it steps the new parameters, a new row's target included
     before = model.head.weight.detach().clone()
-    grown.step()
+    step.step(torch.randn(1, 4), 3)
     assert not torch.equal(model.head.weight, before)
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn"])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_lean_step_is_torch_sgd(model_name, momentum):
+    """The stream's step (NumPy for the MLP, autograd for the rest) computes what
+    torch.optim.SGD computes, loss and weights, step after step."""
+    shape = (1, 8, 8) if model_name == "cnn" else (6,)
+    torch.manual_seed(0)
+    model = build_model(model_name, shape, 3)
+    reference = build_model(model_name, shape, 3)
+    reference.load_state_dict(model.state_dict())
+    step = SingleSampleStep(model, lr=0.05, momentum=momentum)
+    assert (step.arrays is not None) == (model_name == "mlp")
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=momentum)
+    generator = torch.Generator().manual_seed(1)
+    for number in range(20):
+        x = torch.randn(1, *shape, generator=generator)
+        loss = step.step(x, number % 3)
+        optimizer.zero_grad()
+        expected = nn.functional.cross_entropy(reference(x), torch.tensor([number % 3]))
+        expected.backward()
+        optimizer.step()
+        assert float(loss) == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    # a checkpoint of either reads into the other
+    again = SingleSampleStep(reference, lr=0.05, momentum=momentum)
+    again.load_state_dict(optimizer.state_dict())
+    if momentum:
+        assert step.velocity is not None and again.velocity is not None
+        for mine, theirs in zip(step.velocity, again.velocity):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    optimizer.load_state_dict(step.state_dict())
 
 
 # -- prequential accuracy -----------------------------------------------------------------

@@ -89,6 +89,7 @@ def encode(event: dict) -> bytes:
 def stream_lines(draw):
     """``(lines, good)``: a stream whose first line is good, and which lines are good."""
     lines, good = [], []
+    label_types: dict[object, type] = {}
     count = draw(st.integers(1, 12))
     for number in range(count):
         event = {
@@ -119,6 +120,10 @@ def stream_lines(draw):
             data = json.dumps(draw(json_values.filter(lambda v: not isinstance(v, dict)))).encode()
         else:
             data = encode(event)
+        if kind == "good":
+            # 1 after True (0 after False), equal keys of another type, is refused
+            first_type = label_types.setdefault(event["label"], type(event["label"]))
+            kind = "good" if first_type is type(event["label"]) else "label type"
         lines.append(data)
         good.append(kind == "good")
     return lines, good

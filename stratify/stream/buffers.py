@@ -106,6 +106,14 @@ class ClientBuffers:
         if missing > 0:
             self.counts = np.pad(self.counts, ((0, 0), (0, missing)))
 
+    def widen(self, sample_shape: tuple[int]) -> None:
+        """Flat samples of ``sample_shape`` from now on (named features: at least as many
+        as now); the buffered samples get zeros for the new features."""
+        grown = self.x.new_zeros((len(self.x), *sample_shape))
+        grown[:, : self.sample_shape[0]] = self.x
+        self.x = grown
+        self.sample_shape = tuple(sample_shape)
+
     def region(self, client: int) -> slice:
         """The slots of ``client``'s buffer."""
         return slice(client * self.capacity, (client + 1) * self.capacity)
@@ -152,6 +160,10 @@ class ClientBuffers:
         slots = region.start + candidates
         order = np.lexsort((self.arrival[slots], self.uses[slots]))
         return int(slots[order[0]])
+
+    def target(self, slot: int) -> int:
+        """The class target (classifier row) of the sample in ``slot``."""
+        return int(self.y[slot])
 
     def use(self, slot: int, times: int = 1) -> bool:
         """Count ``times`` training uses of ``slot``; returns whether that evicted it."""

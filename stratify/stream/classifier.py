@@ -1,11 +1,11 @@
-"""A classifier that grows: a wider ``model.head`` for a class seen for the first time.
+"""A model that grows: a wider ``model.head`` for a class seen for the first time, and a
+wider first layer of an MLP for a named feature seen for the first time (:func:`widen_input`).
 
 Every model is ``head(embed(x))`` with ``head`` a ``nn.Linear`` (:mod:`stratify.nn.models`).
 Growing replaces the head with one of more rows that keeps the old rows exactly, so the
 logits of the known classes do not change; the new rows are initialised as ``nn.Linear``
-initialises its own, from a generator seeded by the run's seed and the row, and the SGD
-optimizer is rebuilt over the new parameters with its momentum carried over (zero for the
-new rows).
+initialises its own, from a generator seeded by the run's seed and the row; the step
+carries its momentum over to the new parameters (zero for the new rows).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from stratify.errors import ConfigError
+from stratify.nn.models import MLP
 
 
 def classifier_head(model: nn.Module) -> nn.Linear:
@@ -76,7 +77,8 @@ def widen_classifier(model: nn.Module, rows: int, seed: int) -> dict[int, torch.
     -------
     dict
         ``id`` of each replaced parameter -> the parameter that replaces it, for whoever
-        keeps state over the old ones (:func:`carry_optimizer`).
+        keeps state over the old ones (the step's velocity:
+        :meth:`~stratify.stream.step.SingleSampleStep.follow`).
     """
     head = classifier_head(model)
     wider = widen_head(head, rows, seed)
@@ -87,44 +89,32 @@ def widen_classifier(model: nn.Module, rows: int, seed: int) -> dict[int, torch.
     return replaced
 
 
-def carry_optimizer(
-    optimizer: torch.optim.SGD, model: nn.Module, replaced: dict[int, torch.Tensor]
-) -> torch.optim.SGD:
-    """An SGD optimizer with ``optimizer``'s settings over ``model``'s parameters now,
-    every momentum buffer carried over (a replaced parameter's padded with zeros for its
-    new rows).
+def widen_input(model: MLP, features: int) -> dict[int, torch.Tensor]:
+    """Widen the first ``nn.Linear`` of ``model.layers`` (an MLP's) to ``features`` inputs
+    in place, the new columns zero, so every output stays as it was for inputs whose new
+    features are 0.
 
-    Parameters
-    ----------
-    optimizer : torch.optim.SGD
-        The optimizer over the model's parameters before :func:`widen_classifier`.
-    model : torch.nn.Module
-        The model after it.
-    replaced : dict
-        What :func:`widen_classifier` returned.
+    Returns
+    -------
+    dict
+        ``id`` of each replaced parameter -> the parameter that replaces it, as
+        :func:`widen_classifier` returns.
     """
-    settings = {key: value for key, value in optimizer.param_groups[0].items() if key != "params"}
-    grown = torch.optim.SGD(model.parameters(), **settings)
-    for group in optimizer.param_groups:
-        for old in group["params"]:
-            state = optimizer.state.get(old)
-            if not state:
-                continue
-            new = replaced.get(id(old), old)
-            carried = dict(state)
-            buffer = carried.get("momentum_buffer")
-            if buffer is not None and buffer.shape != new.shape:
-                padded = buffer.new_zeros(new.shape)
-                padded[: buffer.shape[0]] = buffer
-                carried["momentum_buffer"] = padded
-            grown.state[new] = carried
-    return grown
-
-
-def grow_classifier(
-    model: nn.Module, optimizer: torch.optim.SGD | None, rows: int, seed: int
-) -> torch.optim.SGD | None:
-    """Widen ``model.head`` to ``rows`` rows in place; returns the optimizer that follows
-    (:func:`widen_classifier` then :func:`carry_optimizer`; ``None`` for ``None``)."""
-    replaced = widen_classifier(model, rows, seed)
-    return None if optimizer is None else carry_optimizer(optimizer, model, replaced)
+    layers = model.layers
+    position = next(i for i, layer in enumerate(layers) if isinstance(layer, nn.Linear))
+    first = layers[position]
+    assert isinstance(first, nn.Linear)
+    if features < first.in_features:
+        raise ValueError(f"an input of {first.in_features} features cannot shrink to {features}")
+    wider = nn.Linear(features, first.out_features, bias=first.bias is not None)
+    wider = wider.to(device=first.weight.device, dtype=first.weight.dtype)
+    with torch.no_grad():
+        wider.weight.zero_()
+        wider.weight[:, : first.in_features] = first.weight
+        if first.bias is not None:
+            wider.bias.copy_(first.bias)
+    replaced = {id(first.weight): wider.weight}
+    if first.bias is not None:
+        replaced[id(first.bias)] = wider.bias
+    layers[position] = wider
+    return replaced

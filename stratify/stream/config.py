@@ -189,8 +189,9 @@ class StreamConfig(RunSettings):
     )
     missing: str = option(
         "error",
-        "A named feature missing from an event (or null): the event is skipped (error), "
-        "or it is read as 0 (zero).",
+        "A named feature missing from an event (or null), or one new to the stream: the "
+        "event is skipped (error), or, as river does, a missing one is read as 0 and a new "
+        "one widens an MLP's input (zero; each warned once).",
         choices=MISSING,
     )
     capacity: int = option(

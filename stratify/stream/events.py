@@ -143,6 +143,11 @@ def check_features(x: object) -> torch.Tensor:
         dict) go through :class:`FeatureSchema` instead.
     """
     if isinstance(x, torch.Tensor):
+        # a sparse, nested or meta tensor has no plain values to check (torch's own errors
+        # on them are no EventError)
+        if x.is_nested or x.layout != torch.strided or x.is_meta:
+            kind = "nested" if x.is_nested else "meta" if x.is_meta else str(x.layout)
+            raise EventError(f"the features must be a dense tensor of values, got a {kind} one")
         if x.is_complex() or x.dtype not in NUMERIC_DTYPES:
             raise EventError(f"the features must be real numbers, got a tensor of {x.dtype}")
         features = x.detach().to(torch.float32)

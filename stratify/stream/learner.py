@@ -27,27 +27,30 @@ labels to classifier rows (docs/architecture.md, "Streaming").
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from stratify.backend import configure_cpu_for_single_sample, resolve_device
 from stratify.errors import ConfigError, RegistryError, TrainingError
-from stratify.nn.models import build_model
+from stratify.nn.models import MLP, build_model
 from stratify.nn.norm import has_batch_norm
 from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.stream.buffers import ClientBuffers
-from stratify.stream.classifier import classifier_head, widen_classifier
+from stratify.stream.classifier import classifier_head, widen_classifier, widen_input
 from stratify.stream.config import StreamConfig, check_buffer_memory, check_model_memory
 from stratify.stream.events import (
     Event,
     EventError,
     FeatureSchema,
     Identifier,
+    check_feature_name,
     check_features,
     check_identifier,
     check_label,
@@ -61,6 +64,7 @@ from stratify.stream.policies import (
 )
 from stratify.stream.prequential import Prequential
 from stratify.stream.scaling import RunningScaler
+from stratify.stream.step import MLPArrays, quiet
 
 #: held-out samples evaluated per forward pass
 EVAL_BATCH = 1000
@@ -246,6 +250,13 @@ class StreamLearner:
         self.schema: FeatureSchema | None = None
         self.input_shape: tuple[int, ...] | None = None
         self.mode_matters = True
+        #: NumPy views of an MLP's weights on CPU, for the prediction (:mod:`.step`)
+        self.arrays: MLPArrays | None = None
+        #: the model's parameters, detached: walking its modules for them every event
+        #: would cost as much as a small model's step
+        self.weights: list[torch.Tensor] = []
+        #: named features already warned about as missing (``--missing zero``)
+        self.warned_missing: set[str] = set()
         #: the event at which training diverged (``--on-diverge stop``); learning is over
         self.diverged: str | None = None
         if model is not None and config.input_shape is not None:
@@ -308,6 +319,7 @@ class StreamLearner:
         self.mode_matters = any(
             isinstance(module, MODE_DEPENDENT) for module in self.model.modules()
         )
+        self.follow_model()
         self.input_shape = tuple(input_shape)
         self.buffers = ClientBuffers(
             config.capacity, self.input_shape, self.device, max_uses=config.max_uses
@@ -319,6 +331,11 @@ class StreamLearner:
         if self.registry.result is not None:
             self.buffers.add_placeholder(self.registry.result.num_placeholders - 1)
         self.policy.setup(self.context())
+
+    def follow_model(self) -> None:
+        """Take the model's parameters now (after it was built or its classifier grew)."""
+        self.arrays = MLPArrays.of(self.model)
+        self.weights = [parameter.detach() for parameter in self.model.parameters()]
 
     # -- features -------------------------------------------------------------------------
 
@@ -345,6 +362,7 @@ class StreamLearner:
                     return None
                 self.schema = schema
             else:
+                x = self.known_keys(x, fix_shape)  # may widen the schema: read it after
                 vector = self.schema.vector(x)
         else:
             if self.schema is not None:
@@ -365,6 +383,69 @@ class StreamLearner:
         if vector.numel() != expected:
             raise EventError(f"{vector.numel()} features, the stream's samples have {expected}")
         return vector.reshape(self.input_shape).to(self.device)
+
+    def known_keys(self, x: Mapping[Any, Any], learning: bool) -> Mapping[Any, Any]:
+        """Named features as river takes them, with ``--missing zero``: a missing one is
+        0 (warned once per name), and a new one widens the input when learning
+        (:meth:`add_features`) and is left out of a prediction (its weights would be 0).
+        With ``--missing error`` ``x`` is returned as it is, for the schema to refuse."""
+        assert self.schema is not None
+        if self.config.missing == "error":
+            return x
+        index = self.schema.index
+        new = [name for name in x if not isinstance(name, str) or name not in index]
+        if new and not learning:
+            return {name: value for name, value in x.items() if name in index}
+        if new:
+            self.add_features(new)
+        for name in self.schema.names:
+            if x.get(name) is None and name not in self.warned_missing:
+                self.warned_missing.add(name)
+                warnings.warn(
+                    f"feature {name!r} is missing from an event: read as 0 (warned once)",
+                    stacklevel=4,
+                )
+        return x
+
+    def add_features(self, names: list[object]) -> None:
+        """Widen the input by the named features ``names``: zero weights in the first
+        layer (every prediction stays as it was), zeros in the buffers and the feature
+        statistics (the events so far had them as 0, as ``--missing zero`` reads them).
+
+        Raises
+        ------
+        EventError
+            A bad feature name, or a model whose input cannot grow (``--input-shape``
+            given, or not an MLP); nothing was changed.
+        """
+        assert self.schema is not None and self.input_shape is not None
+        checked = [check_feature_name(name) for name in names]
+        if self.config.input_shape is not None or not isinstance(self.model, MLP):
+            raise EventError(
+                f"feature {checked[0]!r} is new, and the model's input is fixed (an MLP "
+                "sized from the first event grows; give --missing error to refuse such events)"
+            )
+        features = len(self.schema.names) + len(checked)
+        try:
+            check_buffer_memory(self.config.capacity, features)
+            check_model_memory(self.config, (features,), self.rows)
+        except ConfigError as error:
+            raise EventError(str(error)) from None
+        replaced = widen_input(self.model, features)
+        self.schema = FeatureSchema(self.schema.names + checked, self.config.missing)
+        self.input_shape = (features,)
+        self.buffers.widen(self.input_shape)
+        if self.scaler is not None:
+            self.scaler.widen(self.input_shape)
+        self.follow_model()
+        # the policy carries its state over to the replaced first layer as it does for a
+        # grown classifier (zero velocity for the new columns)
+        self.policy.classifier_grown(self.context(), replaced)
+        warnings.warn(
+            f"new feature(s) {', '.join(map(repr, checked))}: the input grows to {features} "
+            "features, the events so far had them as 0",
+            stacklevel=5,
+        )
 
     def model_features(self, x: torch.Tensor) -> torch.Tensor:
         """Raw features as the model sees them at prediction: standardised by the
@@ -475,6 +556,13 @@ class StreamLearner:
                 )
             client = len(self.clients)
         row = self.class_of.get(label)
+        if row is not None and type(self.classes[row]) is not type(label):
+            # Python takes 1 and True (0 and False) for one key: refused, never merged
+            raise EventError(
+                f"label {label!r} ({type(label).__name__}) equals the stream's label "
+                f"{self.classes[row]!r} ({type(self.classes[row]).__name__}); give every "
+                "label as one type"
+            )
         if row is None and self.config.num_classes is not None:
             if len(self.classes) >= self.config.num_classes:
                 raise EventError(
@@ -512,7 +600,7 @@ class StreamLearner:
         """Let the policy train, and check that the loss and the weights stayed finite."""
         undo = self.config.on_diverge == "skip"
         if undo:
-            saved = [parameter.detach().clone() for parameter in self.model.parameters()]
+            saved = [weight.clone() for weight in self.weights]
             point = self.policy.save_point()
         done: Training = self.policy.after_arrival(self.context())
         if done.steps == 0 or self.finite(done):
@@ -524,8 +612,7 @@ class StreamLearner:
             return
         if undo:
             with torch.no_grad():
-                for parameter, value in zip(self.model.parameters(), saved):
-                    parameter.copy_(value)
+                torch._foreach_copy_(self.weights, saved)
             self.policy.restore_point(point)
             self.stats.undone += 1
             return
@@ -541,8 +628,7 @@ class StreamLearner:
 
     def finite(self, done: Training) -> bool:
         """Whether the losses of ``done`` and every weight are finite (one device sync)."""
-        parameters = [p.detach() for p in self.model.parameters()]
-        total = torch.stack(torch._foreach_norm(parameters)).sum()
+        total = torch.stack(torch._foreach_norm(self.weights)).sum()
         if done.losses:
             total = total + torch.stack(done.losses).sum()
         return math.isfinite(float(total)) and math.isfinite(done.loss_sum)
@@ -568,19 +654,27 @@ class StreamLearner:
         self.class_of[label] = row
         if row >= self.rows:
             replaced = widen_classifier(self.model, row + 1, self.config.seed)
+            self.follow_model()
             self.policy.classifier_grown(self.context(), replaced)
         return row
 
     @torch.no_grad()
     def _predict(self, x: torch.Tensor) -> Prediction:
         """The prediction for one sample as the model sees it."""
+        known = max(1, len(self.classes))
+        if self.arrays is not None:
+            logits = self.arrays.logits(x.reshape(-1).numpy())[:known]
+            with quiet():
+                exp = np.exp(logits - logits.max())
+                probabilities = exp / exp.sum()
+            return Prediction(int(probabilities.argmax()), torch.from_numpy(probabilities))
         if self.mode_matters:
             self.model.eval()
-        logits = self.model(x.unsqueeze(0))[0, : max(1, len(self.classes))]
+        output = self.model(x.unsqueeze(0))[0, :known]
         if self.mode_matters:
             self.model.train()
-        probabilities = torch.softmax(logits.float(), dim=0)
-        return Prediction(int(probabilities.argmax()), probabilities.cpu())
+        probabilities_tensor = torch.softmax(output.float(), dim=0)
+        return Prediction(int(probabilities_tensor.argmax()), probabilities_tensor.cpu())
 
     @torch.no_grad()
     def test_accuracy(self, x_test: torch.Tensor, labels: Sequence[Identifier]) -> float | None:

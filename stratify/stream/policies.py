@@ -10,8 +10,9 @@ buffers hold (docs/architecture.md, "Streaming").
 As a :class:`~stratify.method.Strategy` does, a policy sees a narrow
 :class:`StreamContext` (the model, the buffers, the features as the model sees them)
 and returns what it did (:class:`Training`); the learner keeps the counters. The policy
-owns its optimizer: when the classifier grows, :meth:`StreamPolicy.classifier_grown`
-tells it which parameters were replaced.
+owns its optimizer state (Stratify's: a :class:`~stratify.stream.step.SingleSampleStep`):
+when parameters are replaced (a grown classifier, a widened input),
+:meth:`StreamPolicy.classifier_grown` tells it which.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.registry import PlainRegistry
-from stratify.stratify import single_sample_sgd
 from stratify.stream.buffers import ClientBuffers
-from stratify.stream.classifier import carry_optimizer
 from stratify.stream.schedule import StreamSchedule
+from stratify.stream.step import SingleSampleStep
 
 #: what ``--algorithm`` of ``stratify stream`` may be
 STREAM_ALGORITHMS = ("stratify", "fedavg-periodic")
@@ -168,15 +168,13 @@ class SingleSampleUpdates(StreamPolicy):
         self.lr = lr
         self.momentum = momentum
         self.schedule = StreamSchedule(chunk, selection, np.random.default_rng([seed, 0x5C4ED]))
-        self.optimizer: torch.optim.SGD | None = None
+        self.step: SingleSampleStep | None = None
 
     def setup(self, context: StreamContext) -> None:
-        self.optimizer = torch.optim.SGD(
-            context.model.parameters(), lr=self.lr, momentum=self.momentum, foreach=True
-        )
+        self.step = SingleSampleStep(context.model, self.lr, self.momentum)
 
     def after_arrival(self, context: StreamContext) -> Training:
-        assert self.optimizer is not None  # setup ran
+        assert self.step is not None  # setup ran
         buffers = context.buffers
         done = Training()
         transfers = self.schedule.transfers
@@ -185,10 +183,14 @@ class SingleSampleUpdates(StreamPolicy):
             if client < 0:
                 break
             slot = buffers.pick(client, placeholder)
-            x = context.transform(buffers.x[slot : slot + 1])
-            done.losses += single_sample_sgd(
-                context.model, self.optimizer, x, buffers.y[slot : slot + 1], [0], self.lr
+            loss = self.step.step(
+                context.transform(buffers.x[slot : slot + 1]), buffers.target(slot)
             )
+            if isinstance(loss, float):
+                done.loss_sum += loss
+                done.loss_count += 1
+            else:
+                done.losses.append(loss)
             done.steps += 1
             done.trained_samples += 1
             buffers.use(slot)
@@ -196,25 +198,16 @@ class SingleSampleUpdates(StreamPolicy):
         return done
 
     def classifier_grown(self, context: StreamContext, replaced: dict[int, torch.Tensor]) -> None:
-        assert self.optimizer is not None  # setup ran
-        self.optimizer = carry_optimizer(self.optimizer, context.model, replaced)
+        assert self.step is not None  # setup ran
+        self.step.follow(context.model, replaced)
 
     def save_point(self) -> Any:
-        assert self.optimizer is not None  # setup ran
-        return {
-            id(parameter): state["momentum_buffer"].clone()
-            for parameter, state in self.optimizer.state.items()
-            if state.get("momentum_buffer") is not None
-        }
+        assert self.step is not None  # setup ran
+        return self.step.save_point()
 
     def restore_point(self, point: Any) -> None:
-        assert self.optimizer is not None  # setup ran
-        for parameter, state in self.optimizer.state.items():
-            saved = point.get(id(parameter))
-            if saved is None:
-                state.pop("momentum_buffer", None)
-            elif saved.shape == state["momentum_buffer"].shape:
-                state["momentum_buffer"].copy_(saved)
+        assert self.step is not None  # setup ran
+        self.step.restore_point(point)
 
     def counters(self) -> dict[str, int]:
         return {"transfers": self.schedule.transfers, "skipped_entries": self.schedule.skipped}
@@ -226,12 +219,12 @@ class SingleSampleUpdates(StreamPolicy):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.optimizer is not None  # setup ran
-        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+        assert self.step is not None  # setup ran
+        return {"optimizer": self.step.state_dict(), "schedule": self.schedule.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        assert self.optimizer is not None  # setup ran
-        self.optimizer.load_state_dict(state["optimizer"])
+        assert self.step is not None  # setup ran
+        self.step.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
 
 

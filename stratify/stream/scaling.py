@@ -39,6 +39,11 @@ class RunningScaler:
         self.count = 0
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
         self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)
+        # the standardisation as float32 shift and factor, refreshed by every update, so a
+        # transform (two per event: the prediction and the training step) is three
+        # element-wise operations
+        self.shift = torch.zeros(shape, device=device)
+        self.factor = torch.ones(shape, device=device)
 
     def update(self, x: torch.Tensor) -> None:
         """Add one sample to the statistics."""
@@ -47,14 +52,32 @@ class RunningScaler:
         delta = x - self.mean
         self.mean += delta / self.count
         self.m2 += delta * (x - self.mean)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the float32 shift and factor from the statistics."""
+        self.shift = self.mean.to(torch.float32)
+        self.factor = (self.m2 / self.count + EPSILON).rsqrt_().to(torch.float32)
+
+    def widen(self, shape: tuple[int]) -> None:
+        """Statistics for samples of the flat ``shape``, at least as long as now; the new
+        features count as 0 in every sample so far (mean and squared deviations 0)."""
+        for name in ("mean", "m2"):
+            old = getattr(self, name)
+            grown = old.new_zeros(shape)
+            grown[: old.numel()] = old.reshape(-1)
+            setattr(self, name, grown)
+        self.shift = self.mean.new_zeros(shape, dtype=torch.float32)
+        self.factor = self.mean.new_ones(shape, dtype=torch.float32)
+        if self.count:
+            self.refresh()
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (one sample or a batch) standardised, clipped to ``[-10, 10]``, float32.
         Before any update it is returned as it is."""
         if self.count == 0:
             return x
-        std = (self.m2 / self.count + EPSILON).sqrt()
-        return ((x.to(torch.float64) - self.mean) / std).clamp_(-CLIP, CLIP).to(torch.float32)
+        return ((x - self.shift) * self.factor).clamp_(-CLIP, CLIP)
 
     def state_dict(self) -> dict[str, Any]:
         return {"count": self.count, "mean": self.mean.cpu(), "m2": self.m2.cpu()}
@@ -66,3 +89,5 @@ class RunningScaler:
         self.count = int(state["count"])
         self.mean = mean.to(self.mean.device, torch.float64).clone()
         self.m2 = m2.to(self.m2.device, torch.float64).clone()
+        if self.count:
+            self.refresh()

@@ -1,0 +1,80 @@
+"""`stratify bench stream`: ``stratify stream`` with its defaults against a bare eager
+PyTorch loop doing the same per-event work, on a tabular stream and on digits
+(:mod:`stratify.stream.bench`)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from stratify.cli.common import check_output_file, checked, write_output
+from stratify.errors import ConfigError
+from stratify.stream.bench import stream_bench
+from stratify.validation import check_positive_int
+
+#: the most of each size the benchmark accepts (a bench that should take minutes)
+LIMITS = {"--events": 100_000, "--features": 10_000, "--classes": 1_000, "--clients": 100}
+
+
+def check_size(value: object, flag: str) -> int:
+    """A positive integer within the benchmark's limit for ``flag``."""
+    number = check_positive_int(value, flag)
+    if number > LIMITS[flag]:
+        raise ConfigError(f"{flag} takes at most {LIMITS[flag]:,}, got {number:,}")
+    return number
+
+
+@click.command("stream")
+@click.option("--events", default=5000, show_default=True, type=int, callback=checked(check_size))
+@click.option("--features", default=20, show_default=True, type=int, callback=checked(check_size))
+@click.option("--classes", default=5, show_default=True, type=int, callback=checked(check_size))
+@click.option("--clients", default=10, show_default=True, type=int, callback=checked(check_size))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    callback=checked(check_output_file),
+    help="Also write the figures to this JSON file.",
+)
+def stream(
+    events: int, features: int, classes: int, clients: int, seed: int, json_path: str | None
+) -> None:
+    """Events/s of `stratify stream` (defaults) against a bare eager PyTorch loop (parse,
+    predict, one SGD step of the same MLP), seconds to the first prediction and peak
+    memory, on a tabular stream (EVENTS events, FEATURES features, CLASSES classes,
+    CLIENTS clients) and on scikit-learn's digits."""
+    result = stream_bench(events, features, classes, clients, seed)
+    table = Table(title="stratify stream against a bare eager PyTorch loop")
+    for column in (
+        "stream",
+        "events",
+        "events/s",
+        "bare torch/s",
+        "ratio",
+        "1st prediction s",
+        "RSS MB",
+        "accuracy",
+    ):
+        table.add_column(column, justify="right")
+    for row in result.streams:
+        accuracy = row.prequential_accuracy
+        table.add_row(
+            row.name,
+            f"{row.events:,}",
+            f"{row.events_per_s:.0f}",
+            f"{row.bare_torch_events_per_s:.0f}",
+            f"{row.ratio:.2f}×",
+            f"{row.first_prediction_s:.2f}",
+            f"{row.peak_rss_mb:.0f}",
+            "-" if accuracy is None else f"{accuracy:.4f}",
+        )
+    console = Console()
+    console.print(table)
+    load = ", ".join(f"{value:.2f}" for value in result.load_average)
+    console.print(f"load average while measured: {load}", markup=False, highlight=False)
+    if json_path:
+        write_output(json_path, json.dumps(result.as_dict(), indent=2) + "\n")

@@ -1,0 +1,250 @@
+"""`stratify bench stream`: the command line's stream against a bare eager PyTorch loop.
+
+Two streams, each written as JSON Lines: a synthetic tabular one (Gaussian classes in
+``features`` dimensions, spread over clients) and scikit-learn's digits (64 pixels, 10
+classes, in a shuffled order). Each is replayed twice, in fresh processes:
+
+* by ``stratify stream --source FILE`` with its defaults, timed as the command times
+  itself (events per second of ingestion, JSON parsing included, the event that builds
+  the model left out), with the seconds from the process start to its first prediction
+  and the process's peak resident memory;
+* by :func:`bare_torch_loop`: for each line, ``json.loads``, a prediction, and one SGD
+  step of the same MLP (``zero_grad``, forward, cross-entropy, ``backward``, ``step``),
+  on one thread with oneDNN off as the stream runs (docs/architecture.md, "Performance").
+
+The stream's second line has no label, so the command predicts it (``--predictions``) as
+soon as the first event has built the model: that line's appearance is the first
+prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: seconds between two looks at the predictions file while waiting for the first one
+POLL_SECONDS = 0.005
+
+
+@dataclass(frozen=True)
+class StreamFigures:
+    """One stream's figures.
+
+    Attributes
+    ----------
+    name : str
+        The stream.
+    events : int
+        Labeled events in it.
+    events_per_s : float
+        ``stratify stream``'s ingestion rate.
+    bare_torch_events_per_s : float
+        The bare eager loop's rate on the same lines.
+    ratio : float
+        ``events_per_s / bare_torch_events_per_s``.
+    first_prediction_s : float
+        Seconds from starting ``stratify stream`` to its first prediction written.
+    peak_rss_mb : float
+        Peak resident memory of the ``stratify stream`` process, MiB.
+    prequential_accuracy : float or None
+        The stream's test-then-train accuracy.
+    """
+
+    name: str
+    events: int
+    events_per_s: float
+    bare_torch_events_per_s: float
+    ratio: float
+    first_prediction_s: float
+    peak_rss_mb: float
+    prequential_accuracy: float | None
+
+
+@dataclass(frozen=True)
+class StreamBench:
+    """Every stream's figures, and the machine's load when they were taken."""
+
+    streams: list[StreamFigures]
+    load_average: tuple[float, float, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tabular_events(
+    events: int, features: int, classes: int, clients: int, seed: int
+) -> list[dict[str, Any]]:
+    """Gaussian classes: class ``c``'s samples around a random centre, unit noise, the
+    features on different scales (as real tabular features are), random clients."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 1.5, (classes, features))
+    scales = 10.0 ** rng.uniform(-1, 2, features)
+    labels = rng.integers(0, classes, events)
+    x = (centres[labels] + rng.normal(0, 1, (events, features))) * scales
+    owners = rng.integers(0, clients, events)
+    return [
+        {"client": f"c{int(k)}", "label": int(y), "x": np.round(row, 5).tolist()}
+        for k, y, row in zip(owners, labels, x)
+    ]
+
+
+def digits_events(clients: int, seed: int) -> list[dict[str, Any]]:
+    """scikit-learn's 1,797 digits (64 pixels 0–16) in a shuffled order, random clients."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(digits.target))
+    owners = rng.integers(0, clients, len(order))
+    return [
+        {"client": f"c{int(k)}", "label": int(digits.target[i]), "x": digits.data[i].tolist()}
+        for k, i in zip(owners, order)
+    ]
+
+
+def write_stream(path: Path, events: list[dict[str, Any]]) -> None:
+    """``events`` as JSON Lines, the first one's features again, unlabeled, as line 2."""
+    probe = {"client": events[0]["client"], "x": events[0]["x"]}
+    lines = [events[0], probe, *events[1:]]
+    path.write_text("".join(json.dumps(event) + "\n" for event in lines))
+
+
+def bare_torch_loop(source: str) -> float:
+    """Events per second of a bare eager PyTorch loop over ``source``'s labeled lines:
+    parse, predict, one SGD step of the stream's default MLP (``lr`` 0.01), the first
+    event (which builds the model) left out of the time.
+
+    Parameters
+    ----------
+    source : str
+        A JSON Lines stream as :func:`write_stream` writes.
+    """
+    import torch
+    import torch.nn.functional as functional
+
+    from stratify.backend import configure_cpu_for_single_sample
+    from stratify.nn.models import build_model
+
+    configure_cpu_for_single_sample()
+    lines = Path(source).read_text().splitlines()
+    first = json.loads(lines[0])
+    labels = sorted({json.loads(line).get("label") for line in lines} - {None})
+    row_of = {label: row for row, label in enumerate(labels)}
+    model = build_model("mlp", (len(first["x"]),), len(labels))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    timed, start = 0, 0.0
+    for number, line in enumerate(lines):
+        if number == 1:
+            start = time.perf_counter()
+        event = json.loads(line)
+        if event.get("label") is None:
+            continue
+        x = torch.tensor(event["x"], dtype=torch.float32).unsqueeze(0)
+        target = torch.tensor([row_of[event["label"]]])
+        with torch.no_grad():
+            int(model(x).argmax(dim=1))
+        optimizer.zero_grad()
+        functional.cross_entropy(model(x), target).backward()
+        optimizer.step()
+        timed += number > 0
+    return timed / (time.perf_counter() - start)
+
+
+def run_bare_loop(source: Path) -> float:
+    """:func:`bare_torch_loop` in a fresh process."""
+    code = "import sys; from stratify.stream.bench import bare_torch_loop; "
+    code += "print(bare_torch_loop(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(source)], capture_output=True, text=True, check=True
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def written(path: Path) -> bool:
+    """Whether ``path`` exists and holds something."""
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def run_stream_command(source: Path, folder: Path) -> tuple[float, float, float, float | None]:
+    """``stratify stream --source source`` with its defaults in a fresh process.
+
+    Returns
+    -------
+    tuple
+        Events per second, seconds to the first prediction, peak resident MiB, and the
+        prequential accuracy.
+    """
+    predictions = folder / "predictions.jsonl"
+    out = folder / "run"
+    command = [
+        sys.executable, "-c", "from stratify.cli.main import main; main()", "stream",
+        "--source", str(source), "--out", str(out), "--predictions", str(predictions),
+    ]  # fmt: skip
+    errors = folder / "stderr.txt"
+    with open(errors, "wb") as stderr:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        first_prediction = float("nan")
+        # os.wait4 rather than Popen.poll: it reaps the process and gives its peak memory
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if math.isnan(first_prediction) and written(predictions):
+                first_prediction = time.perf_counter() - start
+            time.sleep(POLL_SECONDS)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"stratify stream failed: {errors.read_text()[-2000:]}")
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    return (
+        float(last["events_per_second"]),
+        first_prediction,
+        usage.ru_maxrss / 1024,
+        last["prequential_accuracy"],
+    )
+
+
+def stream_bench(
+    events: int = 5000, features: int = 20, classes: int = 5, clients: int = 10, seed: int = 0
+) -> StreamBench:
+    """Measure both streams (module docstring).
+
+    Parameters
+    ----------
+    events, features, classes, clients : int
+        The tabular stream's size (digits has its own 1,797 samples, 64 features, 10
+        classes; ``clients`` for both).
+    seed : int
+        Seeds both streams.
+    """
+    streams = {
+        "tabular": tabular_events(events, features, classes, clients, seed),
+        "digits": digits_events(clients, seed),
+    }
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="stratify-bench-stream-") as scratch:
+        for name, stream in streams.items():
+            folder = Path(scratch) / name
+            folder.mkdir()
+            source = folder / "events.jsonl"
+            write_stream(source, stream)
+            speed, first, rss, accuracy = run_stream_command(source, folder)
+            bare = run_bare_loop(source)
+            figures.append(
+                StreamFigures(name, len(stream), speed, bare, speed / bare, first, rss, accuracy)
+            )
+    return StreamBench(figures, os.getloadavg())

@@ -1,0 +1,229 @@
+"""The stream's single-sample SGD step, lean enough that an event costs what its model
+costs (docs/architecture.md, "Streaming").
+
+:class:`SingleSampleStep` is plain SGD with momentum over a model's parameters, as
+``torch.optim.SGD`` computes it (``v ← μ·v + g``, ``w ← w − lr·v``; ``v`` starts as the
+first gradient), without ``torch.optim``: creating a torch optimizer imports
+``torch._dynamo`` (seconds of start-up and hundreds of MB), and its per-step bookkeeping
+costs more than a small model's step.
+
+For the MLPs of :mod:`stratify.nn.models` on CPU (the default model of tabular streams),
+forward and backward are written out in NumPy over views of the model's own parameters
+(:class:`MLPArrays`): a batch-of-one step of torch's eager autograd costs tens of
+dispatcher calls of a few microseconds each, while the arithmetic of a 200-200 MLP on one
+sample takes about as long as one of them. Any other model, or any model on a GPU, steps
+with ``torch.autograd.grad`` and fused ``_foreach`` updates.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as functional
+from torch import nn
+
+from stratify.nn.models import MLP
+
+
+#: a diverging model overflows silently, as torch does: the learner's divergence check
+#: reports it (docs/architecture.md, "Streaming")
+def quiet() -> np.errstate:
+    """NumPy's overflow warnings off, for a block."""
+    return np.errstate(over="ignore", invalid="ignore")
+
+
+class MLPArrays:
+    """NumPy views of an MLP's weights: its forward pass and single-sample gradients.
+
+    The arrays share memory with the model's parameters, so an update through them is an
+    update of the model, and a change of the model (``load_state_dict``, an optimizer) is
+    seen here; a replaced parameter (a grown classifier) needs a new :class:`MLPArrays`.
+
+    Parameters
+    ----------
+    model : stratify.nn.models.MLP
+        On CPU, float32 (see :meth:`of`).
+    """
+
+    def __init__(self, model: MLP) -> None:
+        linears = [layer for layer in model.layers if isinstance(layer, nn.Linear)]
+        linears.append(model.head)
+        self.parameters: list[torch.Tensor] = [
+            p for layer in linears for p in (layer.weight, layer.bias)
+        ]
+        self.weights = [layer.weight.detach().numpy() for layer in linears]
+        self.biases = [layer.bias.detach().numpy() for layer in linears]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> MLPArrays | None:
+        """Views of ``model`` if it is an MLP of float32 CPU tensors with biases, else
+        ``None`` (it steps with autograd)."""
+        if type(model) is not MLP:
+            return None
+        parameters = list(model.parameters())
+        if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in parameters):
+            return None
+        linears = [layer for layer in model.layers if isinstance(layer, nn.Linear)]
+        if any(layer.bias is None for layer in [*linears, model.head]):
+            return None
+        return cls(model)  # type: ignore[arg-type]
+
+    def activations(self, x: np.ndarray) -> list[np.ndarray]:
+        """Every layer's input for one flattened sample, and the logits last (call under
+        :func:`quiet`)."""
+        values = [x]
+        last = len(self.weights) - 1
+        for index, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            out = weight @ values[-1] + bias
+            if index < last:
+                np.maximum(out, 0.0, out=out)
+            values.append(out)
+        return values
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The logits of one flattened sample."""
+        with quiet():
+            return self.activations(x)[-1]
+
+    def gradients(self, x: np.ndarray, target: int) -> tuple[float, list[np.ndarray]]:
+        """The cross-entropy loss of one sample and its gradient, one array per parameter
+        in :attr:`parameters` order (weight, bias of each layer)."""
+        with quiet():
+            return self._gradients(x, target)
+
+    def _gradients(self, x: np.ndarray, target: int) -> tuple[float, list[np.ndarray]]:
+        values = self.activations(x)
+        logits = values[-1]
+        top = float(logits.max())
+        exp = np.exp(logits - top)
+        total = float(exp.sum())
+        loss = math.log(total) + top - float(logits[target])
+        delta = exp / total
+        delta[target] -= 1.0
+        gradients: list[np.ndarray] = [delta] * (2 * len(self.weights))
+        for index in range(len(self.weights) - 1, -1, -1):
+            gradients[2 * index] = np.outer(delta, values[index])
+            gradients[2 * index + 1] = delta
+            if index:
+                delta = self.weights[index].T @ delta
+                delta *= values[index] > 0  # ReLU's gradient: 0 where it cut
+        return loss, gradients
+
+
+class SingleSampleStep:
+    """SGD with momentum over ``model``'s parameters, one sample per step.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Trained in place.
+    lr : float
+        Learning rate.
+    momentum : float
+        Momentum ``μ`` (0: plain SGD, no velocity kept).
+    """
+
+    def __init__(self, model: nn.Module, lr: float, momentum: float) -> None:
+        self.lr = lr
+        self.momentum = momentum
+        #: one per parameter once a step was taken (with momentum), else ``None``
+        self.velocity: list[torch.Tensor] | None = None
+        self.follow(model)
+
+    def follow(self, model: nn.Module, replaced: dict[int, torch.Tensor] | None = None) -> None:
+        """Step ``model``'s parameters now, carrying every velocity over; a replaced
+        parameter's (``replaced``: ``id`` of the old one → the new one) is padded with
+        zeros for its new rows or columns."""
+        old = getattr(self, "parameters", [])
+        self.model = model
+        self.arrays = MLPArrays.of(model)
+        self.parameters: list[torch.Tensor] = (
+            self.arrays.parameters
+            if self.arrays is not None
+            else [p for p in model.parameters() if p.requires_grad]
+        )
+        if self.velocity is None or not old:
+            return
+        carried = {
+            id(replaced.get(id(p), p) if replaced else p): v for p, v in zip(old, self.velocity)
+        }
+        velocity = []
+        for parameter in self.parameters:
+            value = carried.get(id(parameter))
+            if value is None:
+                value = torch.zeros_like(parameter)
+            elif value.shape != parameter.shape:  # grown rows or columns: zeros there
+                padded = value.new_zeros(parameter.shape)
+                padded[tuple(slice(0, size) for size in value.shape)] = value
+                value = padded
+            velocity.append(value)
+        self.velocity = velocity
+
+    def step(self, x: torch.Tensor, target: int) -> float | torch.Tensor:
+        """One SGD step on ``x``, a batch of one sample of class row ``target``; returns
+        the loss before the step (a float, or a tensor left on the device)."""
+        if self.arrays is not None:
+            loss, gradients = self.arrays.gradients(x.reshape(-1).numpy(), target)
+            self._update([torch.from_numpy(g) for g in gradients])
+            return loss
+        output = self.model(x)
+        targets = torch.tensor([target], device=output.device)
+        loss_tensor = functional.cross_entropy(output, targets)
+        grads = torch.autograd.grad(loss_tensor, self.parameters)
+        with torch.no_grad():
+            self._update(list(grads))
+        return loss_tensor.detach()
+
+    def _update(self, gradients: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            if self.momentum == 0:
+                torch._foreach_add_(self.parameters, gradients, alpha=-self.lr)
+                return
+            if self.velocity is None:
+                self.velocity = [g.clone() for g in gradients]
+            else:
+                torch._foreach_mul_(self.velocity, self.momentum)
+                torch._foreach_add_(self.velocity, gradients)
+            torch._foreach_add_(self.parameters, self.velocity, alpha=-self.lr)
+
+    def save_point(self) -> list[torch.Tensor] | None:
+        """A copy of the velocity, for :meth:`restore_point`."""
+        return None if self.velocity is None else [v.clone() for v in self.velocity]
+
+    def restore_point(self, point: list[torch.Tensor] | None) -> None:
+        """Put back the velocity :meth:`save_point` copied (none: forget it)."""
+        self.velocity = point
+
+    def state_dict(self) -> dict[str, Any]:
+        """The velocity in ``torch.optim.SGD``'s ``state_dict`` layout (checkpoints of
+        either read the same)."""
+        state = {}
+        if self.velocity is not None:
+            state = {index: {"momentum_buffer": v.cpu()} for index, v in enumerate(self.velocity)}
+        group = {
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "params": list(range(len(self.parameters))),
+        }
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (or an SGD optimizer's) over the same parameters."""
+        buffers = [entry.get("momentum_buffer") for entry in state["state"].values()]
+        if len(state["param_groups"][0]["params"]) != len(self.parameters):
+            raise ValueError("a step state over other parameters")
+        if not buffers or any(b is None for b in buffers):
+            self.velocity = None
+            return
+        if len(buffers) != len(self.parameters):
+            raise ValueError("a velocity for some parameters only")
+        for value, parameter in zip(buffers, self.parameters):
+            if tuple(value.shape) != tuple(parameter.shape):
+                raise ValueError(f"a velocity of shape {tuple(value.shape)} does not fit")
+        self.velocity = [
+            value.to(parameter.device, parameter.dtype).clone()
+            for value, parameter in zip(buffers, self.parameters)
+        ]

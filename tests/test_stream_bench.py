@@ -1,0 +1,84 @@
+"""The stream's speed work keeps its promises: the stream path imports nothing heavy it
+does not need, its predictions are the eager model's, and `stratify bench stream` reports
+its figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from stratify.stream import Event, StreamConfig, StreamLearner
+from tests.streams import event_line
+
+#: modules the stream path must not import: seconds of start-up and hundreds of MB each
+HEAVY = ("torch._dynamo", "torchvision", "ray", "matplotlib")
+
+
+def test_the_stream_command_imports_no_dynamo_torchvision_ray_or_matplotlib(tmp_path):
+    rng = np.random.default_rng(0)
+    source = tmp_path / "events.jsonl"
+    source.write_text("".join(event_line(line, rng) + "\n" for line in range(1, 41)))
+    code = f"""
+import sys
+from stratify.cli.main import main
+try:
+    main(["stream", "--source", {str(source)!r}, "--out", {str(tmp_path / "run")!r},
+          "--momentum", "0.5"])
+except SystemExit as stop:
+    assert not stop.code, stop.code
+print("heavy:" + ",".join(name for name in {HEAVY!r} if name in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
+    assert done.stdout.strip().splitlines()[-1] == "heavy:"
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_predictions_are_the_eager_models(model):
+    """The learner's prediction (NumPy for an MLP on CPU) is the softmax of the model's
+    own forward pass on the standardised sample, within float tolerance."""
+    shape = (1, 4, 4) if model == "cnn" else (16,)
+    learner = StreamLearner(
+        StreamConfig(secure=False, device="cpu", model=model, input_shape=shape, momentum=0.5)
+    )
+    rng = np.random.default_rng(2)
+    for number in range(80):
+        label = int(rng.integers(4))
+        x = rng.normal(0, 1, 16) + label
+        learner.ingest(Event(f"c{number % 3}", label, x, number + 1))
+    assert (learner.arrays is not None) == (model == "mlp")
+    for _ in range(5):
+        x = rng.normal(0, 1, 16)
+        raw = torch.tensor(x, dtype=torch.float32).reshape(shape)
+        with torch.no_grad():
+            logits = learner.model(learner.model_features(raw).unsqueeze(0))[0]
+        expected = torch.softmax(logits[: len(learner.classes)], dim=0)
+        probabilities = learner.predict_proba_one(x)
+        got = torch.tensor([probabilities[label] for label in learner.classes])
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_bench_stream_writes_its_figures(tmp_path):
+    output = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-c", "from stratify.cli.main import main; main()", "bench", "stream",
+         "--events", "300", "--features", "6", "--classes", "3", "--json", str(output)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(output.read_text())
+    assert [row["name"] for row in figures["streams"]] == ["tabular", "digits"]
+    for row in figures["streams"]:
+        for key in ("events_per_s", "bare_torch_events_per_s", "first_prediction_s"):
+            assert row[key] > 0
+        assert row["peak_rss_mb"] > 50 and row["ratio"] == pytest.approx(
+            row["events_per_s"] / row["bare_torch_events_per_s"]
+        )
+    assert figures["streams"][0]["events"] == 300
