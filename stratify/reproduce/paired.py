@@ -71,10 +71,6 @@ LOCAL_TRAINING = (
 #: the server options a FedAvgM comparator copies too
 SERVER_OPTIONS = ("server_momentum", "server_lr")
 
-#: how each method weights the clients' models in practice, where its ``weighting``
-#: option does not say: SCAFFOLD averages Δy uniformly over the participants
-EFFECTIVE_WEIGHTING = {"scaffold": "equal"}
-
 
 def comparator_for(
     method: str, options: Mapping[str, Any], mode: str = "batch"
@@ -121,8 +117,6 @@ def comparator_for(
             f"no matched comparator: {method} has no local optimizer to match (no "
             f"{', '.join(missing)})"
         )
-    if method in EFFECTIVE_WEIGHTING:
-        values["weighting"] = EFFECTIVE_WEIGHTING[method]
     # the base resolves its own defaults the same way: what is given here wins
     build_strategy(base, values, mode)
     return base, values
