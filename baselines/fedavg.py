@@ -128,6 +128,12 @@ class FedAvg(Strategy):
         super().setup(context)
         self.parameter_keys = parameter_names(context.model)
         self.buffer_keys = buffer_names(context.model)
+        if self.bn_buffer_mode == "local" and not self.buffer_keys:
+            # nothing to keep per client: the option would be accepted and ignored
+            raise ConfigError(
+                "--bn-buffers local keeps each client's BatchNorm statistics, and this model "
+                "has none (use --norm bn, or leave --bn-buffers average)"
+            )
         self.device = context.device
         self.client_buffers: dict[int, State] = {}
         #: ``--compile`` of the clients' single-sample training (batch mode: never)
