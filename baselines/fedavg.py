@@ -136,7 +136,7 @@ class FedAvg(Strategy):
             # nothing to keep per client: the option would be accepted and ignored
             raise ConfigError(
                 "--bn-buffers local keeps each client's BatchNorm statistics, and this model "
-                "has none (use --norm bn, or leave --bn-buffers average)"
+                "has none (e.g. --model resnet20 --norm bn --mode batch has them)"
             )
         self.device = context.device
         self.client_buffers: dict[int, State] = {}
