@@ -123,7 +123,8 @@ class FedAvg(Strategy):
     options: FedAvgOptions
     # single-sample clients on the 8x8 digits at the dataset's 0.01 (Stratify's rate) end
     # 10 rounds at 50% validation accuracy; 0.05 was best of 0.01-0.2 on a validation
-    # split (docs/results/defaults-digits.md). FedProx, SCAFFOLD and FedAvgM inherit it.
+    # split, for SCAFFOLD too (docs/results/defaults-digits.md). FedProx and FedAvgM
+    # inherit it unmeasured.
     own_lrs = {("digits", "single-sample"): 0.05}
 
     # -- set-up ---------------------------------------------------------------------------
