@@ -3,30 +3,34 @@
 Option II of the paper: after ``K`` local steps of size ``η_l`` a client sets
 ``c_i⁺ = c_i − c + (x − y_i) / (K η_l)``; the server moves ``x ← x + η_g · mean Δy`` and
 ``c ← c + (|S|/N) · mean Δc``. Every local step follows the corrected gradient
-``g − c_i + c``. The variates start at zero.
+``g − c_i + c``. The variates start at zero. ``--weighting samples`` selects NIID-Bench's
+server step instead: ``x ← x + η_g · Σ n_k Δy_k / Σ n_k`` (with ``η_g = 1``, the
+sample-weighted average of the clients' models; ``c`` moves as in the paper).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from stratify.baselines.common import mean_state
+from stratify.baselines.common import ClientSamplingOptions, mean_state, weighted_average
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.client import GradientOffset, LocalResult
 from stratify.compiled import StepTerms
 from stratify.method import ClientUpdate, Context
-from stratify.options import inherit, option
+from stratify.options import inherit, option, option_of
 from stratify.state import State, clone_state
 from stratify.validation import check_positive
 
 
 @dataclass
 class ScaffoldOptions(FedAvgOptions):
-    """FedAvg's options and the server learning rate ``η_g``."""
+    """FedAvg's options and the server learning rate ``η_g``; ``weighting`` selects the
+    server step (docs/architecture.md, "SCAFFOLD's server step")."""
 
     algorithm = "scaffold"
 
@@ -35,6 +39,14 @@ class ScaffoldOptions(FedAvgOptions):
     # overshoots (measured: NIID-Bench's momentum 0.9 diverges by round 3-4 on mnist-10k
     # classes:1 and dirichlet:0.5). The SCAFFOLD paper's clients use plain SGD.
     local_momentum: float | None = inherit(0.0)
+    weighting: str = option_of(
+        ClientSamplingOptions,
+        "weighting",
+        default="equal",
+        help="Server step: equal is the paper's x + η_g·mean Δy over the participants; "
+        "samples is NIID-Bench's x + η_g·Σ n_k Δy_k / Σ n_k (its sample-weighted model "
+        "average at η_g = 1). BatchNorm buffers are averaged with the same weights.",
+    )
     server_lr: float = option(
         1.0, "Global step size η_g > 0 (1 in the paper).", check=check_positive
     )
@@ -71,15 +83,31 @@ def scaffold_server_update(
     delta_c: list[State],
     server_lr: float,
     num_clients: int,
+    weights: Sequence[float] | None = None,
 ) -> tuple[State, State]:
-    """``x ← x + η_g · mean_S Δy_i`` and ``c ← c + (|S|/N) · mean_S Δc_i``.
+    """``x ← x + η_g · Σ_S w_i Δy_i / Σ_S w_i`` and ``c ← c + (|S|/N) · mean_S Δc_i``.
+
+    Parameters
+    ----------
+    x, server_variate : dict
+        Global parameters and server control variate before the round.
+    delta_y, delta_c : list of dict
+        The participants' ``y_i − x`` and ``c_i⁺ − c_i``.
+    server_lr : float
+        Global step size ``η_g``.
+    num_clients : int
+        All clients ``N``.
+    weights : sequence of float, optional
+        The participants' weights ``w_i`` of ``Δy``: ``None`` (or equal ones) is the
+        paper's mean; sample counts give NIID-Bench's step. ``Δc`` is always the plain
+        mean, in both.
 
     Returns
     -------
     tuple of dict
         New global parameters and new server control variate.
     """
-    mean_dy = mean_state(delta_y)
+    mean_dy = mean_state(delta_y) if weights is None else weighted_average(delta_y, weights)
     mean_dc = mean_state(delta_c)
     share = len(delta_c) / num_clients
     new_x = {key: x[key] + server_lr * mean_dy[key] for key in x}
@@ -95,8 +123,9 @@ class Scaffold(FedAvg):
     Notes
     -----
     Control variates cover the trainable parameters; BN buffers follow ``bn_buffers``
-    (sample-weighted, as in FedAvg). The server averages ``Δy`` and ``Δc`` uniformly over
-    the participants, as in the paper. ``K`` is the number of local steps a client
+    (averaged with the ``weighting`` weights, as in FedAvg). The server averages ``Δc``
+    uniformly over the participants and ``Δy`` by ``weighting``: ``equal`` (the default,
+    the paper's step) or ``samples`` (NIID-Bench's). ``K`` is the number of local steps a client
     actually took (``E · ceil(n_k / B)``), not the number of local epochs. Traffic:
     besides the model download and upload, every participant downloads ``c`` and uploads
     ``Δc_i``, two parameter-sized payloads counted in ``bytes_sent``. The checkpoint
@@ -155,6 +184,7 @@ class Scaffold(FedAvg):
             [update.extra["delta_c"] for update in updates],
             self.options.server_lr,
             context.federation.num_clients,
+            self.weights(updates),
         )
         return new_x
 

@@ -55,10 +55,17 @@ def option_defaults(name: str) -> list[tuple[str, str]]:
         entries.append((flag(entry.name), shown))
     strategy = cls()
     rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
+    own = ", ".join(
+        f"{lr} on {dataset} ({mode})"
+        for (dataset, mode), lr in cls.own_lrs.items()
+        if mode in cls.modes
+    )
     if cls.lr_note is not None:
         entries.append(("--lr", cls.lr_note))
     elif any(rate is not None for rate in rates.values()):
-        entries.append(("--lr", by_mode(rates)))
+        entries.append(("--lr", by_mode(rates) + (f"; {own}" if own else "")))
+    elif own:
+        entries.append(("--lr", f"{own}, else the dataset's"))
     schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
     entries.append(("--lr-schedule", by_mode(schedules)))
     return entries

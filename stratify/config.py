@@ -84,9 +84,9 @@ class TrainConfig(RunSettings):
     )
     lr: float | None = option(
         None,
-        "Base learning rate [default: the method's own where its paper fixes one "
-        f"(`stratify algorithms`), else {DEFAULT_LR['digits', 'batch']} on digits in batch "
-        f"mode and {FALLBACK_LR} otherwise].",
+        "Base learning rate [default: the method's own where its paper or a validation "
+        f"grid fixes one (`stratify algorithms`), else {DEFAULT_LR['digits', 'batch']} on "
+        f"digits in batch mode and {FALLBACK_LR} otherwise].",
         check=check_positive,
         cli_type=float,
     )

@@ -11,7 +11,7 @@ report their work in :class:`RoundStats` (docs/architecture.md, "Strategy interf
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -240,6 +240,9 @@ class Strategy(ABC):
     #: how :meth:`lr_for` chooses the rate when it depends on the data set (shown by
     #: ``stratify algorithms``); ``None`` when it does not
     lr_note: ClassVar[str | None] = None
+    #: the method's own base rate on a (dataset, mode) whose default does not fit it, each
+    #: chosen on a validation split by a committed grid (docs/results/defaults-*.csv)
+    own_lrs: ClassVar[Mapping[tuple[str, str], float]] = {}
     #: whether the method needs BatchNorm layers in the model (FedTAN); a grid leaves such
     #: a method out, with a note, where its model has none
     requires_batch_norm: ClassVar[bool] = False
@@ -297,8 +300,9 @@ class Strategy(ABC):
     def lr_for(self, mode: str, dataset: str | None = None) -> float | None:
         """The method's own base learning rate in ``mode`` (on ``dataset``, where the
         method's paper sets it by data set), or ``None`` to take the dataset's default,
-        when the run gives no ``--lr``."""
-        return self.default_lr
+        when the run gives no ``--lr``: :attr:`own_lrs` on its (dataset, mode), else
+        :attr:`default_lr`."""
+        return self.own_lrs.get((dataset or "", mode), self.default_lr)
 
     def check_epochs(self, epochs: int) -> None:
         """Refuse, with a :class:`~stratify.errors.ConfigError`, a run of ``epochs``

@@ -200,6 +200,7 @@ class Run:
                 "options": self.strategy.options.to_dict(),
                 "model": self.engine.model.__class__.__name__,
                 "num_placeholders": self.placeholders.num_placeholders,
+                "num_classes": self.dataset.num_classes,
                 "model_bytes": self.engine.model_bytes,
                 "evaluated_on": "validation and test" if self.config.validation else "test",
                 "evaluation_samples": len(self.dataset.y_test),

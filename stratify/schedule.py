@@ -36,6 +36,8 @@ def label_repeats(
     if num_labels == 0:
         raise ConfigError("the schedule needs at least one label; no client holds any sample")
     if mode == "uniform":
+        if cap is not None:
+            raise ConfigError("--cap applies to --repeats proportional; use --repeat-count instead")
         per_label = round(num_train / num_labels) if repeats is None else repeats
         if per_label <= 0:
             raise ConfigError(f"label repeats must be positive, got {per_label}")

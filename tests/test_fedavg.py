@@ -88,7 +88,9 @@ def test_fedavg_family_defaults_are_niid_benchs_in_batch_mode(method):
     assert batch.lr_schedule_for("batch") == "constant"
     single = tiny_engine(method(), linear(), mode="single-sample").strategy
     assert (single.local_epochs, single.batch_size, single.local_momentum) == (1, 1, 0.0)
-    assert (batch.options.local_weight_decay, batch.options.weighting) == (0.0, "samples")
+    # SCAFFOLD's weighting is its server step, the paper's (equal) by default
+    weighting = "equal" if method is Scaffold else "samples"
+    assert (batch.options.local_weight_decay, batch.options.weighting) == (0.0, weighting)
     if method is FedProx:
         assert batch.options.mu == 0.01
 

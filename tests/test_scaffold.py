@@ -111,3 +111,56 @@ def test_scaffold_state_round_trip():
     assert torch.equal(restored.server_variate["weight"], strategy.server_variate["weight"])
     assert sorted(restored.client_variates) == [0, 1]
     assert torch.equal(restored.client_variates[1]["bias"], strategy.client_variates[1]["bias"])
+
+
+def test_server_step_weights_delta_y_by_the_weights_given_and_delta_c_by_none():
+    t = torch.tensor
+    arguments = dict(
+        x={"p": t([1.0])},
+        server_variate={"p": t([0.0])},
+        delta_y=[{"p": t([0.4])}, {"p": t([0.0])}],
+        delta_c=[{"p": t([0.2])}, {"p": t([0.6])}],
+        server_lr=0.5,
+        num_clients=4,
+    )
+    equal_x, equal_c = scaffold_server_update(**arguments)
+    samples_x, samples_c = scaffold_server_update(**arguments, weights=[3.0, 1.0])
+    assert torch.allclose(equal_x["p"], t([1.0 + 0.5 * 0.2]))  # the paper's mean Δy
+    assert torch.allclose(samples_x["p"], t([1.0 + 0.5 * (3 * 0.4 + 0) / 4]))  # NIID-Bench's
+    # c moves by (|S|/N)·mean Δc in both steps
+    assert torch.allclose(equal_c["p"], t([0.5 * 0.4])) and torch.equal(
+        equal_c["p"], samples_c["p"]
+    )
+
+
+def test_scaffold_default_server_step_is_the_papers():
+    from stratify.baselines.scaffold import ScaffoldOptions
+
+    assert ScaffoldOptions().weighting == "equal"
+
+
+def test_weighting_samples_and_equal_are_different_runs_and_config_says_which(tmp_path):
+    import json
+
+    from stratify.cli.main import main
+
+    runs = {}
+    for weighting in ("samples", "equal"):
+        out = tmp_path / weighting
+        main(
+            [
+                "train", "--dataset", "digits", "--partition", "dirichlet:0.5", "--clients",
+                "3", "--mode", "batch", "--model", "mlp", "--local-epochs", "1", "--epochs",
+                "2", "--no-secure", "--algorithm", "scaffold", "--weighting", weighting,
+                "--out", str(out),
+            ]
+        )  # fmt: skip
+        config = json.loads((out / "config.json").read_text())
+        assert config["resolved"]["options"]["weighting"] == weighting
+        runs[weighting] = [
+            json.loads(line)["train_loss"]
+            for line in (out / "metrics.jsonl").read_text().splitlines()
+        ]
+    # the first round's local training starts from the same model; the server steps differ
+    assert runs["samples"][0] == runs["equal"][0]
+    assert runs["samples"][1] != runs["equal"][1]

@@ -46,3 +46,8 @@ def test_uniform_repeats_round_to_nearest_not_down():
     assert label_repeats(np.array([100, 100]), num_train=199).tolist() == [100, 100]
     with pytest.raises(ConfigError):
         label_repeats(np.array([1, 1, 1]), num_train=1)
+
+
+def test_a_cap_is_refused_with_uniform_repeats_which_would_ignore_it():
+    with pytest.raises(ConfigError, match="--cap applies to --repeats proportional"):
+        label_repeats(np.array([10, 3, 20]), 33, "uniform", cap=10)

@@ -71,10 +71,6 @@ LOCAL_TRAINING = (
 #: the server options a FedAvgM comparator copies too
 SERVER_OPTIONS = ("server_momentum", "server_lr")
 
-#: how each method weights the clients' models in practice, where its ``weighting``
-#: option does not say: SCAFFOLD averages Δy uniformly over the participants
-EFFECTIVE_WEIGHTING = {"scaffold": "equal"}
-
 
 def comparator_for(
     method: str, options: Mapping[str, Any], mode: str = "batch"
@@ -121,8 +117,6 @@ def comparator_for(
             f"no matched comparator: {method} has no local optimizer to match (no "
             f"{', '.join(missing)})"
         )
-    if method in EFFECTIVE_WEIGHTING:
-        values["weighting"] = EFFECTIVE_WEIGHTING[method]
     # the base resolves its own defaults the same way: what is given here wins
     build_strategy(base, values, mode)
     return base, values
@@ -329,3 +323,164 @@ def paired_difference(
     spread = statistics.stdev(differences) / math.sqrt(len(differences))
     half = t_quantile(0.5 + CONFIDENCE / 2, len(differences) - 1) * spread
     return PairedDifference(mean, half, len(differences))
+
+
+# -- verdicts -------------------------------------------------------------------------------
+
+#: a difference whose whole 95% interval lies within ± this many points is "level"
+LEVEL_POINTS = 1.0
+#: two runs both within this many points of chance (100 / classes) tell nothing apart
+NEAR_CHANCE_POINTS = 5.0
+#: the verdict words, in the order the tables count them
+VERDICTS = ("ahead", "behind", "level", "inconclusive")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a paired difference says, in words.
+
+    Parameters
+    ----------
+    word : {"ahead", "behind", "level", "inconclusive"}
+        The verdict.
+    reason : str
+        Why, in a few words (empty where the word says it all).
+    """
+
+    word: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.word} ({self.reason})" if self.reason else self.word
+
+
+def verdict(
+    difference: PairedDifference | None,
+    method_accuracy: float | None,
+    comparator_accuracy: float | None,
+    classes: int | None,
+) -> Verdict:
+    """The verdict on a method against its matched comparator.
+
+    In this order: *inconclusive* without an interval (fewer than two common seeds) or
+    when both runs are within :data:`NEAR_CHANCE_POINTS` of chance (``1 / classes``);
+    *level* when the interval lies inside ``± LEVEL_POINTS``; *ahead* or *behind* when
+    it lies above or below zero; else *inconclusive*: the interval is wider than the
+    effect (it holds zero and reaches beyond ± 1 point).
+
+    Parameters
+    ----------
+    difference : PairedDifference or None
+        Method − comparator over the seeds (accuracies as fractions).
+    method_accuracy, comparator_accuracy : float or None
+        The two runs' mean accuracies over the seeds, as fractions.
+    classes : int or None
+        The data's classes, for the chance level; ``None``: not judged.
+    """
+    if difference is None or difference.interval is None:
+        return Verdict("inconclusive", "fewer than two seeds")
+    if classes and method_accuracy is not None and comparator_accuracy is not None:
+        chance = 1.0 / classes
+        if all(
+            abs(accuracy - chance) * 100 <= NEAR_CHANCE_POINTS
+            for accuracy in (method_accuracy, comparator_accuracy)
+        ):
+            return Verdict("inconclusive", "both runs near chance")
+    low, high = (100 * end for end in difference.interval)
+    if -LEVEL_POINTS <= low and high <= LEVEL_POINTS:
+        return Verdict("level")
+    if low > 0:
+        return Verdict("ahead")
+    if high < 0:
+        return Verdict("behind")
+    return Verdict("inconclusive", "interval wider than the effect")
+
+
+# -- the plateau budget -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlateauRule:
+    """How long a pair runs: until its comparator's validation accuracy has plateaued.
+
+    A pair has plateaued after round ``r`` (``minimum_rounds ≤ r``) when the best
+    validation accuracy up to ``r`` exceeds the best up to ``r − w`` by less than
+    ``gain_points``, where ``w = max(1, ceil(window · r))`` (the last 10% of the rounds);
+    at ``cap`` rounds it stops in any case.
+
+    Parameters
+    ----------
+    minimum_rounds : int
+        R_min: the rounds every pair runs.
+    cap : int
+        The most rounds a pair runs.
+    gain_points : float
+        The gain, in points, below which the accuracy has plateaued.
+    window : float
+        The share of the rounds run so far that the gain is measured over.
+    """
+
+    minimum_rounds: int
+    cap: int
+    gain_points: float = 0.5
+    window: float = 0.10
+
+    def __post_init__(self) -> None:
+        if self.minimum_rounds < 1 or self.cap < self.minimum_rounds:
+            raise ConfigError(
+                f"the plateau rule needs 1 ≤ R_min ≤ cap, got R_min {self.minimum_rounds} "
+                f"and cap {self.cap}"
+            )
+        if not (self.gain_points > 0 and 0 < self.window <= 1):
+            raise ConfigError(
+                f"the plateau rule needs a positive gain and a window in (0, 1], got "
+                f"{self.gain_points} and {self.window}"
+            )
+
+    def window_rounds(self, rounds: int) -> int:
+        """``w``: the last rounds of ``rounds`` the gain is measured over."""
+        return max(1, math.ceil(self.window * rounds))
+
+
+@dataclass(frozen=True)
+class PlateauBudget:
+    """The rounds a pair ran and why, with the rule's bounds (all recorded).
+
+    Parameters
+    ----------
+    rounds : int
+        Rounds run.
+    reason : {"plateau", "cap"}
+        Whether the comparator plateaued or the cap stopped it.
+    minimum_rounds, cap : int
+        The rule's R_min and cap.
+    """
+
+    rounds: int
+    reason: str
+    minimum_rounds: int
+    cap: int
+
+
+def plateau_budget(accuracies: Sequence[float], rule: PlateauRule) -> PlateauBudget | None:
+    """The rounds a pair runs under ``rule``, from its comparator's validation accuracy
+    after each round so far (fractions, round 1 first); ``None`` while undecided.
+
+    Parameters
+    ----------
+    accuracies : sequence of float
+        The comparator's validation accuracy after rounds 1, 2, …
+    rule : PlateauRule
+        R_min, the cap, the gain and the window.
+    """
+    best: list[float] = []
+    for accuracy in accuracies:
+        best.append(max(accuracy, best[-1]) if best else accuracy)
+    for rounds in range(rule.minimum_rounds, min(len(best), rule.cap) + 1):
+        earlier = rounds - rule.window_rounds(rounds)
+        gain = best[rounds - 1] - (best[earlier - 1] if earlier > 0 else 0.0)
+        if 100 * gain < rule.gain_points:
+            return PlateauBudget(rounds, "plateau", rule.minimum_rounds, rule.cap)
+    if len(best) >= rule.cap:
+        return PlateauBudget(rule.cap, "cap", rule.minimum_rounds, rule.cap)
+    return None

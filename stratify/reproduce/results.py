@@ -23,7 +23,13 @@ from stratify.errors import CorruptRunError
 from stratify.measures import accuracy_summary
 from stratify.parallel import RunOutcome, best_of
 from stratify.reproduce.grids import METHOD_LABELS, Cell, Column, Grid, Row
-from stratify.reproduce.paired import PairedDifference, paired_difference
+from stratify.reproduce.paired import (
+    VERDICTS,
+    PairedDifference,
+    Verdict,
+    paired_difference,
+    verdict,
+)
 from stratify.reproduce.tuning import Choice, Tuning
 from stratify.runfiles import is_metric, read_json_object, read_records
 
@@ -82,6 +88,8 @@ class CellResult:
     lr: float | None
     message: str = ""
     corrupt: str = ""
+    #: the data's classes (config.json; the placeholders in folders written before)
+    classes: int | None = None
 
     @property
     def best(self) -> tuple[float | None, int | None]:
@@ -128,16 +136,28 @@ def read_cell(cell: Cell, outcome: RunOutcome | None = None) -> CellResult:
         status = outcome.status
     else:
         status = "incomplete" if records else "missing"
-    return CellResult(cell, status, records, resolved_lr(folder), message, corrupt)
+    resolved = resolved_settings(folder)
+    lr = resolved.get("lr")
+    classes = resolved.get("num_classes", resolved.get("num_placeholders"))
+    return CellResult(
+        cell,
+        status,
+        records,
+        float(lr) if is_metric(lr) else None,
+        message,
+        corrupt,
+        int(classes) if isinstance(classes, int) else None,
+    )
 
 
-def resolved_lr(folder: Path) -> float | None:
-    """The learning rate ``folder/config.json`` says the run used, if it can be read."""
+def resolved_settings(folder: Path) -> dict[str, Any]:
+    """What ``folder/config.json`` says the run resolved (its ``resolved`` entry: the
+    learning rate, the classes, …), or nothing if it cannot be read."""
     try:
-        lr = read_json_object(folder / "config.json").get("resolved", {}).get("lr")
+        resolved = read_json_object(folder / "config.json").get("resolved", {})
     except (CorruptRunError, OSError, AttributeError):
-        return None
-    return float(lr) if is_metric(lr) else None
+        return {}
+    return resolved if isinstance(resolved, dict) else {}
 
 
 def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
@@ -561,14 +581,16 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
             seed_values(comparator, "best_accuracy"),
         )
         base = comparator[0].cell.config.algorithm if comparator else "fedavg"
+        difference = paired_difference(ours, theirs)
         lines.append(
             [
                 rows[row_key].label,
                 method[0].cell.column.label,
                 mean_text(ours),
                 f"{METHOD_LABELS.get(base, base)}: {mean_text(theirs)}",
-                signed_points(paired_difference(ours, theirs))
+                signed_points(difference)
                 + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
+                str(pair_verdict(difference, ours, theirs, method + comparator)),
                 f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
                 budget_text(method, comparator, "sample_gradients"),
                 budget_text(method, comparator, "bytes_sent"),
@@ -578,12 +600,41 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
     return lines
 
 
+def pair_verdict(
+    difference: PairedDifference | None,
+    ours: dict[int, float],
+    theirs: dict[int, float],
+    results: Sequence[CellResult],
+) -> Verdict:
+    """:func:`~stratify.reproduce.paired.verdict` on a pair's per-seed accuracies, with the
+    chance level of the data its runs recorded."""
+    classes = next((r.classes for r in results if r.classes is not None), None)
+    return verdict(
+        difference,
+        statistics.fmean(ours.values()) if ours else None,
+        statistics.fmean(theirs.values()) if theirs else None,
+        classes,
+    )
+
+
+def verdict_counts(lines: Sequence[Sequence[str]]) -> str:
+    """``2 ahead, 0 behind, 3 level, 2 inconclusive (1 with both runs near chance)``: how
+    many pairs reached each verdict (the verdict column of :data:`PAIRED_HEADER`)."""
+    column = PAIRED_HEADER.index(VERDICT_COLUMN)
+    words = [line[column].split(" ", 1)[0] for line in lines]
+    near = sum("both runs near chance" in line[column] for line in lines)
+    text = ", ".join(f"{words.count(word)} {word}" for word in VERDICTS)
+    return text + (f" ({near} with both runs near chance)" if near else "")
+
+
+VERDICT_COLUMN = "verdict"
 PAIRED_HEADER = (
     "split",
     "method",
     "method, %",
     "matched comparator, %",
     "difference, points [95% interval]",
+    VERDICT_COLUMN,
     "best (chosen on test), %: method / comparator",
     "sample-gradients per round: method / comparator",
     "MB per round: method / comparator",
@@ -591,9 +642,14 @@ PAIRED_HEADER = (
 )
 
 
+#: the column of the best accuracy chosen on test
+BEST_COLUMN = PAIRED_HEADER.index("best (chosen on test), %: method / comparator")
+
+
 def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
     """The paired grid's tables: test accuracy, and worst-group accuracy where the data
-    has attributes, each method beside its matched comparator."""
+    has attributes, each method beside its matched comparator, with the verdicts."""
+    lines = paired_lines(results, seeds, "last_mean_accuracy")
     parts = [
         f"Each method against its matched comparator (the same local optimizer, local work, "
         f"clients per round, weighting, rounds and seeds). Test accuracy in %: the mean over "
@@ -601,8 +657,11 @@ def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
         f"the seeds; the difference is method − comparator, paired by seed, with its 95% "
         f"t-interval over the seeds. The best test accuracy over the rounds is chosen on the "
         f"test set and shown for comparison with papers only. Budgets are measured means per "
-        f"round.\n",
-        markdown_table(PAIRED_HEADER, paired_lines(results, seeds, "last_mean_accuracy")),
+        f"round. Verdict: ahead or behind (the interval above or below zero), level (inside "
+        f"±1 point), or inconclusive (the interval holds zero and is wider than ±1 point, or "
+        f"both runs are within 5 points of chance).\n",
+        markdown_table(PAIRED_HEADER, lines),
+        f"Verdicts: {verdict_counts(lines)}.\n",
     ]
     groups = paired_lines(results, seeds, "last_mean_worst_group_accuracy")
     if groups:
@@ -611,9 +670,10 @@ def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
             "attribute) groups), last-rounds mean, where the data has attributes:\n"
         )
         header = list(PAIRED_HEADER)
-        header[5] = "best worst group (chosen on test), %: method / comparator"
-        lines = paired_lines_worst(results, seeds)
-        parts.append(markdown_table(header, lines))
+        header[BEST_COLUMN] = "best worst group (chosen on test), %: method / comparator"
+        worst = paired_lines_worst(results, seeds)
+        parts.append(markdown_table(header, worst))
+        parts.append(f"Verdicts on the worst group: {verdict_counts(worst)}.\n")
     return parts
 
 
@@ -627,5 +687,5 @@ def paired_lines_worst(results: Sequence[CellResult], seeds: int) -> list[list[s
     for line in lines:
         other = best.get((line[0], line[1]))
         if other is not None:
-            line[5] = f"{other[2]} / {other[3].split(': ', 1)[-1]}"
+            line[BEST_COLUMN] = f"{other[2]} / {other[3].split(': ', 1)[-1]}"
     return lines

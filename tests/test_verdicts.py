@@ -1,0 +1,147 @@
+"""Verdict words and the plateau budget of paired comparisons, on hand-computed cases."""
+
+import pytest
+
+from stratify.errors import ConfigError
+from stratify.reproduce.paired import (
+    PairedDifference,
+    PlateauBudget,
+    PlateauRule,
+    paired_difference,
+    plateau_budget,
+    verdict,
+)
+
+
+def interval(low_points: float, high_points: float, seeds: int = 5) -> PairedDifference:
+    """A difference whose 95% interval is [low, high] points."""
+    middle, half = (low_points + high_points) / 200, (high_points - low_points) / 200
+    return PairedDifference(middle, half, seeds)
+
+
+@pytest.mark.parametrize(
+    "low, high, word",
+    [
+        (-0.9, 0.8, "level"),  # inside ±1 point
+        (0.2, 0.8, "level"),  # excludes 0, but the effect is below a point
+        (1.5, 4.0, "ahead"),
+        (0.5, 1.5, "ahead"),  # above zero, reaches past +1
+        (-6.0, -2.0, "behind"),
+        (-9.9, 1.9, "inconclusive"),  # FedBR's −4.0 [−9.9, +1.9]: holds zero, wider than ±1
+        (-1.2, 0.3, "inconclusive"),
+    ],
+)
+def test_verdict_from_the_interval(low, high, word):
+    assert verdict(interval(low, high), 0.9, 0.85, classes=10).word == word
+
+
+def test_both_runs_near_chance_is_inconclusive_whatever_the_interval():
+    # FedBSS #C=1: 10.0% and 10.0% on ten classes, "+0.00 [0, 0]"
+    result = verdict(interval(0.0, 0.0), 0.10, 0.10, classes=10)
+    assert (result.word, result.reason) == ("inconclusive", "both runs near chance")
+    # one run 5 points from chance is still near it; 5.1 points is not
+    assert verdict(interval(2.0, 4.0), 0.15, 0.12, classes=10).word == "inconclusive"
+    assert verdict(interval(2.0, 4.0), 0.151, 0.12, classes=10).word == "ahead"
+    # two classes: chance is 50%
+    assert verdict(interval(2.0, 4.0), 0.53, 0.51, classes=2).word == "inconclusive"
+    assert verdict(interval(2.0, 4.0), 0.53, 0.51, classes=10).word == "ahead"
+
+
+def test_one_seed_or_none_has_no_verdict():
+    assert verdict(paired_difference({0: 0.9}, {0: 0.5}), 0.9, 0.5, 10).word == "inconclusive"
+    assert verdict(None, None, None, None).reason == "fewer than two seeds"
+
+
+def test_verdict_of_a_computed_difference():
+    # differences +1, +3, +5 points: mean 3, s = 2, t(0.975, 2)·2/√3 = 4.97 -> [−1.97, +7.97]
+    difference = paired_difference({0: 0.91, 1: 0.93, 2: 0.95}, {0: 0.90, 1: 0.90, 2: 0.90})
+    assert (
+        str(verdict(difference, 0.93, 0.90, 10)) == "inconclusive (interval wider than the effect)"
+    )
+    # +3, +3.1, +2.9: s = 0.1 -> 3 ± 0.25: [+2.75, +3.25]
+    difference = paired_difference({0: 0.93, 1: 0.931, 2: 0.929}, {0: 0.90, 1: 0.90, 2: 0.90})
+    assert str(verdict(difference, 0.93, 0.90, 10)) == "ahead"
+
+
+ACCURACIES = [0.1, 0.5, 0.8, 0.9, 0.95, 0.96, 0.962, 0.963, 0.963, 0.963]
+
+
+def test_plateau_after_the_first_round_that_gains_less_than_half_a_point():
+    # w = ceil(0.1·r) = 1 up to round 10: round 5 gains 5 points, 6 one point, 7 0.2
+    assert plateau_budget(ACCURACIES, PlateauRule(5, 50)) == PlateauBudget(7, "plateau", 5, 50)
+    # R_min 8: not before round 8 (gain 0.1 point)
+    assert plateau_budget(ACCURACIES, PlateauRule(8, 50)) == PlateauBudget(8, "plateau", 8, 50)
+
+
+def test_a_dip_does_not_count_as_a_plateau_the_best_so_far_does():
+    # round 6 falls 30 points, round 7 comes back to 95.4: the best gained 0.4 -> plateau at 7
+    dipping = [0.1, 0.5, 0.8, 0.9, 0.95, 0.65, 0.954]
+    assert plateau_budget(dipping, PlateauRule(6, 50)).rounds == 6  # best 95 vs 95: gain 0
+    assert plateau_budget(dipping[:5], PlateauRule(6, 50)) is None  # undecided
+
+
+def test_the_window_is_the_last_tenth_of_the_rounds():
+    # 0.5 points a round: one round's gain is exactly 0.5 (not < 0.5); from round 11 the
+    # window is 2 rounds (1 point): no plateau until the climb stops at round 21
+    climbing = [0.5 + 0.005 * r for r in range(20)] + [0.6] * 10
+    rule = PlateauRule(10, 100)
+    assert rule.window_rounds(10) == 1 and rule.window_rounds(11) == 2
+    assert rule.window_rounds(21) == 3
+    # round 22: best 0.6 vs the best at round 19 (0.59): 1 point; round 23: vs 0.595
+    # (0.5 point, not less); round 24: vs 0.6 -> 0
+    assert plateau_budget(climbing, rule) == PlateauBudget(24, "plateau", 10, 100)
+
+
+def test_the_cap_stops_a_pair_that_never_plateaus():
+    rising = [0.1 + 0.01 * r for r in range(30)]
+    assert plateau_budget(rising, PlateauRule(5, 20)) == PlateauBudget(20, "cap", 5, 20)
+    assert plateau_budget(rising[:19], PlateauRule(5, 20)) is None
+
+
+@pytest.mark.parametrize("minimum, cap", [(0, 10), (11, 10)])
+def test_a_rule_whose_bounds_cross_is_refused(minimum, cap):
+    with pytest.raises(ConfigError, match="1 ≤ R_min ≤ cap"):
+        PlateauRule(minimum, cap)
+
+
+def cell_results(row: str, method: str, ours: list[float], theirs: list[float], classes: int):
+    """A paired method's and its comparator's results over seeds 0, 1, …: one epoch each
+    at the accuracy given."""
+    from stratify.config import TrainConfig
+    from stratify.reproduce.grids import Cell, Column, Row
+    from stratify.reproduce.results import CellResult
+
+    config = TrainConfig(dataset="digits", mode="batch", epochs=1, secure=False)
+    split = Row(row, row)
+    column, base = Column(method, method, {"algorithm": method}), Column("base", "base", {})
+    results = []
+    for seed, (a, b) in enumerate(zip(ours, theirs)):
+        for cell, accuracy in (
+            (Cell(split, column, seed, config, comparator="base"), a),
+            (Cell(split, base, seed, config), b),
+        ):
+            record = {"epoch": 1, "test_accuracy": accuracy, "transfers": 2}
+            results.append(CellResult(cell, "finished", (record,), 0.01, classes=classes))
+    return results
+
+
+def test_the_paired_table_has_a_verdict_per_row_and_counts_them():
+    from stratify.reproduce.results import PAIRED_HEADER, paired_lines, verdict_counts
+
+    results = [
+        *cell_results("Dir(0.5)", "FedProx", [0.93, 0.931, 0.929], [0.90] * 3, 10),
+        *cell_results("Dir(0.1)", "FedProx", [0.80, 0.802, 0.801], [0.80, 0.801, 0.802], 10),
+        *cell_results("#C=1", "FedProx", [0.10, 0.11, 0.10], [0.10, 0.10, 0.12], 10),
+        *cell_results("IID", "FedProx", [0.50, 0.60, 0.70], [0.55, 0.55, 0.55], 10),
+    ]
+    lines = paired_lines(results, 3, "last_mean_accuracy")
+    column = PAIRED_HEADER.index("verdict")
+    assert [(line[0], line[column]) for line in lines] == [
+        ("Dir(0.5)", "ahead"),
+        ("Dir(0.1)", "level"),
+        ("#C=1", "inconclusive (both runs near chance)"),
+        ("IID", "inconclusive (interval wider than the effect)"),
+    ]
+    assert verdict_counts(lines) == (
+        "1 ahead, 0 behind, 1 level, 2 inconclusive (1 with both runs near chance)"
+    )
