@@ -28,8 +28,6 @@ from stratify.validation import check_positive
 class ScaffoldOptions(FedAvgOptions):
     """FedAvg's options and the server learning rate ``η_g``."""
 
-    algorithm = "scaffold"
-
     # Option II estimates c_i from (x − y_i) / (K η_l), which assumes plain SGD steps; with
     # momentum β the displacement is up to 1/(1 − β) times larger and the correction
     # overshoots (measured: NIID-Bench's momentum 0.9 diverges by round 3-4 on mnist-10k
@@ -106,6 +104,11 @@ class Scaffold(FedAvg):
     name = "scaffold"
     description = "control variates c, c_i (zero start, option II) correct local drift; server lr"
     options_class = ScaffoldOptions
+    label = "SCAFFOLD"
+    comparator = "fedavg"
+    # Δy is averaged uniformly over the participants, whatever --weighting says
+    effective_weighting = "equal"
+    step_size_options = ("local_momentum", "server_lr")
     options: ScaffoldOptions
 
     def setup(self, context: Context) -> None:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratify.algorithms import method_label, strategy_class
 from stratify.errors import CorruptRunError
 from stratify.measures import accuracy_summary
 from stratify.parallel import RunOutcome, best_of
-from stratify.reproduce.grids import METHOD_LABELS, Cell, Column, Grid, Row
+from stratify.reproduce.grids import Cell, Column, Grid, Row
 from stratify.reproduce.paired import PairedDifference, paired_difference
 from stratify.reproduce.tuning import Choice, Tuning
 from stratify.runfiles import is_metric, read_json_object, read_records
@@ -560,13 +561,17 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
             seed_values(method, "best_accuracy"),
             seed_values(comparator, "best_accuracy"),
         )
-        base = comparator[0].cell.config.algorithm if comparator else "fedavg"
+        base = (
+            comparator[0].cell.config.algorithm
+            if comparator
+            else str(strategy_class(method[0].cell.config.algorithm).comparator)
+        )
         lines.append(
             [
                 rows[row_key].label,
                 method[0].cell.column.label,
                 mean_text(ours),
-                f"{METHOD_LABELS.get(base, base)}: {mean_text(theirs)}",
+                f"{method_label(base)}: {mean_text(theirs)}",
                 signed_points(paired_difference(ours, theirs))
                 + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
                 f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
