@@ -21,8 +21,9 @@ A :class:`RunFolder` is the folder a command writes its results to (``stratify t
 Files the user names outside a run folder (``--json``, a plot's ``--out``, a grid's
 tables) go through :func:`write_file`: a regular file is replaced atomically as above, a
 symlink is written through to its target, and a device, a FIFO or ``/dev/stdout`` is
-written through, never replaced. Run files are read back with :func:`read_file`, which
-refuses anything but a regular file, so a FIFO put in a folder cannot make a command wait.
+written through, never replaced. Run files are read back with
+:func:`stratify.files.read_file`, which refuses anything but a regular file, so a FIFO
+put in a folder cannot make a command wait.
 
 docs/architecture.md, "Run folder", describes the life of a folder and how a command
 uses this API.
@@ -54,6 +55,7 @@ import torch
 
 from stratify import __version__
 from stratify.errors import CheckpointError, CorruptRunError, OutputError
+from stratify.files import read_file
 
 MODES = ("new", "resume", "overwrite")
 #: longest file name most file systems take (ext4, xfs, btrfs, tmpfs, APFS)
@@ -107,57 +109,6 @@ def checkpoint_bytes(state: Mapping[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(dict(state), buffer)
     return buffer.getvalue()
-
-
-def file_kind(mode: int) -> str:
-    """What a file of ``st_mode`` ``mode`` is, in a few words (``"a FIFO"``)."""
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
-
-
-def read_file(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of the regular file ``path``, refusing anything else before reading.
-
-    A FIFO is opened without waiting for a writer (``O_NONBLOCK``) and refused, so a FIFO
-    put where a run file belongs cannot make a command hang; so are folders and devices.
-
-    Parameters
-    ----------
-    path : Path
-        The file.
-    limit : int, optional
-        Refuse a file larger than this many bytes (a run file grown absurdly large).
-
-    Raises
-    ------
-    CorruptRunError
-        Not a regular file, or larger than ``limit``.
-    OSError
-        The file cannot be opened or read (missing, permissions).
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CorruptRunError(f"{path} is {file_kind(info.st_mode)}, not a regular file")
-        if limit is not None and info.st_size > limit:
-            raise CorruptRunError(
-                f"{path} holds {info.st_size:,} bytes, more than the {limit:,} it can hold"
-            )
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import torch
 
 from stratify.errors import ConfigError, CorruptRunError, DatasetError
 from stratify.options import DatasetOptions, check_value
-from stratify.runfolder import file_kind, read_file
+from stratify.files import file_kind, read_file
 
 
 @dataclass
