@@ -35,9 +35,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
-from stratify.backend import resolve_device
+from stratify.backend import resolve_device, single_thread_settings
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, dataset_uses_seed, load_dataset
 from stratify.errors import (
@@ -293,15 +291,6 @@ class DatasetCache:
         while len(self.loaded) > self.size:
             self.loaded.popitem(last=False)
         return dataset
-
-
-def single_thread_settings() -> None:
-    """The settings every run starts from in a worker: one thread, torch's default
-    backends (a single-sample run then turns oneDNN off itself), so a run's numbers do
-    not depend on the runs the same process made before it."""
-    torch.set_num_threads(1)
-    # torch annotates this flag as its ContextProp descriptor, whose __set__ takes a bool
-    torch.backends.mkldnn.enabled = True  # type: ignore[assignment]
 
 
 def open_run(

@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.backend import cpu_backend, single_thread_settings
 from stratify.comparison import matched_config, planned_sample_gradients
 from stratify.config import TrainConfig, resolve_lr
 from stratify.data.datasets import Dataset, load_dataset
@@ -72,7 +73,6 @@ from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
 from stratify.options import MODES, flag
-from stratify.parallel import single_thread_settings
 from stratify.run import EpochRecord, Run
 from stratify.runfolder import checkpoint_bytes, strict_json
 
@@ -293,16 +293,12 @@ def fresh_process_state(seed: int) -> Iterator[None]:
     numbers cannot depend on them. The backend settings are the same for every run, so
     its numbers do not depend on what the process ran before.
     """
-    threads, onednn = torch.get_num_threads(), torch.backends.mkldnn.enabled
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    single_thread_settings()
-    try:
+    with cpu_backend():
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        single_thread_settings()
         yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.backends.mkldnn.enabled = onednn  # type: ignore[assignment]
 
 
 def reference_run(case: MethodCase) -> Reference:
