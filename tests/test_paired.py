@@ -11,10 +11,11 @@ from stratify.comparison import LOCAL_TRAINING, comparator_for, matched_config
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
-from stratify.parallel import LocalBackend, read_records
+from stratify.parallel import LocalBackend
 from stratify.reproduce.grids import GRIDS, Grid, Settings, paired_column, partition_row, plan_cells
 from stratify.reproduce.paired import pair_budgets, paired_difference
 from stratify.reproduce.runner import reproduce
+from stratify.runfiles import read_records
 
 
 def test_every_method_with_a_base_has_one_and_the_rest_are_refused_in_one_line():
