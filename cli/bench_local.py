@@ -112,9 +112,9 @@ def check_job(trainer: LocalTrainer, job: LocalJob) -> tuple[bool, float, int]:
 @click.command("local")
 @click.option(
     "--algorithm",
-    default="fedavg",
-    show_default=True,
-    help="A method whose single-sample local jobs can be timed (its class's benchmark_local).",
+    default=None,
+    help="A method whose single-sample local jobs can be timed (its class declares "
+    "benchmark_local) [default: the first registered one].",
 )
 @click.option("--dataset", default="mnist-10k", show_default=True)
 @DATA_DIR
@@ -131,7 +131,8 @@ def check_job(trainer: LocalTrainer, job: LocalJob) -> tuple[bool, float, int]:
 def local(dataset, data_dir, spec, clients, algorithm, rounds, json_path) -> None:
     """Seconds per round of a single-sample baseline (a table1 cell): compiled local
     training against the eager local loop, the same rounds, the weights checked."""
-    check_choice(algorithm, "--algorithm", local_methods())
+    timed = local_methods()
+    algorithm = timed[0] if algorithm is None else check_choice(algorithm, "--algorithm", timed)
     check_positive_int(rounds, "--rounds")
     check_positive_int(clients, "--clients")
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
