@@ -119,12 +119,12 @@ class FedAvg(Strategy):
     description = "broadcast, E local epochs of SGD per client, weighted model average"
     options_class = FedAvgOptions
     label = "FedAvg"
-    comparator = None
+    comparator: ClassVar[str | None] = None
     no_comparator = "fedavg is the base the other methods are matched against"
-    effective_weighting = None
+    effective_weighting: ClassVar[str | None] = None
     test_options: ClassVar[dict[str, Any]] = {}
     benchmark_local = True
-    step_size_options = ("local_momentum",)
+    step_size_options: ClassVar[tuple[str, ...]] = ("local_momentum",)
     options: FedAvgOptions
 
     # -- set-up ---------------------------------------------------------------------------

@@ -66,12 +66,12 @@ class SFL(Strategy):
     description = "sequential model passing in random client order; each trains on all its data"
     options_class = SFLOptions
     label = "SFL"
-    comparator = None
+    comparator: ClassVar[str | None] = None
     no_comparator = "sfl has no base to match (its model passes through every client in turn)"
-    effective_weighting = None
+    effective_weighting: ClassVar[str | None] = None
     test_options: ClassVar[dict[str, Any]] = {}
     benchmark_local = True
-    step_size_options = ("local_momentum",)
+    step_size_options: ClassVar[tuple[str, ...]] = ("local_momentum",)
     options: SFLOptions
 
     def setup(self, context: Context) -> None:

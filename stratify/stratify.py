@@ -232,15 +232,15 @@ class Stratify(Strategy):
     description = "SLS + label-aware client selection + single-sample hops or global batches"
     options_class = StratifyOptions
     label = "Stratify"
-    comparator = None
+    comparator: ClassVar[str | None] = None
     no_comparator = (
         "stratify has no base and no local optimizer to match (its global model travels "
         "and takes one step per sample or per global batch)"
     )
-    effective_weighting = None
+    effective_weighting: ClassVar[str | None] = None
     test_options: ClassVar[dict[str, Any]] = {}
     benchmark_local = False
-    step_size_options = ("momentum",)
+    step_size_options: ClassVar[tuple[str, ...]] = ("momentum",)
     options: StratifyOptions
     #: single-sample steps per compiled call (K)
     steps_per_call = STEPS_PER_CALL
