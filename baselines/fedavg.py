@@ -18,7 +18,7 @@ import dataclasses
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from torch import nn
@@ -62,8 +62,6 @@ class FedAvgOptions(ClientSamplingOptions):
     (with lr 0.01 and a constant schedule, the run's defaults for these methods). In
     single-sample mode a client steps on one sample at a time: batch 1, E = 1, no momentum.
     """
-
-    algorithm = "fedavg"
 
     local_epochs: int | None = inherit(per_mode={"batch": BATCH_LOCAL_EPOCHS, "single-sample": 1})
     local_momentum: float | None = inherit(
@@ -120,6 +118,13 @@ class FedAvg(Strategy):
     name = "fedavg"
     description = "broadcast, E local epochs of SGD per client, weighted model average"
     options_class = FedAvgOptions
+    label = "FedAvg"
+    comparator: ClassVar[str | None] = None
+    no_comparator = "fedavg is the base the other methods are matched against"
+    effective_weighting: ClassVar[str | None] = None
+    test_options: ClassVar[dict[str, Any]] = {}
+    benchmark_local = True
+    step_size_options: ClassVar[tuple[str, ...]] = ("local_momentum",)
     options: FedAvgOptions
     # single-sample clients on the 8x8 digits at the dataset's 0.01 (Stratify's rate) end
     # 10 rounds at 50% validation accuracy; 0.05 was best of 0.01-0.2 on a validation

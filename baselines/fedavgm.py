@@ -18,8 +18,6 @@ from stratify.validation import check_momentum, check_positive
 class FedAvgMOptions(FedAvgOptions):
     """FedAvg's options and the server's momentum and learning rate."""
 
-    algorithm = "fedavgm"
-
     server_momentum: float = option(0.9, "Server momentum β, in [0, 1).", check=check_momentum)
     server_lr: float = option(1.0, "Server learning rate η > 0.", check=check_positive)
 
@@ -69,6 +67,9 @@ class FedAvgM(FedAvg):
     name = "fedavgm"
     description = "FedAvg + server momentum: v ← βv + (x − avg), x ← x − η·v"
     options_class = FedAvgMOptions
+    label = "FedAvgM"
+    comparator = "fedavg"
+    step_size_options = ("local_momentum", "server_momentum", "server_lr")
     options: FedAvgMOptions
 
     def setup(self, context: Context) -> None:

@@ -90,8 +90,6 @@ class FedBROptions(FedAvgOptions):
     unless ``--local-epochs`` is given, which trains that many passes instead.
     """
 
-    algorithm = "fedbr"
-
     weighting: str = inherit("equal")
     local_momentum: float | None = inherit(0.0)
     pseudo_data: str = option(
@@ -431,6 +429,9 @@ class FedBR(FedAvg):
     )
     modes = ("batch",)
     options_class = FedBROptions
+    label = "FedBR"
+    comparator = "fedavg"
+    benchmark_local = False
     options: FedBROptions
     lr_note = f"{OFFICIAL_SMALL_IMAGE_LR} on 28×28 images, {OFFICIAL_LR} otherwise"
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -62,8 +62,6 @@ def check_warmup(value: object, flag: str) -> int:
 @dataclass
 class FedBSSOptions(FedAvgOptions):
     """FedAvg's options with the FedBSS paper's defaults, and ``warmup_rounds``."""
-
-    algorithm = "fedbss"
 
     local_epochs: int | None = inherit(PAPER_LOCAL_EPOCHS)
     local_batch_size: int | None = inherit(PAPER_BATCH_SIZE)
@@ -199,6 +197,11 @@ class FedBSS(FedAvg):
     description = "FedAvg warm-up, then per-client loss-sorted samples paced by uncertainty split"
     modes = ("batch",)
     options_class = FedBSSOptions
+    label = "FedBSS"
+    comparator = "fedavg"
+    benchmark_local = False
+    # the paper's 50 warm-up rounds are longer than a conformance case's run
+    test_options: ClassVar[dict[str, Any]] = {"warmup_rounds": 1}
     options: FedBSSOptions
     default_lr = PAPER_LR
 

@@ -83,8 +83,6 @@ def check_gce_exponent(value: object, flag: str) -> float:
 class FedDiverseOptions(FedAvgMOptions):
     """FedAvgM's options with the paper's defaults, and FedDiverse's."""
 
-    algorithm = "feddiverse"
-
     client_fraction: float = inherit(0.375)  # the paper's 9 of 24 clients
     weighting: str = inherit("equal")
     server_momentum: float = inherit(0.95)
@@ -518,6 +516,12 @@ class FedDiverse(FedAvgM):
     )
     modes = ("batch",)
     options_class = FedDiverseOptions
+    label = "FedDiverse"
+    # client selection on FedAvgM (β 0.95); its paper compares it with uniformly random
+    # clients on the same FedAvgM (Table III), so the server momentum stays and only the
+    # selection differs
+    comparator = "fedavgm"
+    benchmark_local = False
     options: FedDiverseOptions
     default_lr = 0.001
 

@@ -26,8 +26,6 @@ __all__ = ["FedProx", "FedProxOptions", "add_proximal_gradient", "proximal_term"
 class FedProxOptions(FedAvgOptions):
     """FedAvg's options and the proximal weight ``mu``."""
 
-    algorithm = "fedprox"
-
     mu: float = option(
         0.01, "Proximal weight μ ≥ 0 of (μ/2)‖w − w_global‖².", check=check_nonnegative
     )
@@ -70,6 +68,8 @@ class FedProx(FedAvg):
     name = "fedprox"
     description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
     options_class = FedProxOptions
+    label = "FedProx"
+    comparator = "fedavg"
     options: FedProxOptions
 
     def hook_terms(self) -> StepTerms:

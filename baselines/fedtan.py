@@ -59,8 +59,6 @@ class FedTANOptions(ClientSamplingOptions):
     batch mode, batch 128 (its 5 local steps per round at lr 0.5 map to ``local_epochs``
     passes and the run's ``--lr`` here)."""
 
-    algorithm = "fedtan"
-
     local_momentum: float | None = inherit(0.9)
     local_weight_decay: float = inherit(1e-4)
     local_batch_size: int | None = inherit(per_mode={"batch": BATCH_SIZE})
@@ -220,6 +218,9 @@ class FedTAN(FedAvg):
     modes = ("batch",)
     description = "FedAvg whose BN shares the clients' batch statistics in each round's first step"
     options_class = FedTANOptions  # type: ignore[assignment]
+    label = "FedTAN"
+    comparator = "fedavg"
+    benchmark_local = False
     options: FedTANOptions  # type: ignore[assignment]
 
     @property

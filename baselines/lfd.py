@@ -54,8 +54,6 @@ def check_margin(value: object, flag: str) -> float:
 class LfDOptions(FedAvgOptions):
     """FedAvg's options with the LfD paper's defaults, the temperature and the margin."""
 
-    algorithm = "lfd"
-
     local_batch_size: int | None = inherit(PAPER_BATCH_SIZE)
     local_weight_decay: float = inherit(PAPER_WEIGHT_DECAY)
     cosine_temperature: float = option(
@@ -141,6 +139,9 @@ class LfD(FedAvg):
     description = "cosine classifier with margin; drift regulariser from each client's last model"
     modes = ("batch",)
     options_class = LfDOptions
+    label = "LfD"
+    comparator = "fedavg"
+    benchmark_local = False
     options: LfDOptions
     default_lr = PAPER_LR
 

@@ -32,8 +32,6 @@ class ScaffoldOptions(FedAvgOptions):
     """FedAvg's options and the server learning rate ``η_g``; ``weighting`` selects the
     server step (docs/architecture.md, "SCAFFOLD's server step")."""
 
-    algorithm = "scaffold"
-
     # Option II estimates c_i from (x − y_i) / (K η_l), which assumes plain SGD steps; with
     # momentum β the displacement is up to 1/(1 − β) times larger and the correction
     # overshoots (measured: NIID-Bench's momentum 0.9 diverges by round 3-4 on mnist-10k
@@ -135,6 +133,12 @@ class Scaffold(FedAvg):
     name = "scaffold"
     description = "control variates c, c_i (zero start, option II) correct local drift; server lr"
     options_class = ScaffoldOptions
+    label = "SCAFFOLD"
+    comparator = "fedavg"
+    # --weighting acts on Δy (equal: the paper's step; samples: NIID-Bench's), so the
+    # comparator copies the option as given
+    effective_weighting = None
+    step_size_options = ("local_momentum", "server_lr")
     options: ScaffoldOptions
 
     def setup(self, context: Context) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -34,8 +34,6 @@ class SFLOptions(LocalTrainingOptions):
     (the SFL paper itself runs K mini-batch steps per client and clips gradients at norm
     50, which a pass over the data at lr 0.01 never reaches on these models).
     """
-
-    algorithm = "sfl"
 
     local_weight_decay: float = inherit(WEIGHT_DECAY)
     local_batch_size: int | None = inherit(per_mode={"batch": BATCH_SIZE})
@@ -67,6 +65,13 @@ class SFL(Strategy):
     name = "sfl"
     description = "sequential model passing in random client order; each trains on all its data"
     options_class = SFLOptions
+    label = "SFL"
+    comparator: ClassVar[str | None] = None
+    no_comparator = "sfl has no base to match (its model passes through every client in turn)"
+    effective_weighting: ClassVar[str | None] = None
+    test_options: ClassVar[dict[str, Any]] = {}
+    benchmark_local = True
+    step_size_options: ClassVar[tuple[str, ...]] = ("local_momentum",)
     options: SFLOptions
 
     def setup(self, context: Context) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.backend import Timer
 from stratify.cli.bench_steps import (
     MATCH_TOLERANCE,
@@ -40,9 +41,12 @@ from stratify.data.datasets import load_dataset
 from stratify.engine import Engine
 from stratify.experiment import build_experiment
 from stratify.state import State, load_into
-from stratify.validation import check_positive_int
+from stratify.validation import check_choice, check_positive_int
 
-LOCAL_ALGORITHMS = ("fedavg", "fedprox", "scaffold", "fedavgm", "sfl")
+
+def local_methods() -> tuple[str, ...]:
+    """The registered methods whose class declares ``benchmark_local``."""
+    return tuple(name for name in ALGORITHMS if strategy_class(name).benchmark_local)
 
 
 def local_engine(config: TrainConfig, compile_mode: str, data: Any) -> Engine:
@@ -107,7 +111,10 @@ def check_job(trainer: LocalTrainer, job: LocalJob) -> tuple[bool, float, int]:
 
 @click.command("local")
 @click.option(
-    "--algorithm", type=click.Choice(LOCAL_ALGORITHMS), default="fedavg", show_default=True
+    "--algorithm",
+    default=None,
+    help="A method whose single-sample local jobs can be timed (its class declares "
+    "benchmark_local) [default: the first registered one].",
 )
 @click.option("--dataset", default="mnist-10k", show_default=True)
 @DATA_DIR
@@ -124,6 +131,8 @@ def check_job(trainer: LocalTrainer, job: LocalJob) -> tuple[bool, float, int]:
 def local(dataset, data_dir, spec, clients, algorithm, rounds, json_path) -> None:
     """Seconds per round of a single-sample baseline (a table1 cell): compiled local
     training against the eager local loop, the same rounds, the weights checked."""
+    timed = local_methods()
+    algorithm = timed[0] if algorithm is None else check_choice(algorithm, "--algorithm", timed)
     check_positive_int(rounds, "--rounds")
     check_positive_int(clients, "--clients")
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")

@@ -24,7 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratify.backend import Timer, configure_cpu_for_single_sample
+from stratify.backend import (
+    Timer,
+    configure_cpu_for_single_sample,
+    cpu_backend_now,
+    set_cpu_backend,
+)
 from stratify.client import LocalJob
 from stratify.compiled import StepTerms
 from stratify.config import TrainConfig
@@ -58,11 +63,10 @@ class BackendSettings:
 
     @classmethod
     def current(cls) -> BackendSettings:
-        return cls(torch.get_num_threads(), bool(torch.backends.mkldnn.enabled))
+        return cls(*cpu_backend_now())
 
     def apply(self) -> None:
-        torch.set_num_threads(self.threads)
-        torch.backends.mkldnn.enabled = self.mkldnn  # type: ignore[assignment]
+        set_cpu_backend(self.threads, self.mkldnn)
 
 
 def eager_loop(model: nn.Module, x_train, y_train, samples: np.ndarray, lr: float) -> None:

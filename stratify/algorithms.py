@@ -47,6 +47,18 @@ def strategy_class(name: str) -> type[Strategy]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def method_label(name: str) -> str:
+    """How the papers write the method ``name`` (its class's ``label``); ``name`` itself
+    for a method not in this build, so a table of old results still shows it.
+
+    Parameters
+    ----------
+    name : str
+        A method's registered name.
+    """
+    return strategy_class(name).label if name in ALGORITHMS else name
+
+
 def build_strategy(name: str, values: Mapping[str, Any], mode: str) -> Strategy:
     """Instantiate ``name`` from user-given option ``values`` for ``mode``.
 

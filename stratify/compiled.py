@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stratify.backend import cpu_backend
 from stratify.errors import TrainingError
 
 #: ``--compile`` values: compile once the run has proven long (``auto``), always, never.
@@ -238,17 +238,6 @@ def compiled_steps(model: nn.Module, steps_per_call: int, terms: StepTerms) -> C
     return _SHARED[key]
 
 
-@contextmanager
-def one_dnn(enabled: bool) -> Iterator[None]:
-    """oneDNN on or off for a block, as it was afterwards (a process-wide setting)."""
-    previous = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = enabled  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = previous  # type: ignore[assignment]
-
-
 class VectorisedSteps:
     """``K`` single-sample SGD steps of ``lanes`` models at once: :func:`unrolled_sgd_steps`
     under ``torch.func.vmap``, compiled or eager, updating stacked tensors in place.
@@ -320,7 +309,7 @@ class VectorisedSteps:
         a single model's batch-of-one convolution is faster without it (measured on the
         simple CNN, 16 lanes: 1.5× the model-steps/s with oneDNN on).
         """
-        with torch.no_grad(), one_dnn(True):
+        with torch.no_grad(), cpu_backend(one_dnn=True):
             return self.function(*arguments)
 
 

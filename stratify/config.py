@@ -17,7 +17,7 @@ from stratify.data.datasets import DATASETS, dataset_options
 from stratify.data.datasets.base import check_options
 from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError, OutputError
-from stratify.method import LR_SCHEDULES
+from stratify.method import LR_SCHEDULES, Strategy
 from stratify.nn.models import MODELS, NORMS, check_model_norm
 from stratify.options import MODES, RunSettings, check_given, option
 from stratify.registry import PROTOCOLS
@@ -168,3 +168,22 @@ def default_lr(dataset: str, mode: str) -> float:
     """The base learning rate used when ``--lr`` is not given and the method has none of
     its own: the dataset's rate in ``mode``."""
     return DEFAULT_LR.get((dataset, mode), FALLBACK_LR)
+
+
+def resolve_lr(config: TrainConfig, strategy: Strategy | None = None) -> float:
+    """The base learning rate ``config``'s run steps at: its ``--lr``, else the method's
+    own (:meth:`~stratify.method.Strategy.lr_for`: its paper's, by data set where the
+    paper sets it so), else the dataset's (:func:`default_lr`).
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The run; ``config.lr`` ``None`` means not given.
+    strategy : Strategy, optional
+        ``config``'s method as built for the run (default: built from ``config``).
+    """
+    if config.lr is not None:
+        return config.lr
+    if strategy is None:
+        strategy = build_strategy(config.algorithm, config.options, config.mode)
+    return strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)

@@ -19,7 +19,7 @@ from torch import nn
 from stratify.algorithms import build_strategy
 from stratify.backend import configure_cpu_for_single_sample, resolve_device
 from stratify.client import LocalTrainer
-from stratify.config import TrainConfig, default_lr
+from stratify.config import TrainConfig, resolve_lr
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.data.holdout import EvaluationSet, holdout_validation
 from stratify.data.partition import partition
@@ -110,9 +110,7 @@ def build_experiment(
     placeholders = registry.register(federation.label_counts(), num_classes=dataset.num_classes)
     if strategy is None:
         strategy = build_strategy(config.algorithm, config.options, config.mode)
-    lr = config.lr
-    if lr is None:
-        lr = strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
+    lr = resolve_lr(config, strategy)
     lr_schedule = config.lr_schedule or strategy.lr_schedule_for(config.mode)
     if model is None:
         model_name = config.model or default_model(dataset.input_shape)

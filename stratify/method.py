@@ -226,12 +226,54 @@ class Strategy(ABC):
     ``options_class`` (a :class:`~stratify.options.StrategyOptions` dataclass). They are
     built from options (``Stratify(StratifyOptions(chunk=3))``) or from keyword values
     (``Stratify(chunk=3)``), validated either way.
+
+    The surface comes in tiers (docs/architecture.md, "Strategy interface"):
+
+    * **core**, what every method implements: :meth:`configure_rounds`, :meth:`fit`,
+      :meth:`aggregate`, and :meth:`state_dict` / :meth:`load_state_dict` where it keeps
+      state between rounds;
+    * **declarations**, the decisions every method states on its class, so that no table
+      elsewhere names it (:func:`stratify.testing.check_declarations` refuses a method
+      that leaves one unstated; a subclass inherits its parent's): ``label`` (display),
+      ``comparator`` or ``no_comparator`` and ``effective_weighting`` (matched
+      comparisons), ``test_options`` (the conformance cases), ``benchmark_local`` and
+      ``step_size_options`` (benches and the run's advice on a diverging loss);
+    * optional groups, each with a default that opts out:
+
+      - *learning rate*: ``default_lr``, ``lr_note``, :meth:`lr_for`,
+        ``default_lr_schedule``, :meth:`lr_schedule_for`;
+      - *vectorised runs* (:mod:`stratify.vectorize`): :meth:`step_terms`,
+        :meth:`local_work`;
+      - *matched comparisons*: :meth:`planned_sample_gradients`,
+        :meth:`informative_epochs`;
+      - *run checks and display*: :meth:`check_epochs`, ``requires_batch_norm``,
+        :meth:`epoch_info`, :meth:`summarize`.
     """
 
     name: ClassVar[str] = "strategy"
     description: ClassVar[str] = ""
     modes: ClassVar[tuple[str, ...]] = MODES
     options_class: ClassVar[type[StrategyOptions]] = StrategyOptions
+
+    # -- declarations: every method states these (on its class or a parent's) ----------
+    #: how the papers write the method, in tables, grids and plots
+    label: ClassVar[str] = ""
+    #: the registered method this one modifies, whose matched run isolates its mechanism;
+    #: ``None`` when it has none, and ``no_comparator`` says why
+    comparator: ClassVar[str | None] = None
+    #: why the method has no matched comparator (read when ``comparator`` is ``None``)
+    no_comparator: ClassVar[str] = ""
+    #: how the method weights the clients' models in practice, where its ``weighting``
+    #: option does not say (SCAFFOLD averages Δy uniformly: ``"equal"``); ``None``: as the
+    #: option says
+    effective_weighting: ClassVar[str | None] = None
+    #: options the conformance cases (:mod:`stratify.testing`) run the method with, where
+    #: its defaults do not fit their short runs (river's ``_unit_test_params``)
+    test_options: ClassVar[dict[str, Any]] = {}
+    #: whether ``stratify bench local`` times its single-sample local jobs
+    benchmark_local: ClassVar[bool] = False
+    #: its options that set step sizes (besides ``--lr``), named when a loss diverges
+    step_size_options: ClassVar[tuple[str, ...]] = ()
     #: the learning-rate schedule of the method's paper, used when none is given
     default_lr_schedule: ClassVar[str] = "constant"
     #: the base learning rate of the method's paper, used when ``--lr`` is not given;

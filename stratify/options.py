@@ -311,8 +311,6 @@ class RunSettings:
 class StrategyOptions(OptionFields):
     """Base of every method's options; subclasses add fields made with :func:`option`."""
 
-    algorithm: ClassVar[str] = "strategy"
-
     def __post_init__(self) -> None:
         check_given(self)
         super().__post_init__()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stratify.errors import CorruptRunError
-from stratify.runfolder import file_kind, read_file
+from stratify.files import file_kind, read_file
 from stratify.validation import physical_memory
 
 #: parsed JSON takes about this many times its text's bytes in memory

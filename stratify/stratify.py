@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -60,8 +60,6 @@ EXHAUSTED = ("refill", "skip")
 @dataclass
 class StratifyOptions(StrategyOptions):
     """Options of :class:`Stratify` (defaults: the Stratify paper's single-sample setting)."""
-
-    algorithm = "stratify"
 
     chunk: int = option(
         5,
@@ -233,6 +231,16 @@ class Stratify(Strategy):
     name = "stratify"
     description = "SLS + label-aware client selection + single-sample hops or global batches"
     options_class = StratifyOptions
+    label = "Stratify"
+    comparator: ClassVar[str | None] = None
+    no_comparator = (
+        "stratify has no base and no local optimizer to match (its global model travels "
+        "and takes one step per sample or per global batch)"
+    )
+    effective_weighting: ClassVar[str | None] = None
+    test_options: ClassVar[dict[str, Any]] = {}
+    benchmark_local = False
+    step_size_options: ClassVar[tuple[str, ...]] = ("momentum",)
     options: StratifyOptions
     #: single-sample steps per compiled call (K)
     steps_per_call = STEPS_PER_CALL

@@ -13,10 +13,12 @@ being registered and no list of methods is kept anywhere::
 A :class:`MethodCase` is one registered algorithm in one mode it runs in
 (``Strategy.modes``). Every case runs on the same tiny federation (:func:`tiny_dataset`:
 48 training images of three digits, three clients of two labels each) with the method's
-own default options (those of :data:`CASE_OPTIONS` aside), for :data:`EPOCHS` epochs, as
+own default options (but its class's ``test_options``), for :data:`EPOCHS` epochs, as
 the user's ``Run`` would. The checks
 (:data:`CHECKS`, docs/architecture.md "Testing and data"):
 
+* :func:`check_declarations`: the method states on its class every decision that other
+  parts read (:data:`DECLARATIONS`: label, comparator, test options, ...);
 * :func:`check_first_epoch`: one epoch runs, trains, and its losses are finite;
 * :func:`check_same_seed`: a second run with the same seed gives the same weights and
   metrics, whatever state the process's global generators are in;
@@ -30,7 +32,7 @@ the user's ``Run`` would. The checks
 * :func:`check_bad_options`: a bad value of every option (an option that takes any value
   fails the check), an option of another method or mode and a mode the method does not
   run in are each refused with one line;
-* :func:`check_comparator` (a method with a registered base): its matched comparator
+* :func:`check_comparator` (a method that declares a base): its matched comparator
   differs only by the method's mechanism and plans the same local work a round.
 
 The runs a case needs are made once per process and shared by its checks.
@@ -63,13 +65,14 @@ import numpy as np
 import torch
 
 from stratify.algorithms import ALGORITHMS, strategy_class
-from stratify.config import TrainConfig
+from stratify.backend import cpu_backend, single_thread_settings
+from stratify.comparison import matched_config, planned_sample_gradients
+from stratify.config import TrainConfig, resolve_lr
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.method import ClientUpdate, Context, Round, RoundStats, Strategy
 from stratify.options import MODES, flag
-from stratify.parallel import single_thread_settings
 from stratify.run import EpochRecord, Run
 from stratify.runfolder import checkpoint_bytes, strict_json
 
@@ -77,10 +80,6 @@ from stratify.runfolder import checkpoint_bytes, strict_json
 #: (FedBSS warms up for its first round, FedDiverse estimates its triplets in round 2) and
 #: for a resume after each of them.
 EPOCHS = 4
-
-#: Options a method's defaults need changed to fit a run of :data:`EPOCHS` epochs: FedBSS
-#: warms up for its paper's 50 rounds, which a shorter run refuses.
-CASE_OPTIONS: dict[str, dict[str, Any]] = {"fedbss": {"warmup_rounds": 1}}
 
 #: The tiny federation: three clients of two labels each over three classes of digits.
 CLASSES = 3
@@ -194,7 +193,7 @@ def _values(case: MethodCase) -> dict[str, Any]:
         "seed": 0,
         "device": "cpu",
         "secure": False,
-        "options": dict(CASE_OPTIONS.get(case.algorithm, {})),
+        "options": dict(case.strategy_class.test_options),
     }
 
 
@@ -294,16 +293,12 @@ def fresh_process_state(seed: int) -> Iterator[None]:
     numbers cannot depend on them. The backend settings are the same for every run, so
     its numbers do not depend on what the process ran before.
     """
-    threads, onednn = torch.get_num_threads(), torch.backends.mkldnn.enabled
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    single_thread_settings()
-    try:
+    with cpu_backend():
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        single_thread_settings()
         yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.backends.mkldnn.enabled = onednn  # type: ignore[assignment]
 
 
 def reference_run(case: MethodCase) -> Reference:
@@ -709,16 +704,70 @@ def _assert_refused(
         assert not out.exists(), f"{command}: wrote {out}"
 
 
+#: The decisions every method states on its class (or a parent's), so that no table
+#: elsewhere names it (docs/architecture.md, "Strategy interface").
+DECLARATIONS = (
+    "label",
+    "comparator",
+    "effective_weighting",
+    "test_options",
+    "benchmark_local",
+    "step_size_options",
+)
+
+
+def undeclared(cls: type[Strategy]) -> list[str]:
+    """The :data:`DECLARATIONS` that neither ``cls`` nor a parent below
+    :class:`~stratify.method.Strategy` sets (the base's values are placeholders)."""
+    below = [
+        klass for klass in cls.__mro__ if issubclass(klass, Strategy) and klass is not Strategy
+    ]
+    return [name for name in DECLARATIONS if not any(name in vars(klass) for klass in below)]
+
+
+def check_declarations(case: MethodCase) -> None:
+    """The method states every decision of :data:`DECLARATIONS`, each one usable: a
+    label no other registered method has, a registered base or the reason it has none,
+    test options and step-size options that are its own options, and a local benchmark
+    only where it runs single-sample jobs."""
+    cls = case.strategy_class
+    missing = undeclared(cls)
+    assert not missing, (
+        f"{case.id}: declares no {', '.join(missing)} on its class (docs/architecture.md, "
+        "'Strategy interface')"
+    )
+    assert cls.label, f"{case.id}: declares an empty label"
+    # a subclass that keeps its parent's label would show as its parent in every table
+    namesakes = [
+        name
+        for name in ALGORITHMS
+        if name != case.algorithm and strategy_class(name).label == cls.label
+    ]
+    assert not namesakes, f"{case.id}: its label {cls.label!r} is also {', '.join(namesakes)}'s"
+    if cls.comparator is None:
+        assert cls.no_comparator, f"{case.id}: declares no comparator and no reason (no_comparator)"
+    else:
+        assert cls.comparator in ALGORITHMS and cls.comparator != case.algorithm, (
+            f"{case.id}: its comparator {cls.comparator!r} is not another registered method"
+        )
+    own = {entry.name for entry in cls.options_class.option_fields()}
+    for declaration in ("test_options", "step_size_options"):
+        foreign = sorted(set(getattr(cls, declaration)) - own)
+        assert not foreign, f"{case.id}: {declaration} names {foreign}, not its options"
+    if cls.benchmark_local:
+        assert "single-sample" in cls.modes, (
+            f"{case.id}: declares benchmark_local but does not run in single-sample mode"
+        )
+
+
 #: Client sizes the comparator check plans a round for: uneven, so that a budget taken
 #: over the mean where it should be a sum (or the reverse) shows.
 COMPARATOR_CLIENT_SIZES = (20, 32, 44)
 
 
 def has_comparator(case: MethodCase) -> bool:
-    """Whether ``case``'s method has a base registered to be matched against."""
-    from stratify.reproduce.paired import BASES
-
-    return case.algorithm in BASES
+    """Whether ``case``'s method declares a base to be matched against."""
+    return case.strategy_class.comparator is not None
 
 
 def check_comparator(case: MethodCase) -> None:
@@ -727,18 +776,11 @@ def check_comparator(case: MethodCase) -> None:
     the base, in the same mode, on the same data, split, model, rounds and seed, at the
     method's resolved learning rate and schedule, and a round of the two is planned to
     take the same local training samples (a method with a base must plan them)."""
-    from stratify.reproduce.paired import (
-        BASES,
-        matched_config,
-        method_lr,
-        planned_sample_gradients,
-    )
-
     config = case_config(case)
     matched = matched_config(config)
-    assert matched.algorithm == BASES[case.algorithm], (
-        f"{case.id}: comparator {matched.algorithm}, not the registered base "
-        f"{BASES[case.algorithm]}"
+    base = case.strategy_class.comparator
+    assert matched.algorithm == base, (
+        f"{case.id}: comparator {matched.algorithm}, not the declared base {base}"
     )
     unchanged = ("mode", "dataset", "partition", "clients", "epochs", "seed", "model", "norm")
     for name in unchanged:
@@ -746,8 +788,8 @@ def check_comparator(case: MethodCase) -> None:
             f"{case.id}: the comparator's {name} is {getattr(matched, name)!r}, the "
             f"method's {getattr(config, name)!r}"
         )
-    assert matched.lr == method_lr(config), (
-        f"{case.id}: the comparator steps at lr {matched.lr}, the method at {method_lr(config)}"
+    assert matched.lr == resolve_lr(config), (
+        f"{case.id}: the comparator steps at lr {matched.lr}, the method at {resolve_lr(config)}"
     )
     sizes = list(COMPARATOR_CLIENT_SIZES)
     ours = planned_sample_gradients(config, sizes)
@@ -761,6 +803,7 @@ def check_comparator(case: MethodCase) -> None:
 
 #: The checks every case must pass, in order (see "Adding a check" above).
 CHECKS: list[Check] = [
+    Check("declarations", check_declarations),
     Check("first_epoch", check_first_epoch),
     Check("same_seed", check_same_seed),
     Check("resume", check_resume),

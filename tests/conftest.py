@@ -4,6 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from stratify.backend import cpu_backend
+
 # tests run small tensors: one thread is fastest and immune to OpenMP oversubscription when
 # the machine is busy (two threads made some tests 10-30x slower under load)
 torch.set_num_threads(1)
@@ -28,14 +30,10 @@ def restore_torch_backend_settings():
     """Process-wide torch settings that code under test may change (e.g.
     ``stratify.backend.configure_cpu_for_single_sample`` sets one thread and switches
     oneDNN off) are put back after every test, so no test depends on the order."""
-    threads = torch.get_num_threads()
-    mkldnn = torch.backends.mkldnn.enabled
     dtype = torch.get_default_dtype()
     tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    yield
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    torch.backends.mkldnn.enabled = mkldnn
+    with cpu_backend():  # threads and oneDNN
+        yield
     torch.set_default_dtype(dtype)
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
 

@@ -9,6 +9,7 @@ import json
 import queue
 
 import pytest
+from conftest import assert_refused_in_one_line
 
 from stratify.cli.bench_plan import PlanCell, cell_process
 from stratify.cli.main import main
@@ -154,3 +155,19 @@ def test_rounds_bench_times_every_method_after_a_warm_up_round(tmp_path):
         assert row["round_s"] == pytest.approx(
             sorted(row["rounds_s"])[0] / 2 + sorted(row["rounds_s"])[1] / 2
         )
+
+
+def test_bench_local_times_the_methods_that_declare_it_and_refuses_the_rest(capsys, tmp_path):
+    from stratify.algorithms import ALGORITHMS, strategy_class
+    from stratify.cli.bench_local import local_methods
+
+    declared = [name for name in ALGORITHMS if strategy_class(name).benchmark_local]
+    assert local_methods() == tuple(declared) and "fedavg" in declared
+    # FedBSS runs in batch mode only: it has no single-sample jobs to time
+    assert "fedbss" not in declared
+    assert_refused_in_one_line(
+        capsys,
+        ["bench", "local", "--algorithm", "fedbss", "--json", str(tmp_path / "b.json")],
+        "unknown --algorithm 'fedbss'",
+        tmp_path / "b.json",
+    )

@@ -4,17 +4,16 @@ The graph is read statically from the source (nothing is imported): every module
 `stratify`, `stratify.baselines` (the folder `baselines/`) and `stratify.cli` (`cli/`), as
 setup.cfg installs them. An edge A -> B is an ``import B`` or ``from B import ...`` in A
 (``from P import m`` with ``m`` a module of package ``P`` is an edge to ``P.m`` as well as
-to ``P``), made at module level:
+to ``P``), wherever in A it is:
 
-- statements at module level count, including inside module-level ``if``/``try``/
-  ``with`` blocks and class bodies, since they run on import;
-- so do imports under ``if TYPE_CHECKING:``: they never run, but they say that A's
-  interface depends on B. A ring of them is the design problem this test is for (two
-  modules that each need the other), merely hidden from the interpreter, as in the two
-  cycles listed below;
-- imports inside functions and methods do not: they run only when called, after both
-  modules are loaded, and are the usual way to defer a heavy or optional dependency
-  (tenseal, torchvision). (Today counting them too finds no further cycle.)
+- at module level, including inside ``if``/``try``/``with`` blocks and class bodies, since
+  it runs on import;
+- under ``if TYPE_CHECKING:``: it never runs, but it says that A's interface depends on B;
+- inside a function or a method: it runs only when called, which hides a ring from the
+  interpreter but not from the design. Two modules that each need the other are one idea
+  split in two, or a lower one reaching up (docs/architecture.md, "Package map"); a
+  deferred import is kept for a heavy or optional third-party dependency (tenseal,
+  torchvision), which this graph does not contain.
 
 A package is not counted as imported by its own submodules: importing ``P.m`` runs
 ``P/__init__.py`` first, but only an explicit ``from P import x`` in ``P.m`` is an edge.
@@ -61,25 +60,12 @@ def module_files(root: Path = ROOT) -> dict[str, Path]:
     return modules
 
 
-def module_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements of a module outside its functions (see the docstring)."""
-    pending: list[ast.stmt] = list(tree.body)
-    while pending:
-        node = pending.pop(0)
+def imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, inside functions and methods too (see the
+    docstring)."""
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If):  # TYPE_CHECKING blocks included
-            pending += node.body + node.orelse
-        elif isinstance(node, ast.Try):
-            pending += node.body + node.orelse + node.finalbody
-            for handler in node.handlers:
-                pending += handler.body
-        elif isinstance(node, ast.With):
-            pending += node.body
-        elif isinstance(node, (ast.For, ast.While)):
-            pending += node.body + node.orelse
-        elif isinstance(node, ast.ClassDef):  # a class body runs on import, its methods do not
-            pending += node.body
 
 
 def targets(
@@ -101,14 +87,15 @@ def targets(
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the modules it imports when it is imported (edges within the package)."""
+    """Module -> the modules it imports, at module level or in a function (edges within
+    the package)."""
     files = module_files(root)
     known = set(files)
     graph = {}
     for module, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         edges: set[str] = set()
-        for node in module_level_imports(tree):
+        for node in imports(tree):
             edges |= targets(node, module, path.stem == "__init__", known)
         graph[module] = edges - {module}
     return graph
@@ -158,7 +145,7 @@ def test_no_module_of_stratify_is_part_of_an_import_cycle():
     assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
 
 
-def test_the_walk_finds_a_cycle_and_ignores_imports_inside_functions(tmp_path):
+def test_the_walk_finds_a_cycle_made_by_imports_inside_functions_too(tmp_path):
     (tmp_path / "setup.cfg").write_text(
         "[options]\npackages =\n    pkg\n    pkg.extra\npackage_dir =\n    pkg.extra = extra\n"
     )
@@ -168,21 +155,22 @@ def test_the_walk_finds_a_cycle_and_ignores_imports_inside_functions(tmp_path):
     (tmp_path / "pkg" / "a.py").write_text("from pkg.b import thing\n")
     (tmp_path / "pkg" / "b.py").write_text(
         "try:\n    from pkg import c\nexcept ImportError:\n    c = None\n"
-        "def later():\n    from pkg import a\n"
-        "class Later:\n    def method(self):\n        import pkg.e\n"
+        "class Later:\n    def method(self):\n        import pkg.g\n"
     )
-    (tmp_path / "pkg" / "c.py").write_text("from . import a\n")
+    (tmp_path / "pkg" / "c.py").write_text("x = 1\n")
     (tmp_path / "pkg" / "e.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.f import F\n"
     )
     (tmp_path / "pkg" / "f.py").write_text("from pkg.e import E\n")
+    # a ring closed only inside a function: invisible at import, still a ring
+    (tmp_path / "pkg" / "g.py").write_text("def later():\n    from pkg import a\n")
     (tmp_path / "extra" / "__init__.py").write_text("")
     (tmp_path / "extra" / "d.py").write_text("import pkg.a\nfrom ..b import x\n")
     graph = import_graph(tmp_path)
     assert graph["pkg.a"] == {"pkg.b"}
-    assert graph["pkg.b"] == {"pkg", "pkg.c"}  # not the function's or the method's
-    assert graph["pkg.c"] == {"pkg", "pkg.a"}
+    assert graph["pkg.b"] == {"pkg", "pkg.c", "pkg.g"}  # the method's import counts
+    assert graph["pkg.g"] == {"pkg", "pkg.a"}  # so does the function's
     assert graph["pkg.e"] == {"pkg.f"}  # a TYPE_CHECKING import is a dependency
     assert graph["pkg.extra.d"] == {"pkg.a", "pkg.b"}  # extra/ installs as pkg.extra
     found = sorted(cycles(graph), key=len)
-    assert found == [{"pkg.e", "pkg.f"}, {"pkg.a", "pkg.b", "pkg.c"}]
+    assert found == [{"pkg.e", "pkg.f"}, {"pkg.a", "pkg.b", "pkg.g"}]

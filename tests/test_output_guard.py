@@ -168,6 +168,6 @@ def test_the_guard_ends_with_the_stream(stream_files, capsys):
     """A library stream releases its inputs: the same process may write there later."""
     source = stream_files["S"]
     main(["stream", "--source", str(source), "--out", str(stream_files["DIR"] / "b"), *FLAGS])
-    from stratify.runfolder import guarded_as
+    from stratify.files import guarded_as
 
     assert guarded_as(source) is None

@@ -6,29 +6,24 @@ import json
 import pytest
 from conftest import assert_refused_in_one_line
 
-from stratify.algorithms import ALGORITHMS, build_strategy
+from stratify.algorithms import ALGORITHMS, build_strategy, strategy_class
+from stratify.comparison import LOCAL_TRAINING, comparator_for, matched_config
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
-from stratify.parallel import LocalBackend, read_records
+from stratify.parallel import LocalBackend
 from stratify.reproduce.grids import GRIDS, Grid, Settings, paired_column, partition_row, plan_cells
-from stratify.reproduce.paired import (
-    BASES,
-    LOCAL_TRAINING,
-    comparator_for,
-    matched_config,
-    pair_budgets,
-    paired_difference,
-)
+from stratify.reproduce.paired import pair_budgets, paired_difference
 from stratify.reproduce.runner import reproduce
+from stratify.runfiles import read_records
 
 
 def test_every_method_with_a_base_has_one_and_the_rest_are_refused_in_one_line():
     for method in ALGORITHMS:
         mode = "batch"
-        if method in BASES:
+        if strategy_class(method).comparator is not None:
             base, options = comparator_for(method, {}, mode)
-            assert base == BASES[method]
+            assert base == strategy_class(method).comparator
             resolved = build_strategy(method, {}, mode).options
             for name in LOCAL_TRAINING:
                 if name == "weighting" and method == "scaffold":
@@ -219,10 +214,8 @@ UNEQUAL_PAIRED = Grid(
 
 def test_a_paired_dry_run_flags_a_pair_whose_budgets_differ(monkeypatch, capsys, tmp_path):
     from stratify.cli.main import main
-    from stratify.reproduce import paired
 
     monkeypatch.setitem(ALGORITHMS, "double-work-fedprox", "toy_methods:DoubleWorkFedProx")
-    monkeypatch.setitem(paired.BASES, "double-work-fedprox", "fedavg")
     monkeypatch.setitem(GRIDS, "unequal-paired", UNEQUAL_PAIRED)
     main(["reproduce", "unequal-paired", "--out", str(tmp_path), "--seeds", "0", "--dry-run"])
     pairs = [line for line in capsys.readouterr().err.splitlines() if " vs " in line]

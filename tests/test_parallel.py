@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stratify.backend import single_thread_settings
 from stratify.cli.main import main
 from stratify.data.datasets import dataset_uses_seed, load_dataset
 from stratify.errors import ConfigError
@@ -61,8 +62,7 @@ def sequential(tmp_path, configs):
     results = []
     for index, original in enumerate(configs):
         reference = dataclasses.replace(original, out=str(tmp_path / f"ref-{index}"))
-        torch.set_num_threads(1)
-        torch.backends.mkldnn.enabled = True
+        single_thread_settings()
         Run(reference).train()
         results.append(metrics(reference.out))
     return results

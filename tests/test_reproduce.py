@@ -19,7 +19,6 @@ from stratify.parallel import (
     RayBackend,
     RunOutcome,
     check_ray_address,
-    read_records,
 )
 from stratify.reproduce.grids import (
     GRIDS,
@@ -44,6 +43,7 @@ from stratify.reproduce.tuning import (
     rungs,
 )
 from stratify.run import EpochRecord, Run
+from stratify.runfiles import read_records
 
 # two methods, one partition, batch mode on the embedded digits: a few seconds per cell
 TINY = Grid(

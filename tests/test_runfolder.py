@@ -15,6 +15,7 @@ import pytest
 
 from stratify import runfolder
 from stratify.errors import CorruptRunError, OutputError
+from stratify.files import read_file
 from stratify.runfolder import RunFolder, auxiliary_name, strict_json, write_atomically
 
 FILES = ("config.json", "metrics.jsonl", "checkpoint.pt")
@@ -460,5 +461,5 @@ def test_read_file_refuses_a_fifo_without_waiting(tmp_path):
     os.mkfifo(tmp_path / "metrics.jsonl")
     started = time.monotonic()
     with pytest.raises(CorruptRunError, match="metrics.jsonl is a FIFO, not a regular file"):
-        runfolder.read_file(tmp_path / "metrics.jsonl")
+        read_file(tmp_path / "metrics.jsonl")
     assert time.monotonic() - started < 5

@@ -9,6 +9,7 @@ from stratify.testing import (
     CHECKS,
     MethodCase,
     check_comparator,
+    check_declarations,
     check_method,
     check_resume,
     checks_for,
@@ -48,7 +49,7 @@ def test_a_method_registered_in_a_test_gets_every_check(register):
     register("noisy-fedavg", "NoisyFedAvg")
     done = check_method("noisy-fedavg")
     modes = ("single-sample", "batch")
-    # every check but the comparator's: noisy-fedavg has no base registered to match
+    # every check but the comparator's: noisy-fedavg inherits FedAvg's "no base to match"
     expected = [check.name for check in CHECKS if check.name != "comparator"]
     assert done == [f"noisy-fedavg-{mode}-{name}" for mode in modes for name in expected]
 
@@ -63,40 +64,34 @@ def test_the_resume_check_needs_the_torch_generator_restored(register, monkeypat
 
 
 #: A broken method (tests/toy_methods.py) for each way of breaking a check: its name, its
-#: class, the method it claims as its base (for the comparator check) and the checks that
+#: class (whose base, for the comparator check, is its parent's) and the checks that
 #: must refuse it, each with a word of its message. A method drawing from a global
 #: generator fails the resume check too: that check's runs start from other generator
 #: states as well.
 BROKEN = [
-    ("idle-fedavg", "IdleFedAvg", None, {"first_epoch": "no optimizer step"}),
+    ("idle-fedavg", "IdleFedAvg", {"first_epoch": "no optimizer step"}),
     (
         "global-numpy-fedavg",
         "GlobalNumpyFedAvg",
-        None,
         {"same_seed": "epoch 1 weights", "resume": "after a resume"},
     ),
-    ("private-generator-fedavg", "PrivateGeneratorFedAvg", None, {"resume": "after a resume"}),
-    ("forgetful-fedavgm", "ForgetfulFedAvgM", None, {"resume": "after a resume"}),
-    ("mean-loss-fedavg", "MeanLossFedAvg", None, {"resume": "method state"}),
-    ("one-way-fedavg", "OneWayFedAvg", None, {"traffic": "copies were received"}),
-    ("stale-loss-fedavg", "StaleLossFedAvg", None, {"state_round_trip": "load_state_dict"}),
-    ("unchecked-noisy-fedavg", "UncheckedNoisyFedAvg", None, {"bad_options": "--noise"}),
-    ("double-work-fedprox", "DoubleWorkFedProx", "fedavg", {"comparator": "its comparator's"}),
-    ("unplanned-fedprox", "UnplannedFedProx", "fedavg", {"comparator": "plans no"}),
+    ("private-generator-fedavg", "PrivateGeneratorFedAvg", {"resume": "after a resume"}),
+    ("forgetful-fedavgm", "ForgetfulFedAvgM", {"resume": "after a resume"}),
+    ("mean-loss-fedavg", "MeanLossFedAvg", {"resume": "method state"}),
+    ("one-way-fedavg", "OneWayFedAvg", {"traffic": "copies were received"}),
+    ("stale-loss-fedavg", "StaleLossFedAvg", {"state_round_trip": "load_state_dict"}),
+    ("unchecked-noisy-fedavg", "UncheckedNoisyFedAvg", {"bad_options": "--noise"}),
+    ("double-work-fedprox", "DoubleWorkFedProx", {"comparator": "its comparator's"}),
+    ("unplanned-fedprox", "UnplannedFedProx", {"comparator": "plans no"}),
+    ("namesake-fedavg", "NamesakeFedAvg", {"declarations": "'FedAvg' is also fedavg's"}),
 ]
 
 
-@pytest.mark.parametrize(
-    "name, class_name, base, refused", BROKEN, ids=[entry[0] for entry in BROKEN]
-)
+@pytest.mark.parametrize("name, class_name, refused", BROKEN, ids=[entry[0] for entry in BROKEN])
 def test_each_broken_method_is_refused_by_the_checks_it_breaks_and_only_those(
-    register, monkeypatch, name, class_name, base, refused
+    register, name, class_name, refused
 ):
-    from stratify.reproduce import paired
-
     register(name, class_name)
-    if base is not None:
-        monkeypatch.setitem(paired.BASES, name, base)
     case = MethodCase(name, "batch")
     messages = {}
     for check in checks_for(case):
@@ -118,3 +113,16 @@ def test_the_comparator_check_applies_to_the_methods_with_a_base():
     check_comparator(MethodCase("fedprox", "batch"))
     applies = {check.name: check.applies for check in CHECKS}["comparator"]
     assert applies(MethodCase("fedprox", "batch")) and not applies(MethodCase("sfl", "batch"))
+
+
+def test_a_method_that_leaves_its_decisions_undeclared_is_refused(register):
+    # the toy states its label only: no comparator (nor why none), no test options, ...
+    register("undeclared", "UndeclaredMethod")
+    with pytest.raises(AssertionError, match="declares no comparator, effective_weighting"):
+        check_declarations(MethodCase("undeclared", "batch"))
+
+
+def test_a_declaration_inherited_from_a_parent_method_counts(register):
+    # NoisyFedAvg declares nothing itself: FedAvg's decisions are its own
+    register("noisy-fedavg", "NoisyFedAvg")
+    check_declarations(MethodCase("noisy-fedavg", "batch"))

@@ -14,7 +14,7 @@ from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.baselines.fedavgm import FedAvgM
 from stratify.baselines.fedprox import FedProx
 from stratify.client import LocalResult
-from stratify.method import ClientUpdate, Context, Round
+from stratify.method import ClientUpdate, Context, Round, Strategy
 from stratify.options import option
 from stratify.state import State
 from stratify.validation import check_nonnegative
@@ -23,8 +23,6 @@ from stratify.validation import check_nonnegative
 @dataclass
 class NoisyFedAvgOptions(FedAvgOptions):
     """FedAvg's options and the standard deviation of the server's noise."""
-
-    algorithm = "noisy-fedavg"
 
     noise: float = option(
         0.01, "Standard deviation of the noise added to the average.", check=check_nonnegative
@@ -37,6 +35,7 @@ class NoisyFedAvg(FedAvg):
     that generator, which a checkpoint must carry."""
 
     name = "noisy-fedavg"
+    label = "Noisy FedAvg"
     description = "FedAvg plus Gaussian noise on the average, from torch's generator"
     options_class = NoisyFedAvgOptions
     options: NoisyFedAvgOptions
@@ -53,6 +52,7 @@ class ForgetfulFedAvgM(FedAvgM):
     the server momentum from zero. A broken method, for the conformance checks to refuse."""
 
     name = "forgetful-fedavgm"
+    label = "Forgetful FedAvgM"
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -66,6 +66,7 @@ class GlobalNumpyFedAvg(FedAvg):
     checkpoint carries it. A broken method, for the conformance checks to refuse."""
 
     name = "global-numpy-fedavg"
+    label = "Global-numpy FedAvg"
 
     def server_update(self, context: Context, average: State) -> State:
         return {
@@ -80,6 +81,7 @@ class OneWayFedAvg(FedAvg):
     half the traffic it sends. A broken method, for the conformance checks to refuse."""
 
     name = "one-way-fedavg"
+    label = "One-way FedAvg"
 
     def client_update(
         self, context: Context, client: int, model: nn.Module, result: LocalResult
@@ -94,6 +96,7 @@ class DoubleWorkFedProx(FedProx):
     is not what its options (and so its matched comparator) plan."""
 
     name = "double-work-fedprox"
+    label = "Double-work FedProx"
 
     @property
     def local_epochs(self) -> int:
@@ -106,6 +109,7 @@ class IdleFedAvg(FedAvg):
     conformance checks to refuse."""
 
     name = "idle-fedavg"
+    label = "Idle FedAvg"
 
     @property
     def local_epochs(self) -> int:
@@ -118,6 +122,7 @@ class PrivateGeneratorFedAvg(FedAvg):
     method, for the conformance checks to refuse."""
 
     name = "private-generator-fedavg"
+    label = "Private-generator FedAvg"
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -138,6 +143,7 @@ class MeanLossFedAvg(FedAvg):
     method, for the conformance checks to refuse."""
 
     name = "mean-loss-fedavg"
+    label = "Mean-loss FedAvg"
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -165,6 +171,7 @@ class StaleLossFedAvg(FedAvg):
     back shows it lost. A broken method, for the conformance checks to refuse."""
 
     name = "stale-loss-fedavg"
+    label = "Stale-loss FedAvg"
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -185,8 +192,6 @@ class StaleLossFedAvg(FedAvg):
 class UncheckedNoisyFedAvgOptions(FedAvgOptions):
     """NoisyFedAvg's options with the check of the noise forgotten."""
 
-    algorithm = "unchecked-noisy-fedavg"
-
     noise: float = option(0.01, "Standard deviation of the noise added to the average.")
 
 
@@ -196,6 +201,7 @@ class UncheckedNoisyFedAvg(NoisyFedAvg):
     broken method, for the conformance checks to refuse."""
 
     name = "unchecked-noisy-fedavg"
+    label = "Unchecked noisy FedAvg"
     options_class = UncheckedNoisyFedAvgOptions
 
 
@@ -204,6 +210,32 @@ class UnplannedFedProx(FedProx):
     its comparator's work. A broken method, for the conformance checks to refuse."""
 
     name = "unplanned-fedprox"
+    label = "Unplanned FedProx"
 
     def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
         return None
+
+
+class NamesakeFedAvg(FedAvg):
+    """A FedAvg variant that forgot its own label: it would show as FedAvg in every grid
+    and table. A broken method, for the declarations check to refuse."""
+
+    name = "namesake-fedavg"
+
+
+class UndeclaredMethod(Strategy):
+    """A method that states its name and label but none of the other decisions of
+    :data:`stratify.testing.DECLARATIONS` (comparator, test options, ...): a broken method,
+    for the declarations check to refuse. Its rounds train nobody."""
+
+    name = "undeclared"
+    description = "no clients, no training: a method that declares almost nothing"
+    label = "Undeclared"
+
+    def configure_rounds(
+        self, context: Context, epoch: int, rng: np.random.Generator
+    ) -> list[Round]:
+        return [Round()]
+
+    def fit(self, context: Context, round_: Round, rng: np.random.Generator) -> list[ClientUpdate]:
+        return []

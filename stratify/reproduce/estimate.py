@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stratify.errors import CorruptRunError, OutputError
+from stratify.files import file_kind
 from stratify.parallel import (
     LocalBackend,
     RunEvent,
@@ -42,7 +43,7 @@ from stratify.reproduce.tuning import (
     tuning_config,
 )
 from stratify.runfiles import is_count, is_metric, read_json_object
-from stratify.runfolder import describe_os_error, file_kind, write_atomically
+from stratify.runfolder import describe_os_error, write_atomically
 from stratify.vectorize import plan_groups
 
 CALIBRATION_FILE = "calibration.json"

@@ -4,19 +4,25 @@ A :class:`Grid` holds the settings its cells share (``values`` for
 :class:`~stratify.config.TrainConfig`, ``options`` for the method), its rows (usually the
 partitions) and its columns (usually the methods); a row's or a column's values override
 the grid's. :func:`plan_cells` expands a grid with the command's :class:`Settings` into
-one :class:`Cell` per row, column and seed, each with its own run folder
+one :class:`Cell` per row, column and seed, each with its own run folder; a paired
+column's cells come with their matched comparator's (:func:`pair_cells`)
 (docs/architecture.md, "Reproducing the papers").
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.algorithms import ALGORITHMS, method_label, strategy_class
 from stratify.backend import DEVICES
+from stratify.comparison import matched_config
 from stratify.config import TrainConfig
 from stratify.data.datasets import dataset_options
 from stratify.data.datasets.base import check_options
@@ -31,20 +37,6 @@ from stratify.validation import (
     check_text,
 )
 
-#: how the papers write the methods
-METHOD_LABELS = {
-    "stratify": "Stratify",
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "scaffold": "SCAFFOLD",
-    "fedavgm": "FedAvgM",
-    "sfl": "SFL",
-    "fedtan": "FedTAN",
-    "fedbss": "FedBSS",
-    "fedbr": "FedBR",
-    "feddiverse": "FedDiverse",
-    "lfd": "LfD",
-}
 BASELINES = ("fedavg", "fedprox", "scaffold", "sfl")
 #: clients of a cell when neither the command nor the grid sets them
 DEFAULT_CLIENTS = 10
@@ -138,16 +130,14 @@ def slug(text: str) -> str:
 
 
 def method_column(algorithm: str, **options: Any) -> Column:
-    return Column(
-        algorithm, METHOD_LABELS.get(algorithm, algorithm), {"algorithm": algorithm}, options
-    )
+    return Column(algorithm, method_label(algorithm), {"algorithm": algorithm}, options)
 
 
 def batch_column(algorithm: str) -> Column:
     """A batch-only method in a single-sample table: run in batch mode, labelled so."""
     return Column(
         algorithm,
-        f"{METHOD_LABELS.get(algorithm, algorithm)} (batch)",
+        f"{method_label(algorithm)} (batch)",
         {"algorithm": algorithm, "mode": "batch"},
     )
 
@@ -233,7 +223,7 @@ def paired_column(algorithm: str, label: str | None = None, **values: Any) -> Co
     config_keys = {"dataset", "epochs", "clients", "partition", "model", "norm", "lr"}
     return Column(
         algorithm,
-        label or METHOD_LABELS.get(algorithm, algorithm),
+        label or method_label(algorithm),
         {"algorithm": algorithm, **{k: v for k, v in values.items() if k in config_keys}},
         {k: v for k, v in values.items() if k not in config_keys},
         paired=True,
@@ -693,8 +683,6 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
                 for seed in settings.seeds
             ]
             if column.paired:
-                from stratify.reproduce.paired import pair_cells  # paired imports this module
-
                 paired, reason = pair_cells(row_cells, cells, out)
                 if reason is not None:
                     note(reason)
@@ -704,3 +692,55 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
     if not cells:
         raise ConfigError(f"grid {grid.name}: no cell can run here ({'; '.join(notes)})")
     return cells, notes
+
+
+# -- paired columns: each method beside its matched comparator ---------------------------
+
+
+def comparator_key(config: TrainConfig) -> str:
+    """A comparator column's folder name: its base and a digest of what it is, the
+    same for every method whose comparator comes out the same."""
+    identity = {
+        key: value
+        for key, value in dataclasses.asdict(config).items()
+        if key not in ("seed", "out", "epochs", "partition", "clients", "data_dir", "device")
+    }
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+    return f"{config.algorithm}-matched-{digest[:8]}"
+
+
+def pair_cells(
+    method_cells: Sequence[Cell], planned: Sequence[Cell], out: str | Path
+) -> tuple[list[Cell], str | None]:
+    """One row's cells of a paired method column, with their comparators.
+
+    Returns the method's cells, each naming its comparator column, and the comparator
+    cells not already among ``planned`` (a comparator that several methods share runs
+    once: its column key is a digest of its configuration, :func:`comparator_key`); or no
+    cells and the one-line reason the method cannot be paired.
+    """
+    if not method_cells:
+        return [], None
+    first = method_cells[0]
+    try:
+        matched = [matched_config(cell.config) for cell in method_cells]
+    except ConfigError as error:
+        return [], f"{first.column.label}: {error}; left out"
+    key = comparator_key(matched[0])
+    result = [dataclasses.replace(cell, comparator=key) for cell in method_cells]
+    if any((cell.row.key, cell.column.key) == (first.row.key, key) for cell in planned):
+        return result, None  # the same comparator as an earlier method's: it runs once
+    base = matched[0].algorithm
+    column = Column(key, f"{method_label(base)} (matched)", {"algorithm": base}, matched[0].options)
+    result += [
+        Cell(
+            cell.row,
+            column,
+            cell.seed,
+            dataclasses.replace(
+                config, out=str(Path(out) / "cells" / cell.row.key / key / f"seed-{cell.seed}")
+            ),
+        )
+        for cell, config in zip(method_cells, matched)
+    ]
+    return result, None

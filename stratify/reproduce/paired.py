@@ -1,202 +1,28 @@
-"""Matched comparisons: every method against its base, with the same local training.
+"""Paired grids: every method against its matched comparator, with the same local training.
 
-A method M that modifies a base method (FedProx, SCAFFOLD, FedAvgM, FedBSS, FedBR, LfD,
-FedTAN modify FedAvg; FedDiverse modifies FedAvgM's client selection) is compared with
-its *matched comparator*: the base run with M's local optimizer (learning rate, momentum,
-weight decay), M's local work (epochs or iterations × batch), M's clients per round, M's
-aggregation weights, and the run's rounds and seed, so that the only difference between
-the two runs is M's own mechanism (:func:`comparator_for`, :func:`matched_config`).
-
-A paired grid derives each comparator's cells from its method's cells; comparators of
-several methods that come out the same (FedProx's and FedAvgM's are both FedAvg with
-NIID-Bench's local SGD) run once (:func:`pair_cells`). The comparison itself is the
-difference of the two runs' last-rounds mean accuracies, paired by seed, with a 95%
-interval over the seeds (:func:`paired_difference`); :func:`planned_sample_gradients`
-checks before anything runs that the two do the same local work (docs/architecture.md,
-"Reproducing the papers").
+The matched comparator of a method (its declared base, run with the method's local
+optimizer, local work, clients per round, weighting, rounds and seed) is made by
+:mod:`stratify.comparison`. A paired grid derives each comparator's cells from its
+method's cells; comparators of several methods that come out the same (FedProx's and
+FedAvgM's are both FedAvg with NIID-Bench's local SGD) run once
+(:func:`stratify.reproduce.grids.pair_cells`).
+The comparison itself is the difference of the two runs' last-rounds mean accuracies,
+paired by seed, with a 95% interval over the seeds (:func:`paired_difference`);
+:func:`~stratify.comparison.planned_sample_gradients` checks before anything runs that the
+two do the same local work (docs/architecture.md, "Reproducing the papers").
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-from stratify.algorithms import build_strategy
-from stratify.config import TrainConfig, default_lr
+from stratify.comparison import planned_sample_gradients
 from stratify.errors import ConfigError
-from stratify.reproduce.grids import METHOD_LABELS, Cell, Column
-
-#: method -> the method it modifies, whose matched run isolates its mechanism
-BASES: dict[str, str] = {
-    "fedprox": "fedavg",
-    "scaffold": "fedavg",
-    "fedavgm": "fedavg",
-    "fedbss": "fedavg",
-    "fedbr": "fedavg",
-    "lfd": "fedavg",
-    "fedtan": "fedavg",
-    # FedDiverse is client selection on FedAvgM (β 0.95); its paper compares it with
-    # uniformly random clients on the same FedAvgM (Table III), so the server momentum
-    # stays and only the selection differs
-    "feddiverse": "fedavgm",
-}
-
-#: why a method has no matched comparator
-NO_COMPARATOR: dict[str, str] = {
-    "fedavg": "fedavg is the base the other methods are matched against",
-    "stratify": (
-        "stratify has no base and no local optimizer to match (its global model travels "
-        "and takes one step per sample or per global batch)"
-    ),
-    "sfl": "sfl has no base to match (its model passes through every client in turn)",
-}
-
-#: the local-training options a comparator copies from its method (resolved for the mode)
-LOCAL_TRAINING = (
-    "local_epochs",
-    "local_steps",
-    "local_batch_size",
-    "local_momentum",
-    "local_weight_decay",
-    "client_fraction",
-    "weighting",
-)
-#: the server options a FedAvgM comparator copies too
-SERVER_OPTIONS = ("server_momentum", "server_lr")
-
-
-def comparator_for(
-    method: str, options: Mapping[str, Any], mode: str = "batch"
-) -> tuple[str, dict[str, Any]]:
-    """The matched comparator of ``method`` run with ``options``: its base's name and the
-    base's options.
-
-    The options are ``method``'s own resolved for ``mode`` (defaults filled in), reduced to
-    what the base shares with it: local epochs or iterations, batch, momentum, weight
-    decay, client fraction and aggregation weights (for a FedAvgM base also its server
-    momentum and rate). Everything that is ``method``'s mechanism (μ, control variates,
-    pacing, pseudo-data, drift regulariser, shared statistics, client selection) is
-    left out. The learning rate, the rounds and the seed are run settings, not options:
-    :func:`matched_config` copies them.
-
-    Parameters
-    ----------
-    method : str
-        A registered method.
-    options : mapping
-        Its options as given (``None`` or absent: the method's default).
-    mode : {"batch", "single-sample"}
-        The learning setting the two run in.
-
-    Raises
-    ------
-    ConfigError
-        One line, for a method with no base or no local optimizer to match.
-    """
-    if method not in BASES:
-        reason = NO_COMPARATOR.get(method, f"{method} has no base method registered to match")
-        raise ConfigError(f"no matched comparator: {reason}")
-    base = BASES[method]
-    resolved = build_strategy(method, options, mode).options
-    shared = LOCAL_TRAINING + (SERVER_OPTIONS if base == "fedavgm" else ())
-    values = {
-        name: getattr(resolved, name)
-        for name in shared
-        if getattr(resolved, name, None) is not None
-    }
-    missing = [name for name in ("local_batch_size", "local_momentum") if name not in values]
-    if missing:
-        raise ConfigError(
-            f"no matched comparator: {method} has no local optimizer to match (no "
-            f"{', '.join(missing)})"
-        )
-    # the base resolves its own defaults the same way: what is given here wins
-    build_strategy(base, values, mode)
-    return base, values
-
-
-def method_lr(config: TrainConfig) -> float:
-    """The learning rate ``config``'s run uses: its ``--lr``, else the method's own
-    (its paper's, by data set where the paper sets it so), else the dataset's."""
-    if config.lr is not None:
-        return config.lr
-    strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
-
-
-def matched_config(config: TrainConfig) -> TrainConfig:
-    """The comparator run of the method run ``config``: :func:`comparator_for`'s base and
-    options, the method's resolved learning rate and schedule, and every other setting
-    (data, split, clients, model, rounds, seed, device) as in ``config``; no ``out``."""
-    base, options = comparator_for(config.algorithm, config.options, config.mode)
-    strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return dataclasses.replace(
-        config,
-        algorithm=base,
-        options=options,
-        lr=method_lr(config),
-        lr_schedule=config.lr_schedule or strategy.lr_schedule_for(config.mode),
-        out=None,
-    )
-
-
-def comparator_key(config: TrainConfig) -> str:
-    """A comparator column's folder name: its base and a digest of what it is, the
-    same for every method whose comparator comes out the same."""
-    identity = {
-        key: value
-        for key, value in dataclasses.asdict(config).items()
-        if key not in ("seed", "out", "epochs", "partition", "clients", "data_dir", "device")
-    }
-    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
-    return f"{config.algorithm}-matched-{digest[:8]}"
-
-
-def pair_cells(
-    method_cells: Sequence[Cell], planned: Sequence[Cell], out: str | Path
-) -> tuple[list[Cell], str | None]:
-    """One row's cells of a paired method column, with their comparators.
-
-    Returns the method's cells, each naming its comparator column, and the comparator
-    cells not already among ``planned`` (a comparator that several methods share runs
-    once: its column key is a digest of its configuration, :func:`comparator_key`); or no
-    cells and the one-line reason the method cannot be paired.
-    """
-    if not method_cells:
-        return [], None
-    first = method_cells[0]
-    try:
-        matched = [matched_config(cell.config) for cell in method_cells]
-    except ConfigError as error:
-        return [], f"{first.column.label}: {error}; left out"
-    key = comparator_key(matched[0])
-    result = [dataclasses.replace(cell, comparator=key) for cell in method_cells]
-    if any((cell.row.key, cell.column.key) == (first.row.key, key) for cell in planned):
-        return result, None  # the same comparator as an earlier method's: it runs once
-    base = matched[0].algorithm
-    column = Column(
-        key, f"{METHOD_LABELS.get(base, base)} (matched)", {"algorithm": base}, matched[0].options
-    )
-    result += [
-        Cell(
-            cell.row,
-            column,
-            cell.seed,
-            dataclasses.replace(
-                config, out=str(Path(out) / "cells" / cell.row.key / key / f"seed-{cell.seed}")
-            ),
-        )
-        for cell, config in zip(method_cells, matched)
-    ]
-    return result, None
-
+from stratify.reproduce.grids import Cell
 
 # -- budgets --------------------------------------------------------------------------------
 
@@ -258,15 +84,6 @@ def pair_budgets(cells: Sequence[Cell]) -> list[PairBudget]:
             )
         )
     return budgets
-
-
-def planned_sample_gradients(config: TrainConfig, client_sizes: Sequence[int]) -> float | None:
-    """The local training samples a round of ``config``'s method is planned to take, in
-    expectation over its uniformly drawn participants, for clients of ``client_sizes``
-    samples (:meth:`~stratify.method.Strategy.planned_sample_gradients`); ``None`` where
-    the method plans no such budget."""
-    strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return strategy.planned_sample_gradients([int(size) for size in client_sizes])
 
 
 # -- the comparison -------------------------------------------------------------------------

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratify.algorithms import method_label, strategy_class
 from stratify.errors import CorruptRunError
 from stratify.measures import accuracy_summary
 from stratify.parallel import RunOutcome, best_of
-from stratify.reproduce.grids import METHOD_LABELS, Cell, Column, Grid, Row
+from stratify.reproduce.grids import Cell, Column, Grid, Row
 from stratify.reproduce.paired import (
     VERDICTS,
     PairedDifference,
@@ -580,14 +581,18 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
             seed_values(method, "best_accuracy"),
             seed_values(comparator, "best_accuracy"),
         )
-        base = comparator[0].cell.config.algorithm if comparator else "fedavg"
+        base = (
+            comparator[0].cell.config.algorithm
+            if comparator
+            else str(strategy_class(method[0].cell.config.algorithm).comparator)
+        )
         difference = paired_difference(ours, theirs)
         lines.append(
             [
                 rows[row_key].label,
                 method[0].cell.column.label,
                 mean_text(ours),
-                f"{METHOD_LABELS.get(base, base)}: {mean_text(theirs)}",
+                f"{method_label(base)}: {mean_text(theirs)}",
                 signed_points(difference)
                 + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
                 str(pair_verdict(difference, ours, theirs, method + comparator)),

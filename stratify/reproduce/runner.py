@@ -18,8 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from stratify.backend import cpu_backend
 from stratify.data.holdout import holdout_validation
 from stratify.errors import ConfigError, CorruptRunError, OutputError, StratifyError
 from stratify.experiment import build_experiment, partition_clients
@@ -139,8 +138,8 @@ def check_setups(specs: Sequence[RunSpec]) -> None:
     """
     datasets = DatasetCache(size=2)
     built: set[str] = set()
-    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
-    try:
+    # a single-sample set-up switches this process to one thread, oneDNN off: undone after
+    with cpu_backend():
         for spec in specs:
             config = replace(spec.config, secure=False, out=None)
             try:
@@ -155,10 +154,6 @@ def check_setups(specs: Sequence[RunSpec]) -> None:
                 partition_clients(dataset, config)
             except StratifyError as error:
                 raise ConfigError(f"{spec.name}: {error}") from None
-    finally:
-        # a single-sample set-up switches this process to one thread, oneDNN off
-        torch.set_num_threads(threads)
-        torch.backends.mkldnn.enabled = mkldnn  # type: ignore[assignment]
 
 
 def run_phase(

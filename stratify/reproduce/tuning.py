@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stratify.algorithms import build_strategy
-from stratify.config import TrainConfig, default_lr
+from stratify.config import TrainConfig, resolve_lr
 from stratify.errors import ConfigError, CorruptRunError
 from stratify.parallel import COMPLETE, RunOutcome, RunSpec
 from stratify.reproduce.grids import Cell
@@ -145,8 +145,7 @@ def tuning_epochs(config: TrainConfig, requested: int | None) -> int:
 def method_default_lr(config: TrainConfig) -> float:
     """The rate ``config``'s method uses when none is given: its paper's, else the
     dataset's default."""
-    strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
+    return resolve_lr(replace(config, lr=None))
 
 
 def candidates(default: float, factors: Sequence[float]) -> tuple[float, ...]:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from stratify.errors import ConfigError, OutputError
-from stratify.runfolder import check_output, describe_os_error, strict_json
+from stratify.files import check_output
+from stratify.runfolder import describe_os_error, strict_json
 
 #: seconds between two syncs of an appended file
 SYNC_SECONDS = 1.0

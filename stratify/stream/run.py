@@ -34,14 +34,13 @@ from typing import Any
 import torch
 
 from stratify.errors import ConfigError
+from stratify.files import guard_input, release_input
 from stratify.run import RUN_FILES
 from stratify.runfolder import (
     RunFolder,
     check_same_settings,
     checkpoint_bytes,
-    guard_input,
     read_checkpoint,
-    release_input,
     software_versions,
 )
 from stratify.stream.config import RESUMABLE_STREAM_CHANGES, StreamConfig

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from stratify.errors import ConfigError, CorruptRunError, DatasetError
+from stratify.files import file_kind, read_file
 from stratify.options import DatasetOptions, check_value
-from stratify.runfolder import file_kind, read_file
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""What a run folder holds before its run starts: nothing, a finished run, a checkpoint
+to resume, or a run of another configuration (:func:`folder_state`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stratify.config import TrainConfig
+from stratify.errors import (
+    CorruptRunError,
+)
+from stratify.run import RUN_FILES
+from stratify.runfiles import check_checkpoint_file, read_json_object, read_records
+from stratify.runfolder import json_safe
+
+
+@dataclass(frozen=True)
+class FolderState:
+    """What a run folder holds: ``empty``, ``finished`` (every epoch asked for),
+    ``resumable`` (a checkpoint), ``partial`` (files but no checkpoint), ``corrupt`` (a
+    file that cannot be read back: ``reason`` says which and why).
+
+    ``differences`` lists the settings in which its ``config.json`` differs from the
+    configuration asked for (empty when they agree or the folder holds no run).
+    """
+
+    kind: str
+    epochs_done: int = 0
+    differences: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def config_differences(saved: dict[str, Any], config: TrainConfig) -> tuple[str, ...]:
+    """``"key: saved vs asked"`` for each setting a resumed run must share (as JSON)."""
+    asked = json.loads(json.dumps(json_safe(config.comparable())))
+    return tuple(
+        f"{key}: {saved.get(key)!r:.60} vs {value!r}"
+        for key, value in asked.items()
+        if saved.get(key) != value
+    )
+
+
+def folder_state(config: TrainConfig) -> FolderState:
+    """What ``config.out`` holds, compared with ``config``; never raises on what the
+    files hold (a damaged one makes the folder ``corrupt``)."""
+    out = Path(str(config.out))
+    try:
+        present = [name for name in RUN_FILES if os.path.lexists(out / name)]
+        if not present:
+            return FolderState("empty")
+        if "config.json" not in present:
+            return FolderState("corrupt", reason=f"{out / 'config.json'} is missing")
+        saved = read_json_object(out / "config.json")
+        records = read_records(out)
+        if "summary.json" in present:
+            read_json_object(out / "summary.json")
+        if "checkpoint.pt" in present:
+            check_checkpoint_file(out / "checkpoint.pt")
+    except CorruptRunError as error:
+        return FolderState("corrupt", reason=str(error))
+    except OSError as error:
+        return FolderState("corrupt", reason=f"{out}: {error.strerror or error}")
+    differences = config_differences(saved, config)
+    done = len(records)
+    if done >= config.epochs:
+        return FolderState("finished", done, differences)
+    if "checkpoint.pt" in present:
+        return FolderState("resumable", done, differences)
+    return FolderState("partial", done, differences)
+
+
+def best_of(records: Sequence[dict[str, Any]]) -> tuple[float | None, int | None]:
+    """Best test accuracy of ``records`` and its epoch (the first, on ties)."""
+    if not records:
+        return None, None
+    best = max(records, key=lambda record: record["test_accuracy"])
+    return best["test_accuracy"], best["epoch"]
