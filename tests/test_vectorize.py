@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import stratify.compiled
+import stratify.vectorize
 from stratify.cli.main import main
 from stratify.client import LocalJob, LocalTrainer, ProximalGradient
 from stratify.compiled import StepTerms
@@ -362,3 +363,50 @@ def copy_model(model: torch.nn.Module) -> torch.nn.Module:
     clone = build_model("mlp", (6,), 3, hidden=(8,))
     clone.load_state_dict(model.state_dict())
     return clone
+
+
+def bench_vectorised(tmp_path, *extra: str) -> list[str]:
+    path = tmp_path / "steps.json"
+    return [
+        "bench",
+        "steps",
+        "--steps",
+        "48",
+        "--check-every",
+        "16",
+        "--compile",
+        "off",
+        "--vectorize",
+        "3",
+        "--json",
+        str(path),
+        *extra,
+    ]
+
+
+def test_bench_steps_checks_the_lanes_in_float64(tmp_path, capsys):
+    """``bench steps --vectorize``: the lanes, run in float64, end every segment where the
+    float64 eager loop does, to float64 rounding."""
+    main(bench_vectorised(tmp_path))
+    result = json.loads((tmp_path / "steps.json").read_text())
+    assert result["weights_match"] is True
+    assert result["vectorized_lanes"] == 3
+    assert result["vectorized_float64_share"] < 1e-9
+    assert "lanes 0/2 checked in float64" in capsys.readouterr().out
+
+
+def test_bench_steps_fails_a_lane_that_leaves_a_step_out(tmp_path, capsys, monkeypatch):
+    """A lane bug (every job's first sample left out of the vectorised lanes) fails the
+    benchmark's check: exit 2, one line, ``weights_match`` false."""
+    original = stratify.vectorize.padded_blocks
+
+    def leaves_the_first_step_out(order, steps_per_call):
+        return original(order[1:], steps_per_call)
+
+    monkeypatch.setattr(stratify.vectorize, "padded_blocks", leaves_the_first_step_out)
+    with pytest.raises(SystemExit) as caught:
+        main(bench_vectorised(tmp_path))
+    assert caught.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "the vectorised lanes, run in float64" in lines[0], lines
+    assert json.loads((tmp_path / "steps.json").read_text())["weights_match"] is False
