@@ -7,6 +7,8 @@ runs a segment from the reference loop's weights at its start and must end where
 reference ended. Comparing only at the very end would not work: batch-of-one SGD amplifies
 float rounding, and loops with different kernels drift apart after a few thousand steps
 even when they make exactly the same updates (docs/architecture.md, "Performance").
+Runs stepped together (``--vectorize``) are checked the same way in float64, where such
+rounding cannot part correct loops.
 """
 
 from __future__ import annotations
