@@ -7,6 +7,8 @@ runs a segment from the reference loop's weights at its start and must end where
 reference ended. Comparing only at the very end would not work: batch-of-one SGD amplifies
 float rounding, and loops with different kernels drift apart after a few thousand steps
 even when they make exactly the same updates (docs/architecture.md, "Performance").
+Runs stepped together (``--vectorize``) are checked the same way in float64, where such
+rounding cannot part correct loops.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ from stratify.vectorize import LaneRunner, TrainingData
 #: reference's by at most this share of how far the reference moved in the segment;
 #: float rounding stays near 1e-5 of it, one step left out or reordered is ~1e-2 or more
 MATCH_TOLERANCE = 1e-3
+
+#: the vectorised lanes match when, run in float64, their weights differ from the float64
+#: reference's by at most this share of its movement per check: float64 rounding stays
+#: near 1e-13 of it, one step left out or reordered is ~1e-2 or more
+LANE_CHECK_TOLERANCE = 1e-6
 
 #: seconds the workers may take to load the data and compile before the timed phase
 WORKER_START_TIMEOUT = 900
@@ -291,12 +298,16 @@ def vectorised_comparison(
 ) -> dict[str, Any]:
     """Time ``len(engines)`` runs stepped together (one lane each, their weights stacked
     under one vmapped step, :mod:`stratify.vectorize`) against one run's compiled step,
-    segment by segment in turn so that a change of load hits both alike; and check lane
-    0 against the default eager loop segment by segment (:class:`SegmentCheck`).
+    segment by segment in turn so that a change of load hits both alike; then check the
+    lanes in float64 (:func:`float64_lane_check`).
 
-    Lane ``k`` trains engine ``k``'s model on ``samples[k]``; lane 0 starts every segment
-    from the reference loop's weights. The single run is engine 0's compiled step on
-    ``samples[0]`` from the same weights.
+    Lane ``k`` trains engine ``k``'s model on ``samples[k]``; lane 0 starts every timed
+    segment from the float32 reference loop's weights, and how far it ends from them is
+    reported (``float32_share``) but not judged: in float32 a rounding difference that
+    flips a near-tie (a ReLU at zero) parts two correct loops by ~1e-2 of the movement
+    within a few steps, now and then, on some machines (docs/architecture.md,
+    "Performance"). The single run is engine 0's compiled step on ``samples[0]`` from the
+    same weights.
     """
     first = engines[0]
     strategy = first.strategy
@@ -308,16 +319,6 @@ def vectorised_comparison(
     runner = LaneRunner(first.model, StepTerms(), lanes, compile=compile)
     lane_models = [copy.deepcopy(first.model)] + [engine.model for engine in engines[1:]]
     data = TrainingData([(engine.context.x_train, engine.context.y_train) for engine in engines])
-
-    def step_lanes(parts: list[np.ndarray], queued: list[int]) -> None:
-        runner.run(
-            [[LocalJob(lane_models[lane], parts[lane], lr)] for lane in queued],
-            data.x,
-            data.y,
-            queued,
-            [data.offsets[lane] for lane in queued],
-        )
-
     initial = parameters_of(first.model)
     scratch = copy.deepcopy(first.model)
 
@@ -327,19 +328,11 @@ def vectorised_comparison(
         eager_loop(scratch, x_train, y_train, part, lr)
         return parameters_of(scratch)
 
-    # lane 0 alone steps as it does among the others (a lane's numbers are its own)
-    lane_loop = TimedLoop(
-        f"{lanes} runs stepped together (lane 0)",
-        lane_models[0],
-        tuned,
-        lambda part: step_lanes([part] * lanes, [0]),
-    )
     tuned.apply()
     warm = [lane_samples[: 4 * runner.steps_per_call] for lane_samples in samples]
     with Timer(device) as compile_timer:
-        step_lanes(warm, list(range(lanes)))
+        step_lanes(runner, lane_models, warm, data, lr)
     strategy.execute_single_sample(context, samples[0][: 4 * strategy.steps_per_call])
-    check = SegmentCheck(reference_from, minimum=runner.steps_per_call)
     # the reference's weights at every check first: its two threads, right before a timed
     # loop, would still be spinning and slow it down
     starts = range(0, len(samples[0]), check_every)
@@ -348,7 +341,7 @@ def vectorised_comparison(
         states.append(reference_from(states[-1], samples[0][start : start + check_every]))
     tuned.apply()
     single_seconds = vectorised_seconds = 0.0
-    agreed = True
+    float32_share = 0.0
     for segment, start in enumerate(starts):
         parts = [lane_samples[start : start + check_every] for lane_samples in samples]
         start_state, end_state = states[segment], states[segment + 1]
@@ -358,13 +351,16 @@ def vectorised_comparison(
         single_seconds += timer.seconds
         load_into(lane_models[0], start_state)
         with Timer(device) as timer:
-            step_lanes(parts, list(range(lanes)))
+            step_lanes(runner, lane_models, parts, data, lr)
         vectorised_seconds += timer.seconds
-        first_try = share_of_movement(parameters_of(lane_models[0]), end_state, start_state)
-        if first_try[1] > MATCH_TOLERANCE:
-            lane_loop.rechecked += 1
-        agreed = check.agrees(lane_loop, start_state, parts[0], end_state) and agreed
+        share = share_of_movement(parameters_of(lane_models[0]), end_state, start_state)[1]
+        float32_share = max(float32_share, share)
         tuned.apply()
+    with Timer(device) as check_timer:
+        check = float64_lane_check(
+            engines, samples, check_every=check_every, lr=lr, compile=compile
+        )
+    tuned.apply()
     steps = len(samples[0])
     single = steps / single_seconds
     vectorised = lanes * steps / vectorised_seconds
@@ -373,12 +369,97 @@ def vectorised_comparison(
         "single_steps_per_s": single,
         "model_steps_per_s": vectorised,
         "ratio": vectorised / single,
-        "weights_match": agreed,
+        "weights_match": check["worst_share"] <= LANE_CHECK_TOLERANCE,
         "compile_seconds": compile_timer.seconds if compile else None,
-        "max_difference": lane_loop.max_difference,
-        "worst_share": lane_loop.worst_share,
-        "rechecked": lane_loop.rechecked,
+        "check_seconds": check_timer.seconds,
+        "max_difference": check["max_difference"],
+        "worst_share": check["worst_share"],
+        "checked_lanes": check["lanes"],
+        "float32_share": float32_share,
     }
+
+
+def step_lanes(
+    runner: LaneRunner,
+    models: list[nn.Module],
+    parts: list[np.ndarray],
+    data: TrainingData,
+    lr: float,
+) -> None:
+    """One job per lane: ``models[k]`` steps through ``parts[k]`` in lane ``k``."""
+    lanes = list(range(len(models)))
+    runner.run(
+        [[LocalJob(models[lane], parts[lane], lr)] for lane in lanes],
+        data.x,
+        data.y,
+        lanes,
+        [data.offsets[lane] for lane in lanes],
+    )
+
+
+def float64_lane_check(
+    engines: list[Engine],
+    samples: list[np.ndarray],
+    *,
+    check_every: int,
+    lr: float,
+    compile: bool,
+) -> dict[str, Any]:
+    """The benchmark's lanes in float64 against the eager loop in float64: the first and
+    the last lane (each engine's own samples, every lane stepping) start each segment of
+    ``check_every`` steps from the reference's weights and must end where it does.
+
+    In float64 the rounding is 10⁹ times finer: correct lanes end ~1e-13 of the movement
+    from the reference, where in float32 a flipped near-tie can part them by 1e-2 (see
+    :func:`vectorised_comparison`); a lane that steps another sample, leaves a step out
+    or reads another lane's tensors ends 1e-3 or more away. The lanes run the timed
+    run's code (compiled with ``compile``) at float64.
+
+    Parameters
+    ----------
+    engines : list of Engine
+        One per lane, as in :func:`vectorised_comparison`.
+    samples : list of numpy.ndarray
+        Each lane's samples.
+    check_every : int
+        Steps per segment.
+    lr : float
+        The constant rate of every loop.
+    compile : bool
+        Compile the float64 lanes (else the vmapped step runs eagerly).
+
+    Returns
+    -------
+    dict
+        ``max_difference`` and ``worst_share`` (of the reference's movement) over the
+        checked lanes and segments, and the checked ``lanes``.
+    """
+    lanes = len(engines)
+    models = [copy.deepcopy(engine.model).to(torch.float64) for engine in engines]
+    runner = LaneRunner(models[0], StepTerms(), lanes, compile=compile)
+    data = TrainingData([(engine.context.x_train, engine.context.y_train) for engine in engines])
+    data.x = data.x.to(torch.float64)
+    checked = sorted({0, lanes - 1})
+    reference = copy.deepcopy(models[0])
+    states = {lane: parameters_of(models[lane]) for lane in checked}
+    max_difference = worst_share = 0.0
+    for start in range(0, len(samples[0]), check_every):
+        parts = [lane_samples[start : start + check_every] for lane_samples in samples]
+        ends = {}
+        for lane in checked:
+            load_into(reference, states[lane])
+            eager_loop(reference, data.x, data.y, parts[lane] + data.offsets[lane], lr)
+            ends[lane] = parameters_of(reference)
+            load_into(models[lane], states[lane])
+        step_lanes(runner, models, parts, data, lr)
+        for lane in checked:
+            difference, share = share_of_movement(
+                parameters_of(models[lane]), ends[lane], states[lane]
+            )
+            max_difference = max(max_difference, difference)
+            worst_share = max(worst_share, share)
+            states[lane] = ends[lane]
+    return {"max_difference": max_difference, "worst_share": worst_share, "lanes": checked}
 
 
 # -- many runs at once -------------------------------------------------------------------

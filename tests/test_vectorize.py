@@ -7,19 +7,23 @@ with inductor on a tiny MLP.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import stratify.compiled
+import stratify.vectorize
 from stratify.cli.main import main
 from stratify.client import LocalJob, LocalTrainer, ProximalGradient
 from stratify.compiled import StepTerms
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
+from stratify.experiment import build_experiment
 from stratify.nn.models import build_model
 from stratify.parallel import LocalBackend, RunsInterrupted, RunSpec, group_specs, run_specs
 from stratify.vectorize import LaneRunner, TrainingData, balanced_chunks, plan_groups
@@ -100,6 +104,106 @@ def test_a_vectorised_run_equals_the_run_alone(tmp_path):
             start = build_model("cnn", (1, 8, 8), 10).state_dict()
             # the benchmark's tolerance is 1e-3 of the movement; float rounding stays far below
             assert share_of_movement(parameters(ours), parameters(theirs), start) < 1e-4, name
+
+
+def test_a_vectorised_run_with_a_validation_split_equals_the_same_run_alone(tmp_path):
+    """Seeds 0 and 1 with ``--validation 0.2`` stepped together (``--vectorize 2``): their
+    training splits differ, and each run reads its own, giving its numbers alone."""
+
+    def specs(where: str) -> list[RunSpec]:
+        return [
+            RunSpec(
+                f"seed-{seed}",
+                config(tmp_path / where / f"seed-{seed}", "stratify", seed, validation=0.2),
+            )
+            for seed in (0, 1)
+        ]
+
+    alone = run_specs(specs("alone"), LocalBackend(1))
+    together = run_specs(specs("together"), LocalBackend(1), vectorize=2)
+    assert [outcome.status for outcome in alone + together] == ["finished"] * 4
+    for seed in (0, 1):
+        ours = tmp_path / "together" / f"seed-{seed}"
+        theirs = tmp_path / "alone" / f"seed-{seed}"
+        for mine, reference in zip(records(ours), records(theirs), strict=True):
+            for key in ("test_accuracy", "validation_accuracy", "steps"):
+                assert mine[key] == reference[key], (seed, key)
+        torch.manual_seed(seed)
+        start = build_model("cnn", (1, 8, 8), 10).state_dict()
+        assert share_of_movement(parameters(ours), parameters(theirs), start) < 1e-4, seed
+
+
+def in_float64(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy: lanes and reference then agree to ~1e-15 of the movement, where in
+    float32 a rounding difference that flips a near-tie (a ReLU at zero) now and then
+    parts them by ~1e-2 (docs/architecture.md, "Performance")."""
+    return copy.deepcopy(model).to(torch.float64)
+
+
+def test_vectorised_fedavg_momentum_jobs_equal_each_client_alone():
+    """FedAvg with ``--local-momentum 0.5``: a round's clients run one after another in a
+    lane, each from zero momentum as a fresh optimizer alone, never from the previous
+    client's; every client's model ends where torch's SGD alone leaves it (float64)."""
+    run = config(Path("unused"), "fedavg", seed=1, options={"local_momentum": 0.5})
+    engine = build_experiment(run).engine
+    jobs = engine.epoch_program(1, jobs=True).send(None).jobs
+    assert len(jobs) > 2 and all(job.momentum == 0.5 and job.velocities is None for job in jobs)
+    x, y = engine.context.x_train.to(torch.float64), engine.context.y_train
+    starts = [in_float64(job.model) for job in jobs]
+    models = [copy.deepcopy(start) for start in starts]
+    queue = [
+        LocalJob(model, job.order, job.lr, momentum=job.momentum, weight_decay=job.weight_decay)
+        for model, job in zip(models, jobs)
+    ]
+    runner = LaneRunner(starts[0], StepTerms(momentum=True), lanes=2, compile=False)
+    runner.run([queue[::2], queue[1::2]], x, y, [0, 1], [0, 0])
+    trainer = LocalTrainer(x, y)
+    for start, model, job in zip(starts, models, jobs):
+        alone = copy.deepcopy(start)
+        trainer.train_eager(alone, [job.order], 1, job.lr, job.momentum, job.weight_decay)
+        assert share_of_movement(state(model), state(alone), state(start)) < 1e-9
+
+
+def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: parameter.detach() for name, parameter in model.named_parameters()}
+
+
+def test_a_masked_step_leaves_the_velocity_unchanged():
+    """A job of 13 momentum steps runs as two calls of 8, the last three steps masked; its
+    momentum buffers (given, as Stratify's optimizer keeps them across epochs) end where
+    torch's SGD leaves them after the 13 real steps, as do the weights; so does a lane of
+    3 steps that then idles for a whole call (float64)."""
+    data = load_dataset("digits", device="cpu")
+    x = data.x_train.to(torch.float64)
+    torch.manual_seed(0)
+    start = in_float64(build_model("cnn", data.input_shape, data.num_classes))
+    rng = np.random.default_rng(0)
+    orders = [rng.integers(0, 1000, size=13), rng.integers(0, 1000, size=3)]
+    initial = [[torch.randn_like(p) for p in start.parameters()] for _ in orders]
+    models = [copy.deepcopy(start) for _ in orders]
+    velocities = [[v.clone() for v in lane] for lane in initial]
+    jobs = [
+        [LocalJob(model, order, 0.05, momentum=0.5, velocities=buffers)]
+        for model, order, buffers in zip(models, orders, velocities)
+    ]
+    runner = LaneRunner(start, StepTerms(momentum=True), lanes=2, compile=False)
+    runner.run(jobs, x, data.y_train, [0, 1], [0, 0])
+    for lane, order in enumerate(orders):
+        reference = copy.deepcopy(start)
+        optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.5)
+        for parameter, velocity in zip(reference.parameters(), initial[lane]):
+            optimizer.state[parameter]["momentum_buffer"] = velocity.clone()
+        for index in order.tolist():
+            optimizer.zero_grad()
+            loss = F.cross_entropy(reference(x[index : index + 1]), data.y_train[index : index + 1])
+            loss.backward()
+            optimizer.step()
+        for mine, parameter in zip(velocities[lane], reference.parameters()):
+            theirs = optimizer.state[parameter]["momentum_buffer"]
+            assert torch.allclose(mine, theirs, rtol=0, atol=1e-12), float(
+                (mine - theirs).abs().max()
+            )
+        assert_close(models[lane], reference, 1e-12)
 
 
 def test_lanes_with_different_step_counts_are_masked():
@@ -259,3 +363,50 @@ def copy_model(model: torch.nn.Module) -> torch.nn.Module:
     clone = build_model("mlp", (6,), 3, hidden=(8,))
     clone.load_state_dict(model.state_dict())
     return clone
+
+
+def bench_vectorised(tmp_path, *extra: str) -> list[str]:
+    path = tmp_path / "steps.json"
+    return [
+        "bench",
+        "steps",
+        "--steps",
+        "48",
+        "--check-every",
+        "16",
+        "--compile",
+        "off",
+        "--vectorize",
+        "3",
+        "--json",
+        str(path),
+        *extra,
+    ]
+
+
+def test_bench_steps_checks_the_lanes_in_float64(tmp_path, capsys):
+    """``bench steps --vectorize``: the lanes, run in float64, end every segment where the
+    float64 eager loop does, to float64 rounding."""
+    main(bench_vectorised(tmp_path))
+    result = json.loads((tmp_path / "steps.json").read_text())
+    assert result["weights_match"] is True
+    assert result["vectorized_lanes"] == 3
+    assert result["vectorized_float64_share"] < 1e-9
+    assert "lanes 0/2 checked in float64" in capsys.readouterr().out
+
+
+def test_bench_steps_fails_a_lane_that_leaves_a_step_out(tmp_path, capsys, monkeypatch):
+    """A lane bug (every job's first sample left out of the vectorised lanes) fails the
+    benchmark's check: exit 2, one line, ``weights_match`` false."""
+    original = stratify.vectorize.padded_blocks
+
+    def leaves_the_first_step_out(order, steps_per_call):
+        return original(order[1:], steps_per_call)
+
+    monkeypatch.setattr(stratify.vectorize, "padded_blocks", leaves_the_first_step_out)
+    with pytest.raises(SystemExit) as caught:
+        main(bench_vectorised(tmp_path))
+    assert caught.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "the vectorised lanes, run in float64" in lines[0], lines
+    assert json.loads((tmp_path / "steps.json").read_text())["weights_match"] is False
