@@ -16,7 +16,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from stratify.errors import CorruptRunError
 from stratify.files import file_kind, read_file
@@ -113,7 +113,7 @@ def is_count(value: object, smallest: int = 0) -> bool:
     )
 
 
-def is_metric(value: object) -> bool:
+def is_metric(value: object) -> TypeGuard[int | float]:
     """A number (not a bool) a run could have measured: finite, within float32's range."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False

@@ -38,8 +38,8 @@ class PlainRegistry(LabelRegistry):
     ) -> RegistryResult:
         validate_client_labels(client_labels)
         discovered: dict[Hashable, int] = {}
-        for counts in self.encoding_order(client_labels):
-            for label in counts:
+        for encoded in self.encoding_order(client_labels):
+            for label in encoded:
                 discovered.setdefault(label, len(discovered))
         placeholder_of_index = self.assign_placeholders(len(discovered))
         placeholder = {label: placeholder_of_index[i] for label, i in discovered.items()}
