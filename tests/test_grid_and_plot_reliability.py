@@ -187,7 +187,8 @@ BAD_GRID_VALUES = [
     (["--clients", "3"], "are held by no client under classes:1 with 3 clients"),
     (["--dataset", "mnist-10k", "--data-dir", "{tmp}/nowhere"], "mnist-10k: missing"),
     (["--dataset", "synthetic", "-o", "n_train=5"], "10 clients but only 5 training samples"),
-    (["--tune", "--validation", "0.999"], "tune/classes-3/fedavg/lr-0.003: client 3 received"),
+    # the first tuning cell: 0.3 × FedAvg's own rate on the digits in single-sample mode (0.05)
+    (["--tune", "--validation", "0.999"], "tune/classes-3/fedavg/lr-0.015: client 3 received"),
 ]
 if not torch.cuda.is_available():
     BAD_GRID_VALUES.append((["--device", "cuda"], "--device cuda asked for"))
