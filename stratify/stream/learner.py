@@ -73,6 +73,10 @@ MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
 #: step losses kept on the device before they are summed (always after the same number of
 #: steps, so a resumed stream sums exactly as an uninterrupted one)
 PENDING_LOSSES = 1024
+#: events between two aggregations of the label counts registered since (one encrypted
+#: round for all of them rather than one per new (client, label): docs/architecture.md,
+#: "Streams")
+COUNT_ROUND_EVENTS = 1000
 
 
 class DivergenceError(TrainingError):
@@ -593,6 +597,8 @@ class StreamLearner:
             self.scaler.update(raw)
         self.buffers.insert(client, raw, row, placeholder, line)
         self.stats.events += 1
+        if self.stats.events % COUNT_ROUND_EVENTS == 0:
+            self.registry.flush_counts()
         self.train(line)
         return correct
 
@@ -641,7 +647,8 @@ class StreamLearner:
             if known is not None:
                 return known
         try:
-            placeholder = self.registry.add_label(client, label, 1)
+            # the count waits for the next flush_counts (one round for many labels)
+            placeholder = self.registry.add_label(client, label, 1, defer_count=True)
         except RegistryError as error:
             raise EventError(f"the registry refused it: {error}") from None
         self.registrations.append((client, label))
