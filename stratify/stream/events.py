@@ -69,6 +69,9 @@ class Event:
         did not come from a source file.
     id : int or str, optional
         The event's identifier, which a later ``{"id": ..., "label": ...}`` refers to.
+    checked : bool
+        Whether ``x`` is what :func:`check_features` returned (:func:`parse_line` checks
+        the features it reads), so the learner does not check them again.
     """
 
     client: Identifier
@@ -76,6 +79,7 @@ class Event:
     x: Any
     line: int = 0
     id: Identifier | None = None
+    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -345,9 +349,10 @@ def event_from(
         if "x" in payload
         else read_npy_row(payload["path"], payload.get("row"), base_dir)
     )
-    if not isinstance(x, dict):
+    checked = not isinstance(x, dict)
+    if checked:
         x = check_features(x)
-    return Event(client=client, label=label, x=x, line=line, id=event_id)
+    return Event(client=client, label=label, x=x, line=line, id=event_id, checked=checked)
 
 
 def read_npy_row(path: object, row: object, base_dir: Path | None) -> torch.Tensor:

@@ -343,11 +343,15 @@ class StreamLearner:
 
     # -- features -------------------------------------------------------------------------
 
-    def features(self, x: object, fix_shape: bool = True) -> torch.Tensor | None:
+    def features(
+        self, x: object, fix_shape: bool = True, checked: bool = False
+    ) -> torch.Tensor | None:
         """``x`` checked and shaped as the stream's samples, on the device (raw: not
         standardised). The first event fixes the shape (``config.input_shape`` or its
         own) and, for named features, the feature names; before it, with
-        ``fix_shape=False``, returns ``None`` (nothing to predict with yet).
+        ``fix_shape=False``, returns ``None`` (nothing to predict with yet). ``checked``:
+        ``x`` is what :func:`~stratify.stream.events.check_features` returned (a parsed
+        event's), so only its number of features is checked.
 
         Raises
         ------
@@ -371,7 +375,7 @@ class StreamLearner:
         else:
             if self.schema is not None:
                 raise EventError("the stream's features are named (an object), not a list")
-            vector = check_features(x)
+            vector = x if checked and isinstance(x, torch.Tensor) else check_features(x)
         if not self.started:
             if not fix_shape:
                 return None
@@ -486,7 +490,9 @@ class StreamLearner:
         """
         if not isinstance(event, Event):
             raise EventError(f"ingest takes an Event, got {type(event).__name__}")
-        return self._learn(event.x, event.label, event.client, event.line, prediction, test=True)
+        return self._learn(
+            event.x, event.label, event.client, event.line, prediction, True, event.checked
+        )
 
     def learn_one(self, x: object, y: object, client: object = 0) -> None:
         """Learn one labeled sample arriving at ``client``, without testing on it.
@@ -505,7 +511,7 @@ class StreamLearner:
         EventError, DivergenceError
             As :meth:`ingest`.
         """
-        self._learn(x, y, client, 0, None, test=False)
+        self._learn(x, y, client, 0, None, test=False, checked=False)
 
     def predict(self, x: object) -> Prediction | None:
         """The model's prediction for one sample, learning nothing (``None`` before the
@@ -545,11 +551,12 @@ class StreamLearner:
         line: int,
         prediction: Prediction | None,
         test: bool,
+        checked: bool,
     ) -> bool:
         self.check_learning()
         label = check_label(label)
         client_id = check_identifier(client_id, "client")
-        raw = self.features(x)
+        raw = self.features(x, checked=checked)
         assert raw is not None
         client = self.client_of.get(client_id)
         if client is None:
