@@ -155,15 +155,32 @@ def check_features(x: object) -> torch.Tensor:
         if x.is_complex() or x.dtype not in NUMERIC_DTYPES:
             raise EventError(f"the features must be real numbers, got a tensor of {x.dtype}")
         features = x.detach().to(torch.float32)
-    else:
-        features = torch.from_numpy(numeric_array(x))
-    if features.numel() == 0:
+        check_values(features.numel(), features.dim(), lambda: bool(features.isfinite().all()))
+        return features
+    # lists and arrays are checked in NumPy: on a sample of a few dozen numbers each torch
+    # call costs more than the check itself
+    array = numeric_array(x)
+    check_values(array.size, array.ndim, lambda: bool(np.isfinite(array).all()))
+    return torch.from_numpy(array)
+
+
+def check_values(size: int, dims: int, finite: Callable[[], bool]) -> None:
+    """Refuse features with no values, more than :data:`MAX_SAMPLE_DIMS` dimensions, or
+    (``finite()`` false) a non-finite value.
+
+    Parameters
+    ----------
+    size, dims : int
+        How many values the features hold, and their number of dimensions.
+    finite : callable
+        Whether every value is finite (called only when the rest passed).
+    """
+    if size == 0:
         raise EventError("the features are empty")
-    if features.dim() > MAX_SAMPLE_DIMS:
-        raise EventError(f"the features have {features.dim()} dimensions (at most 8)")
-    if not bool(torch.isfinite(features).all()):
+    if dims > MAX_SAMPLE_DIMS:
+        raise EventError(f"the features have {dims} dimensions (at most 8)")
+    if not finite():
         raise EventError("the features hold NaN or infinity (or a number beyond float32)")
-    return features
 
 
 def numeric_array(x: object) -> np.ndarray:
