@@ -191,7 +191,7 @@ class LabelRegistry(ABC):
         defer_count : bool
             Keep ``count`` with the client until :meth:`flush_counts`, which aggregates
             every deferred count in one round (one ciphertext per client, one decryption:
-            docs/architecture.md, "Streams"), instead of a round per label now.
+            docs/architecture.md, "Streaming"), instead of a round per label now.
             :attr:`result`'s global counts leave it out until then.
 
         Returns

@@ -75,7 +75,7 @@ MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
 PENDING_LOSSES = 1024
 #: events between two aggregations of the label counts registered since (one encrypted
 #: round for all of them rather than one per new (client, label): docs/architecture.md,
-#: "Streams")
+#: "Streaming")
 COUNT_ROUND_EVENTS = 1000
 
 
