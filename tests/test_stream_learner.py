@@ -210,3 +210,29 @@ def test_the_periodic_fedavg_baseline_retrains_on_the_same_buffers():
     assert min(class_accuracy(learner, label) for label in (0, 1, 2)) > 0.8
     with pytest.raises(ConfigError, match="--max-uses applies to single-sample updates"):
         StreamLearner(config(max_uses=3), policy=PeriodicFedAvg()).ingest(stream[0])
+
+
+def test_a_parsed_event_has_its_features_checked_once_and_a_hand_made_one_in_the_learner(
+    monkeypatch,
+):
+    from stratify.stream import events
+    from stratify.stream import learner as learner_module
+
+    calls = []
+    original = events.check_features
+
+    def counting(x):
+        calls.append(x)
+        return original(x)
+
+    monkeypatch.setattr(events, "check_features", counting)
+    monkeypatch.setattr(learner_module, "check_features", counting)
+    learner = StreamLearner(config())
+    parsed = events.parse_line(b'{"client": "a", "label": 1, "x": [1, 2, 3]}', 1, None)
+    assert parsed.checked
+    learner.ingest(parsed)
+    assert len(calls) == 1  # in parse_line only
+    learner.ingest(Event("a", 0, [1.0, 2.0, 4.0], 2))
+    assert len(calls) == 2  # a hand-made event is checked by the learner
+    with pytest.raises(EventError, match="NaN"):
+        learner.ingest(Event("a", 0, [1.0, float("nan"), 4.0], 3))

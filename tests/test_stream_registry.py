@@ -10,6 +10,7 @@ import pytest
 from stratify.errors import RegistryError
 from stratify.registry import PROTOCOLS, LabelRegistry, PlainRegistry, make_registry
 from stratify.registry.ckks import CKKSRegistry, same_result
+from stratify.registry.ckks.encoding import COUNT_LIMIT
 
 # (client, label, count): client 1 joins with a label client 0 already holds, client 2
 # with a new one; labels of several types, as a stream may bring them
@@ -141,3 +142,28 @@ def test_make_registry_registries_all_take_labels_incrementally():
     for secure in (False, True):
         registry = make_registry(secure, seed=2)
         assert registry.add_label(0, 1) == 0 and registry.result.num_placeholders == 1
+
+
+def test_deferred_counts_join_the_totals_at_the_flush_in_one_round_per_client():
+    plain, *secure = registries()
+    for registry in (plain, *secure):
+        for arrival in ARRIVALS:
+            registry.add_label(*arrival, defer_count=True)
+        assert registry.result.num_placeholders == 4
+        np.testing.assert_array_equal(registry.result.global_counts, [0, 0, 0, 0])
+        assert registry.pending_total() == sum(count for _, _, count in ARRIVALS)
+        before = registry.stats.encryptions if isinstance(registry, CKKSRegistry) else 0
+        registry.flush_counts()
+        np.testing.assert_array_equal(registry.result.global_counts, [6, 2, 4, 4])
+        assert registry.pending_counts == {} and registry.pending_total() == 0
+        if isinstance(registry, CKKSRegistry) and registry.layout == "packed":
+            assert registry.stats.encryptions - before == 3  # one ciphertext per client
+    for registry in secure:
+        assert same_result(plain.result, registry.result)
+
+
+def test_deferred_counts_count_against_the_secure_bound():
+    registry = CKKSRegistry(seed=0, protocol="packed")
+    registry.add_label(0, "a", COUNT_LIMIT - 1, defer_count=True)
+    with pytest.raises(RegistryError, match="more than"):
+        registry.add_label(0, "b", 2, defer_count=True)

@@ -132,6 +132,9 @@ class LabelRegistry(ABC):
         self.result: RegistryResult | None = None
         #: placeholder of the i-th discovered unique label
         self.placeholder_of_index: list[int] = []
+        #: counts added with ``defer_count`` and not yet in :attr:`result`: client ->
+        #: placeholder -> count (:meth:`flush_counts`)
+        self.pending_counts: dict[int, dict[int, int]] = {}
 
     def encoding_order(self, client_labels: Sequence[Mapping[Any, int]]) -> list[dict[Any, int]]:
         """Each client's ``{label: count}`` in the order the client encodes its labels: a
@@ -166,7 +169,9 @@ class LabelRegistry(ABC):
             Known number of classes; unique discovery may stop once it is reached.
         """
 
-    def add_label(self, client: int, label: Any, count: int = 1) -> int:
+    def add_label(
+        self, client: int, label: Any, count: int = 1, *, defer_count: bool = False
+    ) -> int:
         """Client ``client`` registers ``label``, which it did not hold before.
 
         The incremental form of :meth:`register`, for labels that appear over time: the
@@ -183,6 +188,11 @@ class LabelRegistry(ABC):
             The label, new to ``client``.
         count : int
             Samples of ``label`` the client registers; added to the global count.
+        defer_count : bool
+            Keep ``count`` with the client until :meth:`flush_counts`, which aggregates
+            every deferred count in one round (one ciphertext per client, one decryption:
+            docs/architecture.md, "Streaming"), instead of a round per label now.
+            :attr:`result`'s global counts leave it out until then.
 
         Returns
         -------
@@ -203,13 +213,35 @@ class LabelRegistry(ABC):
             self.placeholder_of_index.append(index)
         placeholder = self.placeholder_of_index[index]
         num_placeholders = len(self.placeholder_of_index)
-        global_counts = self._count(client, placeholder, int(count), previous.global_counts)
+        if defer_count:
+            global_counts = np.zeros(num_placeholders, dtype=np.int64)
+            global_counts[: len(previous.global_counts)] = previous.global_counts
+            held = self.pending_counts.setdefault(client, {})
+            held[placeholder] = held.get(placeholder, 0) + int(count)
+        else:
+            global_counts = self._count(client, placeholder, int(count), previous.global_counts)
         client_maps = [dict(mapping) for mapping in previous.client_maps]
         if client == len(client_maps):
             client_maps.append({})
         client_maps[client][label] = placeholder
         self.result = RegistryResult(num_placeholders, client_maps, global_counts)
         return placeholder
+
+    def flush_counts(self) -> RegistryResult | None:
+        """Aggregate the counts :meth:`add_label` deferred into :attr:`result`'s global
+        counts; returns :attr:`result`."""
+        if self.pending_counts:
+            assert self.result is not None  # a deferred count came with its label
+            global_counts = self._count_many(self.pending_counts, self.result.global_counts)
+            self.result = RegistryResult(
+                self.result.num_placeholders, self.result.client_maps, global_counts
+            )
+            self.pending_counts = {}
+        return self.result
+
+    def pending_total(self) -> int:
+        """Samples deferred by :meth:`add_label` and not yet aggregated."""
+        return sum(sum(held.values()) for held in self.pending_counts.values())
 
     def check_new_label(self, result: RegistryResult, client: int, label: Any, count: int) -> None:
         """Refuse what :meth:`add_label` cannot register, before anything changes."""
@@ -228,3 +260,14 @@ class LabelRegistry(ABC):
     ) -> np.ndarray:
         """The global counts after ``client`` adds ``count`` samples of ``placeholder``
         (``global_counts`` may be one entry short: the placeholder just discovered)."""
+
+    def _count_many(
+        self, counts: dict[int, dict[int, int]], global_counts: np.ndarray
+    ) -> np.ndarray:
+        """The global counts after every client adds its ``counts[client][placeholder]``
+        (``global_counts`` holds every placeholder). One :meth:`_count` each unless a
+        registry aggregates them at once."""
+        for client, held in counts.items():
+            for placeholder, count in held.items():
+                global_counts = self._count(client, placeholder, count, global_counts)
+        return global_counts

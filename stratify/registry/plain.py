@@ -50,6 +50,7 @@ class PlainRegistry(LabelRegistry):
                 global_counts[mapping[label]] += int(count)
         self.result = RegistryResult(len(discovered), client_maps, global_counts)
         self.discovered = discovered
+        self.pending_counts = {}
         self.placeholder_of_index = placeholder_of_index
         return self.result
 

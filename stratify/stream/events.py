@@ -69,6 +69,9 @@ class Event:
         did not come from a source file.
     id : int or str, optional
         The event's identifier, which a later ``{"id": ..., "label": ...}`` refers to.
+    checked : bool
+        Whether ``x`` is what :func:`check_features` returned (:func:`parse_line` checks
+        the features it reads), so the learner does not check them again.
     """
 
     client: Identifier
@@ -76,6 +79,7 @@ class Event:
     x: Any
     line: int = 0
     id: Identifier | None = None
+    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,15 +155,32 @@ def check_features(x: object) -> torch.Tensor:
         if x.is_complex() or x.dtype not in NUMERIC_DTYPES:
             raise EventError(f"the features must be real numbers, got a tensor of {x.dtype}")
         features = x.detach().to(torch.float32)
-    else:
-        features = torch.from_numpy(numeric_array(x))
-    if features.numel() == 0:
+        check_values(features.numel(), features.dim(), lambda: bool(features.isfinite().all()))
+        return features
+    # lists and arrays are checked in NumPy: on a sample of a few dozen numbers each torch
+    # call costs more than the check itself
+    array = numeric_array(x)
+    check_values(array.size, array.ndim, lambda: bool(np.isfinite(array).all()))
+    return torch.from_numpy(array)
+
+
+def check_values(size: int, dims: int, finite: Callable[[], bool]) -> None:
+    """Refuse features with no values, more than :data:`MAX_SAMPLE_DIMS` dimensions, or
+    (``finite()`` false) a non-finite value.
+
+    Parameters
+    ----------
+    size, dims : int
+        How many values the features hold, and their number of dimensions.
+    finite : callable
+        Whether every value is finite (called only when the rest passed).
+    """
+    if size == 0:
         raise EventError("the features are empty")
-    if features.dim() > MAX_SAMPLE_DIMS:
-        raise EventError(f"the features have {features.dim()} dimensions (at most 8)")
-    if not bool(torch.isfinite(features).all()):
+    if dims > MAX_SAMPLE_DIMS:
+        raise EventError(f"the features have {dims} dimensions (at most 8)")
+    if not finite():
         raise EventError("the features hold NaN or infinity (or a number beyond float32)")
-    return features
 
 
 def numeric_array(x: object) -> np.ndarray:
@@ -345,9 +366,10 @@ def event_from(
         if "x" in payload
         else read_npy_row(payload["path"], payload.get("row"), base_dir)
     )
-    if not isinstance(x, dict):
+    checked = not isinstance(x, dict)
+    if checked:
         x = check_features(x)
-    return Event(client=client, label=label, x=x, line=line, id=event_id)
+    return Event(client=client, label=label, x=x, line=line, id=event_id, checked=checked)
 
 
 def read_npy_row(path: object, row: object, base_dir: Path | None) -> torch.Tensor:

@@ -73,6 +73,10 @@ MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
 #: step losses kept on the device before they are summed (always after the same number of
 #: steps, so a resumed stream sums exactly as an uninterrupted one)
 PENDING_LOSSES = 1024
+#: events between two aggregations of the label counts registered since (one encrypted
+#: round for all of them rather than one per new (client, label): docs/architecture.md,
+#: "Streaming")
+COUNT_ROUND_EVENTS = 1000
 
 
 class DivergenceError(TrainingError):
@@ -339,11 +343,15 @@ class StreamLearner:
 
     # -- features -------------------------------------------------------------------------
 
-    def features(self, x: object, fix_shape: bool = True) -> torch.Tensor | None:
+    def features(
+        self, x: object, fix_shape: bool = True, checked: bool = False
+    ) -> torch.Tensor | None:
         """``x`` checked and shaped as the stream's samples, on the device (raw: not
         standardised). The first event fixes the shape (``config.input_shape`` or its
         own) and, for named features, the feature names; before it, with
-        ``fix_shape=False``, returns ``None`` (nothing to predict with yet).
+        ``fix_shape=False``, returns ``None`` (nothing to predict with yet). ``checked``:
+        ``x`` is what :func:`~stratify.stream.events.check_features` returned (a parsed
+        event's), so only its number of features is checked.
 
         Raises
         ------
@@ -367,7 +375,7 @@ class StreamLearner:
         else:
             if self.schema is not None:
                 raise EventError("the stream's features are named (an object), not a list")
-            vector = check_features(x)
+            vector = x if checked and isinstance(x, torch.Tensor) else check_features(x)
         if not self.started:
             if not fix_shape:
                 return None
@@ -482,7 +490,9 @@ class StreamLearner:
         """
         if not isinstance(event, Event):
             raise EventError(f"ingest takes an Event, got {type(event).__name__}")
-        return self._learn(event.x, event.label, event.client, event.line, prediction, test=True)
+        return self._learn(
+            event.x, event.label, event.client, event.line, prediction, True, event.checked
+        )
 
     def learn_one(self, x: object, y: object, client: object = 0) -> None:
         """Learn one labeled sample arriving at ``client``, without testing on it.
@@ -501,7 +511,7 @@ class StreamLearner:
         EventError, DivergenceError
             As :meth:`ingest`.
         """
-        self._learn(x, y, client, 0, None, test=False)
+        self._learn(x, y, client, 0, None, test=False, checked=False)
 
     def predict(self, x: object) -> Prediction | None:
         """The model's prediction for one sample, learning nothing (``None`` before the
@@ -541,11 +551,12 @@ class StreamLearner:
         line: int,
         prediction: Prediction | None,
         test: bool,
+        checked: bool,
     ) -> bool:
         self.check_learning()
         label = check_label(label)
         client_id = check_identifier(client_id, "client")
-        raw = self.features(x)
+        raw = self.features(x, checked=checked)
         assert raw is not None
         client = self.client_of.get(client_id)
         if client is None:
@@ -593,6 +604,8 @@ class StreamLearner:
             self.scaler.update(raw)
         self.buffers.insert(client, raw, row, placeholder, line)
         self.stats.events += 1
+        if self.stats.events % COUNT_ROUND_EVENTS == 0:
+            self.registry.flush_counts()
         self.train(line)
         return correct
 
@@ -641,7 +654,8 @@ class StreamLearner:
             if known is not None:
                 return known
         try:
-            placeholder = self.registry.add_label(client, label, 1)
+            # the count waits for the next flush_counts (one round for many labels)
+            placeholder = self.registry.add_label(client, label, 1, defer_count=True)
         except RegistryError as error:
             raise EventError(f"the registry refused it: {error}") from None
         self.registrations.append((client, label))

@@ -511,3 +511,14 @@ class _PackedRun(_ProtocolRun):
         # the counts in the total before this one passed their check when they were added
         part = self.add_encrypted_counts(client, [placeholder], [count])
         return self.total_counts(f"aggregate after client {client}", [part])
+
+    def add_counts(self, counts: dict[int, dict[int, int]]) -> np.ndarray:
+        """Every client adds its ``counts[client][placeholder]`` to the encrypted total;
+        the global counts after."""
+        # one ciphertext per client, each count at its placeholder's slot, one decryption
+        parts = [
+            self.add_encrypted_counts(client, list(held), list(held.values()))
+            for client, held in counts.items()
+        ]
+        clients = ",".join(map(str, counts))
+        return self.total_counts(f"aggregate after clients {clients}", parts)

@@ -219,6 +219,7 @@ class CKKSRegistry(LabelRegistry):
         }
         self.stats = stats
         self.result = result
+        self.pending_counts = {}
         self.placeholder_of_index = placeholder_of_index
         # later labels are bounded by what was declared, not by the packing of this call
         run.unique_limit = num_classes if num_classes is not None else self.max_unique
@@ -246,7 +247,7 @@ class CKKSRegistry(LabelRegistry):
 
     def check_new_label(self, result: RegistryResult, client: int, label: Any, count: int) -> None:
         super().check_new_label(result, client, label, count)
-        if count > COUNT_LIMIT - int(result.global_counts.sum()):
+        if count > COUNT_LIMIT - int(result.global_counts.sum()) - self.pending_total():
             raise RegistryError(
                 f"client {client}: {count} more samples of {label!r} would make more than "
                 f"the {COUNT_LIMIT} the secure registry counts"
@@ -257,6 +258,13 @@ class CKKSRegistry(LabelRegistry):
     ) -> np.ndarray:
         assert self._run is not None  # _discover ran first
         return self._run.add_count(client, placeholder, count, global_counts)
+
+    def _count_many(
+        self, counts: dict[int, dict[int, int]], global_counts: np.ndarray
+    ) -> np.ndarray:
+        if not isinstance(self._run, _PackedRun):  # naive: one total per placeholder
+            return super()._count_many(counts, global_counts)
+        return self._run.add_counts(counts)
 
 
 def same_result(first: RegistryResult, second: RegistryResult) -> bool:
