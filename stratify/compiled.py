@@ -64,6 +64,16 @@ BACKEND = "inductor"
 #: mnist-10k, 16 lanes, one thread, load ~3; one compiled run: 6,093 steps/s).
 VECTORISED_INDUCTOR_OPTIONS = {"realize_cpu_opcount_threshold": 2}
 
+
+def known_inductor_options(options: dict[str, object]) -> dict[str, object]:
+    """The entries of ``options`` this torch's inductor knows: torch.compile refuses an
+    unknown one, and ``realize_cpu_opcount_threshold`` is newer than torch 2.11 (a run
+    there keeps inductor's default, slower on CPU but the same arithmetic)."""
+    from torch._inductor import config
+
+    return {name: value for name, value in options.items() if hasattr(config, name)}
+
+
 StepFunction = Callable[..., Any]
 
 
@@ -296,7 +306,10 @@ class VectorisedSteps:
             self.function = in_place
         elif BACKEND == "inductor":
             self.function = torch.compile(
-                in_place, fullgraph=True, dynamic=False, options=dict(VECTORISED_INDUCTOR_OPTIONS)
+                in_place,
+                fullgraph=True,
+                dynamic=False,
+                options=known_inductor_options(VECTORISED_INDUCTOR_OPTIONS),
             )
         else:
             self.function = torch.compile(in_place, backend=BACKEND, fullgraph=True, dynamic=False)

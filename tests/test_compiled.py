@@ -195,3 +195,13 @@ def test_settings_the_compiled_step_cannot_express_train_eagerly_with_one_warnin
     trainer.train(reference, indices, epochs=1, batch_size=4, lr=0.1, rng=np.random.default_rng(0))
     trainer.train(reference, indices, epochs=1, batch_size=4, lr=0.1, rng=np.random.default_rng(1))
     assert_same_weights(list(model.parameters()), list(reference.parameters()), atol=0)
+
+
+def test_inductor_options_this_torch_lacks_are_left_out():
+    # torch.compile refuses an option its inductor does not know (torch 2.11 lacks
+    # realize_cpu_opcount_threshold): the vectorised step must still compile there
+    from stratify.compiled import known_inductor_options
+
+    assert known_inductor_options({"max_autotune": False, "not_an_inductor_option": 1}) == {
+        "max_autotune": False
+    }

@@ -7,8 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from stratify.algorithms import strategy_class
-from stratify.config import TrainConfig, default_lr
-from stratify.reproduce.paired import method_lr
+from stratify.config import TrainConfig, default_lr, resolve_lr
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "defaults-digits.csv"
 
@@ -35,7 +34,7 @@ def test_the_declared_rate_is_the_one_the_committed_grid_chose():
 
 def test_a_run_without_lr_takes_the_method_s_own_rate_there_and_only_there():
     def lr(**values):
-        return method_lr(TrainConfig(secure=False, **values))
+        return resolve_lr(TrainConfig(secure=False, **values))
 
     own = strategy_class("fedavg").own_lrs[("digits", "single-sample")]
     assert own != default_lr("digits", "single-sample")
