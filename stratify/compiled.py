@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,10 +62,12 @@ BACKEND = "inductor"
 #: then re-read the pool for every output and cannot vectorise. Storing every result of
 #: more than two ops instead gave 16,381 against 6,539 model-steps/s (simple CNN,
 #: mnist-10k, 16 lanes, one thread, load ~3; one compiled run: 6,093 steps/s).
-VECTORISED_INDUCTOR_OPTIONS = {"realize_cpu_opcount_threshold": 2}
+VECTORISED_INDUCTOR_OPTIONS: dict[str, int] = {"realize_cpu_opcount_threshold": 2}
 
 
-def known_inductor_options(options: dict[str, object]) -> dict[str, object]:
+def known_inductor_options(
+    options: Mapping[str, str | int | bool],
+) -> dict[str, str | int | bool | Callable[..., Any]]:
     """The entries of ``options`` this torch's inductor knows: torch.compile refuses an
     unknown one, and ``realize_cpu_opcount_threshold`` is newer than torch 2.11 (a run
     there keeps inductor's default, slower on CPU but the same arithmetic)."""
