@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test train lint bench clean
+.PHONY: venv test train lint docs bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,17 @@ lint: $(STAMP)
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps \
 		--target build/typecheck .
 	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../setup.cfg -p stratify
+
+# the manual as a site in build/site; --strict fails on a broken link or anchor. The docs
+# extra installs on first use only: the toolkit itself never needs it
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(VENV)/bin/pip install --disable-pip-version-check -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/site
 
 clean:
 	rm -rf $(VENV) *.egg-info build

@@ -1,7 +1,7 @@
 """`stratify bench`: the checked steps benchmark, planning scale, batch and round costs.
 
 Tiny budgets on digits: these tests check what the benchmarks compute and refuse, not
-their timings (the figures are in the README)."""
+their timings (the figures are in docs/performance.md)."""
 
 from __future__ import annotations
 

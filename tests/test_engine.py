@@ -1,4 +1,4 @@
-"""Traffic counters of whole runs against values counted by hand (README "Semantics").
+"""Traffic counters of whole runs against values counted by hand (docs/usage.md, "Semantics").
 
 With a single client every count is known without looking at the plan: in single-sample
 mode the model goes down to the client once an epoch and comes back once, and every

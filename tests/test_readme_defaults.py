@@ -1,4 +1,5 @@
-"""The README's table of every method's defaults is `stratify algorithms --markdown`."""
+"""The manual's table of every method's defaults (docs/methods.md) is
+`stratify algorithms --markdown`."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from stratify.baselines.fedprox import FedProx, FedProxOptions
 from stratify.cli.main import main
 from stratify.options import inherit
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+METHODS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "methods.md"
 BEGIN = "<!-- begin: stratify algorithms --markdown -->\n"
 END = "<!-- end: stratify algorithms --markdown -->"
 
 
 def readme_block() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = METHODS_PAGE.read_text(encoding="utf-8")
     assert text.count(BEGIN) == 1 and text.count(END) == 1
     return text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
 
@@ -29,13 +30,13 @@ def markdown(capsys) -> str:
 
 def test_the_readme_defaults_table_is_the_command_s_output(capsys):
     assert readme_block() == markdown(capsys), (
-        "the README's defaults table is out of date: replace the block between its "
+        "docs/methods.md's defaults table is out of date: replace the block between its "
         "'stratify algorithms --markdown' markers with that command's output"
     )
 
 
 def test_the_table_reads_the_defaults_from_the_options_classes(capsys, monkeypatch):
-    # a changed default changes the command's output, so the README test above fails
+    # a changed default changes the command's output, so the docs test above fails
     @dataclass
     class LargerMu(FedProxOptions):
         mu: float = inherit(0.25)

@@ -3,7 +3,7 @@ nesting in every field of an event, and arbitrary bytes as a line.
 
 The property: ``stratify stream`` exits with 0, prints exactly one warning per bad line,
 naming its number, and learns every good line. Whether a line is good is decided here,
-from the event format the README documents, not by the parser under test. The examples
+from the event format docs/streaming.md documents, not by the parser under test. The examples
 are derandomised (300 in the suite; ``STRATIFY_STREAM_EXAMPLES=2000`` for a longer
 exploration).
 """
@@ -45,7 +45,7 @@ good_features = st.lists(
 
 
 def is_identifier(value: object, allow_bool: bool = False) -> bool:
-    """The README's rule for clients and labels."""
+    """The rule of docs/streaming.md for clients and labels."""
     if isinstance(value, bool):
         return allow_bool
     if isinstance(value, int):

@@ -2,7 +2,7 @@
 
 The method's file is the code block of the section's step 1, taken from the page; it is
 registered with the one line of step 2 and nothing else, and must then appear everywhere
-step 3 says: ``stratify algorithms`` (and its Markdown table, the README's), the
+step 3 says: ``stratify algorithms`` (and its Markdown table, the one in docs/methods.md), the
 conformance suite and the paired grid.
 """
 
