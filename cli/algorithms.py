@@ -1,6 +1,6 @@
 """`stratify algorithms`: every available method, its modes and its options with defaults.
 
-``--markdown`` prints the same as the README's defaults table (between its
+``--markdown`` prints the same as the defaults table of docs/methods.md (between its
 ``algorithms --markdown`` markers; a test keeps the two equal).
 """
 
@@ -83,7 +83,7 @@ def describe(name: str) -> tuple[str, str, str]:
 
 
 def markdown_table() -> str:
-    """Every algorithm's modes and option defaults as a Markdown table (the README's)."""
+    """Every algorithm's modes and option defaults as a Markdown table (docs/methods.md's)."""
     lines = ["| name | modes | options (defaults) |", "|---|---|---|"]
     for name in ALGORITHMS:
         cls = strategy_class(name)
@@ -98,7 +98,7 @@ def markdown_table() -> str:
 @click.option(
     "--markdown",
     is_flag=True,
-    help="Print the modes and option defaults as a Markdown table (the README's).",
+    help="Print the modes and option defaults as a Markdown table (docs/methods.md's).",
 )
 def algorithms(markdown: bool) -> None:
     """List the available algorithms (`--algorithm NAME` of `stratify train`)."""

@@ -30,7 +30,7 @@ def _format(value: float | None) -> str:
     "dataset_name",
     default="digits",
     show_default=True,
-    help='Dataset name, e.g. digits, mnist-10k, colored-mnist (README, "Datasets").',
+    help='Dataset name, e.g. digits, mnist-10k, colored-mnist (docs/usage.md, "Datasets").',
 )
 @DATA_DIR
 @click.option(

@@ -7,7 +7,7 @@ Two uses (``pip install river``, or ``pip install -e '.[compare]'``)::
     python examples/river_streams.py produce Phishing \
         | stratify stream --source - --out runs/phishing
 
-    # the README's table: Stratify and river's standard models, prequential accuracy and events/s
+    # docs/streaming.md's table: Stratify and river's models, prequential accuracy and events/s
     python examples/river_streams.py compare --datasets Phishing Bananas ImageSegments Shuttle
 
     # a class that appears late: how often its first 5 and 20 examples are predicted right
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     producer = commands.add_parser("produce", help="print a dataset as JSON Lines events")
     producer.add_argument("dataset", help="a river dataset, e.g. Phishing")
-    comparison = commands.add_parser("compare", help="the README's table")
+    comparison = commands.add_parser("compare", help="the table of docs/streaming.md")
     comparison.add_argument(
         "--datasets", nargs="+", default=["Phishing", "Bananas", "ImageSegments", "Shuttle"]
     )

@@ -40,7 +40,7 @@ from stratify.errors import TrainingError
 COMPILE_MODES = ("auto", "on", "off")
 
 #: single-sample steps a run makes in eager mode before ``auto`` compiles. On the simple
-#: CNN on one CPU thread a compiled step saved ~0.33 ms (README "Performance") and the
+#: CNN on one CPU thread a compiled step saved ~0.33 ms (docs/performance.md) and the
 #: compile took ~45 s cold and ~6 s from the on-disk cache: break-even after ~140,000 and
 #: ~18,000 steps. Compiling once the run has made about that many steps means a run that
 #: stops earlier never pays for the compile and a longer one loses at most about what the

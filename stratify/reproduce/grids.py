@@ -265,7 +265,7 @@ PAIRED_COLUMNS = (
 )
 
 #: Each seed method in its own paper's setting as far as the data at hand allows, beside
-#: its matched comparator (rounds cut to fit the machine: see the README).
+#: its matched comparator (rounds cut to fit the machine: see docs/limitations.md).
 SEED_PAPER_ROWS = (
     Row(
         "fedbss-shards-2",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass
 class ProtocolStats:
-    """Counters of one registration, for the benchmark and the README.
+    """Counters of one registration, for the benchmark and docs/privacy.md.
 
     Parameters
     ----------
