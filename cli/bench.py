@@ -39,8 +39,8 @@ from stratify.cli.bench_training import (
 from stratify.cli.common import (
     DATA_DIR,
     DATASET_OPTION,
+    JSON_OUTPUT,
     Choice,
-    check_output_file,
     checked,
     parse_options,
     write_output,
@@ -77,13 +77,6 @@ STEPS_BYTES_PER_STEP = 8 + 36 + SINGLE_SAMPLE_BYTES_PER_STEP
 WORKER_BYTES = 100 * 2**20
 
 #: ``--json``: checked before any work, written atomically after it
-JSON_OUTPUT = click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    callback=checked(check_output_file),
-    help="Also write the figures to this JSON file.",
-)
 
 #: ``--threads``: the benchmark process's torch threads (batch mode keeps torch's default)
 THREADS = click.option(

@@ -33,7 +33,7 @@ from stratify.cli.bench_steps import (
     parameters_of,
     share_of_movement,
 )
-from stratify.cli.common import DATA_DIR, check_output_file, checked, write_output
+from stratify.cli.common import DATA_DIR, JSON_OUTPUT, write_output
 from stratify.client import LocalJob, LocalTrainer
 from stratify.compiled import CompileSwitch
 from stratify.config import TrainConfig
@@ -121,13 +121,7 @@ def check_job(trainer: LocalTrainer, job: LocalJob) -> tuple[bool, float, int]:
 @click.option("--partition", "spec", default="dirichlet:0.5", show_default=True)
 @click.option("--clients", default=10, show_default=True, type=int)
 @click.option("--rounds", default=3, show_default=True, type=int, help="Timed rounds of each.")
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    callback=checked(check_output_file),
-    help="Also write the figures to this JSON file.",
-)
+@JSON_OUTPUT
 def local(dataset, data_dir, spec, clients, algorithm, rounds, json_path) -> None:
     """Seconds per round of a single-sample baseline (a table1 cell): compiled local
     training against the eager local loop, the same rounds, the weights checked."""

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from stratify.cli.common import check_output_file, checked, write_output
+from stratify.cli.common import JSON_OUTPUT, checked, write_output
 from stratify.errors import ConfigError
 from stratify.stream.bench import stream_bench
 from stratify.validation import check_positive_int
@@ -33,13 +33,7 @@ def check_size(value: object, flag: str) -> int:
 @click.option("--classes", default=5, show_default=True, type=int, callback=checked(check_size))
 @click.option("--clients", default=10, show_default=True, type=int, callback=checked(check_size))
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    callback=checked(check_output_file),
-    help="Also write the figures to this JSON file.",
-)
+@JSON_OUTPUT
 def stream(
     events: int, features: int, classes: int, clients: int, seed: int, json_path: str | None
 ) -> None:

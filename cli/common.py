@@ -139,3 +139,13 @@ def write_output(path: str, data: str | bytes, flag: str = "--json") -> None:
         kept = " (its previous version is kept)" if os.path.isfile(path) else ""
         reason = error.strerror or error
         raise OutputError(f"cannot write {flag} {path}: {reason}{kept}") from None
+
+
+#: ``--json FILE`` of the benches: the figures also as JSON, checked before the work
+JSON_OUTPUT = click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    callback=checked(check_output_file),
+    help="Also write the figures to this JSON file.",
+)
