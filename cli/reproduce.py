@@ -36,9 +36,11 @@ from stratify.reproduce.grids import GRIDS, Cell, Settings, grid_named, plan_cel
 from stratify.reproduce.paired import pair_budgets
 from stratify.reproduce.runner import (
     Display,
+    cell_phases,
     cell_specs,
     check_setups,
     grid_folder,
+    rate_setters,
     reproduce,
 )
 from stratify.reproduce.tuning import (
@@ -183,7 +185,19 @@ def print_estimate(
     show_default=True,
     help="CKKS registry (the same numbers as the plain one, slower).",
 )
-@click.option("--tune", is_flag=True, help="Tune each method's lr on a validation split first.")
+@click.option(
+    "--plateau",
+    metavar="R_MIN",
+    help="Paired grids: each comparator runs until its validation accuracy plateaus (at "
+    "least R_MIN rounds; --epochs is the cap; 10% of the training samples held out) and "
+    "its methods run the rounds it ran, seed by seed [default: every run the grid's epochs].",
+)
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Tune each method's lr on a validation split first (a paired grid: each "
+    "comparator's, which its methods then use).",
+)
 @click.option(
     "--tune-factors",
     default=",".join(f"{factor:g}" for factor in DEFAULT_FACTORS),
@@ -250,6 +264,7 @@ def reproduce_command(
     model: str | None,
     device: str,
     secure: bool,
+    plateau: str | None,
     tune: bool,
     tune_factors: str,
     tune_epochs: str | None,
@@ -278,6 +293,7 @@ def reproduce_command(
         model=model,
         secure=secure,
         device=device,
+        plateau=None if plateau is None else check_positive_int(plateau, "--plateau"),
     )
     tuning = None
     if tune:
@@ -300,17 +316,14 @@ def reproduce_command(
     if isinstance(runner, RayBackend) and not dry_run:
         runner.check()  # a dead address: one line now, before anything is written
     if dry_run:
-        if chosen_grid.paired and tuning is not None:
-            raise ConfigError(
-                f"--tune: grid {chosen_grid.name} runs each method and its comparator at the "
-                "method's rate; tuning them apart would unmatch them"
-            )
         cells, notes = plan_cells(chosen_grid, settings, out)
         phases = []
         if tuning is not None:
             title = "tuning" if not tuning.halving else "tuning, first rung"
-            phases.append((title, tuning_specs(cells, tuning, out)))
-        phases.append(("cells", cell_specs(cells)))
+            phases.append((title, tuning_specs(rate_setters(cells), tuning, out)))
+        phases += [
+            (title, cell_specs(phase)) for title, phase in cell_phases(chosen_grid, cells, settings)
+        ]
         check_setups([spec for _, specs in phases for spec in specs])
         for note in notes:
             console.print(f"note: {note}")

@@ -309,6 +309,11 @@ def print_results(console: Console, run: Run, summary: dict) -> None:
         if summary["best_val_epoch"] is not None
         else ""
     )
+    if summary["stopped_on_plateau"] is not None:
+        console.print(
+            f"stopped after epoch {summary['stopped_on_plateau']} of {run.config.epochs}: the "
+            f"validation accuracy plateaued (--stop-on-plateau {run.config.stop_on_plateau})"
+        )
     console.print(
         f"final accuracy {summary['final_accuracy']:.4f}, mean of the last "
         f"{summary['last_rounds']} epochs {summary['last_mean_accuracy']:.4f} ± "

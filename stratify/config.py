@@ -8,6 +8,7 @@ its flags from the fields (help and default included), like the methods' options
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from stratify.data.datasets import DATASETS, dataset_options
 from stratify.data.datasets.base import check_options
 from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError, OutputError
+from stratify.measures import PlateauRule, plateau_budget
 from stratify.method import LR_SCHEDULES, Strategy
 from stratify.nn.models import MODELS, NORMS, check_model_norm
 from stratify.options import MODES, RunSettings, check_given, option
@@ -39,7 +41,7 @@ DEFAULT_LR = {("digits", "batch"): 0.05}
 FALLBACK_LR = 0.01
 # options that may change between a run and its resumption (every registry protocol gives
 # the same placeholders and counts, so the protocol is one of them)
-RESUMABLE_CHANGES = ("epochs", "device", "out", "protocol")
+RESUMABLE_CHANGES = ("epochs", "stop_on_plateau", "device", "out", "protocol")
 
 
 def check_partition(value: object, flag: str) -> str:
@@ -128,6 +130,14 @@ class TrainConfig(RunSettings):
         "can be chosen without the test set. 0: no validation split.",
         check=check_share,
     )
+    stop_on_plateau: int | None = option(
+        None,
+        "Stop once the validation accuracy has plateaued: after at least this many epochs, "
+        "when its best has gained less than 0.5 points over the last 10% of the epochs run "
+        "(--epochs is the cap; needs --validation). Default: run every epoch.",
+        check=check_positive_int,
+        cli_type=int,
+    )
     device: str = option("auto", "Where tensors live.", choices=DEVICES)
     secure: bool = option(
         True, "Encrypted placeholder registry, or the plain one.", check=check_bool
@@ -157,11 +167,41 @@ class TrainConfig(RunSettings):
         # like the choices above, checked before any data is loaded: the default model
         # (cnn or mlp) has no norm layers, so a norm is refused even without --model
         check_model_norm(self.model, self.norm, self.mode)
+        if self.stop_on_plateau is not None:
+            if not self.validation:
+                raise ConfigError(
+                    "--stop-on-plateau watches the validation accuracy: give --validation "
+                    "(e.g. 0.1)"
+                )
+            if self.stop_on_plateau > self.epochs:
+                raise ConfigError(
+                    f"--stop-on-plateau {self.stop_on_plateau}: at least that many epochs "
+                    f"before stopping, but --epochs is {self.epochs} (the cap)"
+                )
         # the method's options are checked now, before any data is loaded, and kept typed
         given = {key: value for key, value in self.options.items() if value is not None}
         strategy = build_strategy(self.algorithm, given, self.mode)
         strategy.check_epochs(self.epochs)
         self.options = {key: getattr(strategy.options, key) for key in given}
+
+
+def plateau_rule(config: TrainConfig) -> PlateauRule | None:
+    """The rule that ends ``config``'s run early, or ``None`` (every epoch runs)."""
+    if config.stop_on_plateau is None:
+        return None
+    return PlateauRule(config.stop_on_plateau, config.epochs)
+
+
+def run_complete(config: TrainConfig, validation_accuracies: Sequence[float | None]) -> bool:
+    """Whether a run of ``config`` that has these validation accuracies so far (one per
+    finished epoch) is over: every epoch run, or its validation accuracy plateaued."""
+    if len(validation_accuracies) >= config.epochs:
+        return True
+    rule = plateau_rule(config)
+    if rule is None or any(accuracy is None for accuracy in validation_accuracies):
+        return False
+    budget = plateau_budget([float(a) for a in validation_accuracies if a is not None], rule)
+    return budget is not None
 
 
 def default_lr(dataset: str, mode: str) -> float:

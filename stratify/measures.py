@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stratify.errors import ConfigError
+
 #: the last-rounds window: this share of the epochs run ...
 LAST_SHARE = 0.1
 #: ... and never fewer than this many (all of them in a shorter run)
@@ -120,3 +122,94 @@ def accuracy_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "best_validation_accuracy": None if choice is None else choice.validation_accuracy,
         "test_accuracy_at_best_val": None if choice is None else choice.test_accuracy,
     }
+
+
+# -- the plateau budget -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlateauRule:
+    """How long a run goes on: until its validation accuracy has plateaued (a run with
+    ``--stop-on-plateau``; in a paired grid, the comparator's, which sets its pair's rounds).
+
+    A run has plateaued after round ``r`` (``minimum_rounds ≤ r``) when the best
+    validation accuracy up to ``r`` exceeds the best up to ``r − w`` by less than
+    ``gain_points``, where ``w = max(1, ceil(window · r))`` (the last 10% of the rounds);
+    at ``cap`` rounds it stops in any case.
+
+    Parameters
+    ----------
+    minimum_rounds : int
+        R_min: the rounds every run goes at least.
+    cap : int
+        The most rounds a run goes.
+    gain_points : float
+        The gain, in points, below which the accuracy has plateaued.
+    window : float
+        The share of the rounds run so far that the gain is measured over.
+    """
+
+    minimum_rounds: int
+    cap: int
+    gain_points: float = 0.5
+    window: float = 0.10
+
+    def __post_init__(self) -> None:
+        if self.minimum_rounds < 1 or self.cap < self.minimum_rounds:
+            raise ConfigError(
+                f"the plateau rule needs 1 ≤ R_min ≤ cap, got R_min {self.minimum_rounds} "
+                f"and cap {self.cap}"
+            )
+        if not (self.gain_points > 0 and 0 < self.window <= 1):
+            raise ConfigError(
+                f"the plateau rule needs a positive gain and a window in (0, 1], got "
+                f"{self.gain_points} and {self.window}"
+            )
+
+    def window_rounds(self, rounds: int) -> int:
+        """``w``: the last rounds of ``rounds`` the gain is measured over."""
+        return max(1, math.ceil(self.window * rounds))
+
+
+@dataclass(frozen=True)
+class PlateauBudget:
+    """The rounds a run went and why, with the rule's bounds (all recorded).
+
+    Parameters
+    ----------
+    rounds : int
+        Rounds run.
+    reason : {"plateau", "cap"}
+        Whether the comparator plateaued or the cap stopped it.
+    minimum_rounds, cap : int
+        The rule's R_min and cap.
+    """
+
+    rounds: int
+    reason: str
+    minimum_rounds: int
+    cap: int
+
+
+def plateau_budget(accuracies: Sequence[float], rule: PlateauRule) -> PlateauBudget | None:
+    """The rounds a run goes under ``rule``, from its validation accuracy after each
+    round so far (fractions, round 1 first); ``None`` while undecided.
+
+    Parameters
+    ----------
+    accuracies : sequence of float
+        The validation accuracy after rounds 1, 2, …
+    rule : PlateauRule
+        R_min, the cap, the gain and the window.
+    """
+    best: list[float] = []
+    for accuracy in accuracies:
+        best.append(max(accuracy, best[-1]) if best else accuracy)
+    for rounds in range(rule.minimum_rounds, min(len(best), rule.cap) + 1):
+        earlier = rounds - rule.window_rounds(rounds)
+        gain = best[rounds - 1] - (best[earlier - 1] if earlier > 0 else 0.0)
+        if 100 * gain < rule.gain_points:
+            return PlateauBudget(rounds, "plateau", rule.minimum_rounds, rule.cap)
+    if len(best) >= rule.cap:
+        return PlateauBudget(rule.cap, "cap", rule.minimum_rounds, rule.cap)
+    return None

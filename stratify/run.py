@@ -18,7 +18,7 @@ import torch
 
 from stratify.backend import Timer
 from stratify.checkpoints import checkpoint_problem
-from stratify.config import RESUMABLE_CHANGES, TrainConfig
+from stratify.config import RESUMABLE_CHANGES, TrainConfig, run_complete
 from stratify.data.datasets import Dataset
 from stratify.errors import (
     CheckpointError,
@@ -279,8 +279,8 @@ class Run:
     def train(self) -> dict[str, Any]:
         """Run the remaining epochs; returns the summary. Releases the run folder."""
         try:
-            for epoch in range(self.start_epoch + 1, self.config.epochs + 1):
-                self._train_epoch(epoch)
+            while not self.done:
+                self._train_epoch(self.epochs_done + 1)
         finally:
             self.close()
         return self.summary()
@@ -296,6 +296,11 @@ class Run:
     @property
     def epochs_done(self) -> int:
         return len(self.records)
+
+    @property
+    def done(self) -> bool:
+        """Every epoch run, or (``--stop-on-plateau``) the validation accuracy plateaued."""
+        return run_complete(self.config, [r.validation_accuracy for r in self.records])
 
     def stopped(self, error: TrainingError, epoch: int) -> TrainingError:
         """A diverged epoch's error, saying what the run keeps and which flags to lower."""
@@ -362,6 +367,10 @@ class Run:
             "partition": self.config.partition,
             "mode": self.config.mode,
             "epochs_completed": len(self.records),
+            # the epochs run when the validation accuracy plateaued before --epochs
+            "stopped_on_plateau": (
+                len(self.records) if len(self.records) < self.config.epochs and self.done else None
+            ),
             **accuracy_summary(records),
             "total_transfers": sum(record.transfers for record in self.records),
             "total_steps": sum(record.steps for record in self.records),

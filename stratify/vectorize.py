@@ -442,7 +442,7 @@ class GroupTraining:
     def train(self) -> None:
         active = []
         for index, run in enumerate(self.runs):
-            if run.epochs_done < run.config.epochs:
+            if not run.done:
                 active.append(index)
             else:
                 self.end(index, None)
@@ -476,7 +476,7 @@ class GroupTraining:
             except Exception as error:
                 self.end(index, error)
                 continue
-            if run.epochs_done >= run.config.epochs:
+            if run.done:
                 self.end(index, None)
 
     def advance(

@@ -15,6 +15,7 @@ from stratify.parallel import LocalBackend
 from stratify.reproduce.grids import GRIDS, Grid, Settings, paired_column, partition_row, plan_cells
 from stratify.reproduce.paired import pair_budgets, paired_difference
 from stratify.reproduce.runner import reproduce
+from stratify.reproduce.tuning import Tuning
 from stratify.runfiles import read_records
 
 
@@ -227,9 +228,55 @@ def test_a_paired_dry_run_flags_a_pair_whose_budgets_differ(monkeypatch, capsys,
     ]
 
 
-def test_paired_grids_refuse_tuning(capsys, tmp_path):
-    command = ["reproduce", "paired", "--out", str(tmp_path / "x"), "--tune", "--dry-run"]
-    assert_refused_in_one_line(capsys, command, "would unmatch them", tmp_path / "x")
+def test_a_tuned_plateau_paired_grid_keeps_each_pair_matched(monkeypatch, tmp_path):
+    """--tune on a paired grid tunes the comparators only, and each method steps at its
+    comparator's rate; --plateau stops each comparator where its validation accuracy
+    plateaued, and its methods run exactly the rounds it ran, seed by seed."""
+    grid = Grid(
+        "tiny-plateau",
+        "",
+        {"dataset": "digits", "mode": "batch", "epochs": 12, "clients": 4},
+        (partition_row("iid", "IID"),),
+        (
+            paired_column("fedprox", local_epochs=1, local_batch_size=32),
+            paired_column("fedavgm", local_epochs=1, local_batch_size=32),
+        ),
+    )
+    monkeypatch.setitem(GRIDS, "tiny-plateau", grid)
+    tuning = Tuning(factors=(1.0, 3.0), epochs=2, widen=0)
+    report = reproduce(
+        "tiny-plateau",
+        tmp_path,
+        Settings(seeds=(0, 1), plateau=3),
+        tuning=tuning,
+        backend=LocalBackend(1),
+    )
+    tuned = sorted(path.parent.parent.name for path in (tmp_path / "tune").rglob("config.json"))
+    assert len(tuned) == 2 and all(name.startswith("fedavg-matched-") for name in tuned)
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    comparator = {row["seed"]: row for row in rows if row["role"] == "comparator"}
+    assert len({row["lr"] for row in rows}) == 1  # the comparator's chosen rate, for all
+    rounds = set()
+    for row in rows:
+        records = read_records(row["run_dir"])
+        assert all(record["validation_accuracy"] is not None for record in records)
+        matched = read_records(comparator[row["seed"]]["run_dir"])
+        assert len(records) == len(matched)
+        rounds.add(len(records))
+    assert rounds and max(rounds) <= 12 and min(rounds) >= 3
+    assert any(len(read_records(r["run_dir"])) < 12 for r in comparator.values())
+    table = (tmp_path / "results.md").read_text()
+    line = next(line for line in table.splitlines() if line.startswith("| IID | FedProx |"))
+    assert "plateaued, cap 12)" in line
+    assert len(report.cells) == 6
+
+
+def test_plateau_needs_a_paired_grid_and_a_cap_above_r_min(capsys, tmp_path):
+    command = ["reproduce", "table1", "--out", str(tmp_path / "x"), "--plateau", "5"]
+    assert_refused_in_one_line(capsys, command + ["--dry-run"], "no comparators", tmp_path / "x")
+    command = ["reproduce", "paired", "--out", str(tmp_path / "x"), "--plateau", "30"]
+    command += ["--dataset", "digits", "--dry-run"]
+    assert_refused_in_one_line(capsys, command, "the cap (--epochs) is 20", tmp_path / "x")
 
 
 def test_summary_json_of_a_comparator_names_its_matched_options(tmp_path):

@@ -3,14 +3,8 @@
 import pytest
 
 from stratify.errors import ConfigError
-from stratify.reproduce.paired import (
-    PairedDifference,
-    PlateauBudget,
-    PlateauRule,
-    paired_difference,
-    plateau_budget,
-    verdict,
-)
+from stratify.measures import PlateauBudget, PlateauRule, plateau_budget
+from stratify.reproduce.paired import PairedDifference, paired_difference, verdict
 
 
 def interval(low_points: float, high_points: float, seeds: int = 5) -> PairedDifference:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stratify.config import TrainConfig
+from stratify.config import TrainConfig, run_complete
 from stratify.errors import (
     CorruptRunError,
 )
@@ -68,7 +68,7 @@ def folder_state(config: TrainConfig) -> FolderState:
         return FolderState("corrupt", reason=f"{out}: {error.strerror or error}")
     differences = config_differences(saved, config)
     done = len(records)
-    if done >= config.epochs:
+    if run_complete(config, [record.get("validation_accuracy") for record in records]):
         return FolderState("finished", done, differences)
     if "checkpoint.pt" in present:
         return FolderState("resumable", done, differences)

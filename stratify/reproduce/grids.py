@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -492,6 +492,12 @@ class Settings:
         The CKKS registry (it gives the same numbers as the plain one, slower).
     device : str
         Where each run's tensors live.
+    plateau : int, optional
+        Paired grids: R_min of the plateau budget. Every run holds out
+        :data:`PLATEAU_VALIDATION` of the training samples; each comparator runs until its
+        validation accuracy plateaus (``--stop-on-plateau``, the epochs the cap) and its
+        methods then run the rounds it ran, seed by seed (docs/architecture.md,
+        "Reproducing the papers").
     """
 
     dataset: str | None = None
@@ -504,6 +510,7 @@ class Settings:
     model: str | None = None
     secure: bool = False
     device: str = "auto"
+    plateau: int | None = None
 
     def __post_init__(self) -> None:
         # frozen: the checked values are stored as object.__setattr__ does
@@ -536,6 +543,8 @@ class Settings:
             check_choice(self.model, "--model", tuple(MODELS))
         store("secure", check_bool(self.secure, "--secure"))
         check_choice(self.device, "--device", DEVICES)
+        if self.plateau is not None:
+            store("plateau", check_positive_int(self.plateau, "--plateau"))
 
 
 @dataclass(frozen=True)
@@ -557,6 +566,17 @@ class Cell:
     @property
     def key(self) -> str:
         return f"{self.group}/seed-{self.seed}"
+
+    @property
+    def rate_group(self) -> str:
+        """The cells that share a learning rate: a paired method's is its comparator's
+        (the pair's rate is chosen for the comparator and used by both)."""
+        return self.group if self.comparator is None else f"{self.row.key}/{self.comparator}"
+
+    @property
+    def is_comparator(self) -> bool:
+        """Whether the cell is a matched comparator of a paired grid."""
+        return self.comparator is None and not self.column.paired
 
 
 def grid_named(name: str) -> Grid:
@@ -691,7 +711,52 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
             cells += row_cells
     if not cells:
         raise ConfigError(f"grid {grid.name}: no cell can run here ({'; '.join(notes)})")
+    if settings.plateau is not None:
+        cells = plateau_cells(grid, cells, settings.plateau)
     return cells, notes
+
+
+#: the share of the training samples a plateau budget's runs hold out to watch
+PLATEAU_VALIDATION = 0.1
+
+
+def plateau_cells(grid: Grid, cells: Sequence[Cell], minimum_rounds: int) -> list[Cell]:
+    """``cells`` under the plateau budget: every run holds out a validation split, each
+    comparator stops once its validation accuracy has plateaued after at least
+    ``minimum_rounds`` (its epochs the cap); a method's epochs are set to its comparator's
+    once that has run (:func:`plateau_rounds`)."""
+    if not grid.paired:
+        raise ConfigError(
+            f"--plateau: grid {grid.name} has no comparators whose plateau would set the rounds"
+        )
+    planned = []
+    for cell in cells:
+        config = dataclasses.replace(cell.config, validation=PLATEAU_VALIDATION)
+        if cell.is_comparator:
+            if minimum_rounds > config.epochs:
+                raise ConfigError(
+                    f"--plateau {minimum_rounds}: at least that many rounds, but the cap "
+                    f"(--epochs) is {config.epochs}"
+                )
+            config = dataclasses.replace(config, stop_on_plateau=minimum_rounds)
+        planned.append(dataclasses.replace(cell, config=config))
+    return planned
+
+
+def plateau_rounds(cells: Sequence[Cell], rounds: Mapping[str, int]) -> list[Cell]:
+    """``cells`` with each paired method's epochs set to the rounds its comparator ran for
+    the same seed (``rounds``: comparator cell key -> epochs run); a method whose
+    comparator has not run keeps its planned cap."""
+    done = []
+    for cell in cells:
+        if cell.comparator is not None:
+            key = f"{cell.row.key}/{cell.comparator}/seed-{cell.seed}"
+            if rounds.get(key):
+                cell = dataclasses.replace(
+                    cell, config=dataclasses.replace(cell.config, epochs=rounds[key])
+                )
+        done.append(cell)
+    return done
 
 
 # -- paired columns: each method beside its matched comparator ---------------------------

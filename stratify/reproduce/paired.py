@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stratify.comparison import planned_sample_gradients
-from stratify.errors import ConfigError
 from stratify.reproduce.grids import Cell
 
 # -- budgets --------------------------------------------------------------------------------
@@ -211,93 +210,3 @@ def verdict(
     if high < 0:
         return Verdict("behind")
     return Verdict("inconclusive", "interval wider than the effect")
-
-
-# -- the plateau budget -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlateauRule:
-    """How long a pair runs: until its comparator's validation accuracy has plateaued.
-
-    A pair has plateaued after round ``r`` (``minimum_rounds ≤ r``) when the best
-    validation accuracy up to ``r`` exceeds the best up to ``r − w`` by less than
-    ``gain_points``, where ``w = max(1, ceil(window · r))`` (the last 10% of the rounds);
-    at ``cap`` rounds it stops in any case.
-
-    Parameters
-    ----------
-    minimum_rounds : int
-        R_min: the rounds every pair runs.
-    cap : int
-        The most rounds a pair runs.
-    gain_points : float
-        The gain, in points, below which the accuracy has plateaued.
-    window : float
-        The share of the rounds run so far that the gain is measured over.
-    """
-
-    minimum_rounds: int
-    cap: int
-    gain_points: float = 0.5
-    window: float = 0.10
-
-    def __post_init__(self) -> None:
-        if self.minimum_rounds < 1 or self.cap < self.minimum_rounds:
-            raise ConfigError(
-                f"the plateau rule needs 1 ≤ R_min ≤ cap, got R_min {self.minimum_rounds} "
-                f"and cap {self.cap}"
-            )
-        if not (self.gain_points > 0 and 0 < self.window <= 1):
-            raise ConfigError(
-                f"the plateau rule needs a positive gain and a window in (0, 1], got "
-                f"{self.gain_points} and {self.window}"
-            )
-
-    def window_rounds(self, rounds: int) -> int:
-        """``w``: the last rounds of ``rounds`` the gain is measured over."""
-        return max(1, math.ceil(self.window * rounds))
-
-
-@dataclass(frozen=True)
-class PlateauBudget:
-    """The rounds a pair ran and why, with the rule's bounds (all recorded).
-
-    Parameters
-    ----------
-    rounds : int
-        Rounds run.
-    reason : {"plateau", "cap"}
-        Whether the comparator plateaued or the cap stopped it.
-    minimum_rounds, cap : int
-        The rule's R_min and cap.
-    """
-
-    rounds: int
-    reason: str
-    minimum_rounds: int
-    cap: int
-
-
-def plateau_budget(accuracies: Sequence[float], rule: PlateauRule) -> PlateauBudget | None:
-    """The rounds a pair runs under ``rule``, from its comparator's validation accuracy
-    after each round so far (fractions, round 1 first); ``None`` while undecided.
-
-    Parameters
-    ----------
-    accuracies : sequence of float
-        The comparator's validation accuracy after rounds 1, 2, …
-    rule : PlateauRule
-        R_min, the cap, the gain and the window.
-    """
-    best: list[float] = []
-    for accuracy in accuracies:
-        best.append(max(accuracy, best[-1]) if best else accuracy)
-    for rounds in range(rule.minimum_rounds, min(len(best), rule.cap) + 1):
-        earlier = rounds - rule.window_rounds(rounds)
-        gain = best[rounds - 1] - (best[earlier - 1] if earlier > 0 else 0.0)
-        if 100 * gain < rule.gain_points:
-            return PlateauBudget(rounds, "plateau", rule.minimum_rounds, rule.cap)
-    if len(best) >= rule.cap:
-        return PlateauBudget(rule.cap, "cap", rule.minimum_rounds, rule.cap)
-    return None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stratify.algorithms import method_label, strategy_class
+from stratify.config import run_complete
 from stratify.errors import CorruptRunError
 from stratify.measures import accuracy_summary
 from stratify.parallel import RunOutcome, best_of
@@ -131,7 +132,7 @@ def read_cell(cell: Cell, outcome: RunOutcome | None = None) -> CellResult:
     if outcome is not None and outcome.status == "corrupt":
         return CellResult(cell, "corrupt", records, None, outcome.message, corrupt)
     message = outcome.message if outcome is not None else ""
-    if len(records) >= cell.config.epochs:
+    if run_complete(cell.config, [record.get("validation_accuracy") for record in records]):
         status = "finished"
     elif outcome is not None and outcome.status in ("diverged", "failed"):
         status = outcome.status
@@ -596,6 +597,7 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
                 signed_points(difference)
                 + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
                 str(pair_verdict(difference, ours, theirs, method + comparator)),
+                rounds_text(comparator),
                 f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
                 budget_text(method, comparator, "sample_gradients"),
                 budget_text(method, comparator, "bytes_sent"),
@@ -603,6 +605,20 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
             ]
         )
     return lines
+
+
+def rounds_text(comparator: Sequence[CellResult]) -> str:
+    """The rounds a pair ran over its seeds (``20``, ``23–41``), and under a plateau
+    budget how many comparators plateaued before the cap."""
+    rounds = sorted(len(result.records) for result in comparator if result.records)
+    if not rounds:
+        return "–"
+    text = str(rounds[0]) if rounds[0] == rounds[-1] else f"{rounds[0]}–{rounds[-1]}"
+    watched = [r for r in comparator if r.records and r.cell.config.stop_on_plateau is not None]
+    if watched:
+        plateaued = sum(len(r.records) < r.cell.config.epochs for r in watched)
+        text += f" ({plateaued} of {len(watched)} plateaued, cap {watched[0].cell.config.epochs})"
+    return text
 
 
 def pair_verdict(
@@ -640,6 +656,7 @@ PAIRED_HEADER = (
     "matched comparator, %",
     "difference, points [95% interval]",
     VERDICT_COLUMN,
+    "rounds",
     "best (chosen on test), %: method / comparator",
     "sample-gradients per round: method / comparator",
     "MB per round: method / comparator",
@@ -664,7 +681,10 @@ def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
         f"test set and shown for comparison with papers only. Budgets are measured means per "
         f"round. Verdict: ahead or behind (the interval above or below zero), level (inside "
         f"±1 point), or inconclusive (the interval holds zero and is wider than ±1 point, or "
-        f"both runs are within 5 points of chance).\n",
+        f"both runs are within 5 points of chance). Rounds: those each pair ran over its "
+        f"seeds; under a plateau budget (``--plateau``) the comparator ran until its "
+        f"validation accuracy gained under 0.5 points over its last 10% of rounds, and the "
+        f"method the same rounds.\n",
         markdown_table(PAIRED_HEADER, lines),
         f"Verdicts: {verdict_counts(lines)}.\n",
     ]

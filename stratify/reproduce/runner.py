@@ -37,11 +37,12 @@ from stratify.reproduce.grids import (
     Settings,
     grid_named,
     plan_cells,
+    plateau_rounds,
 )
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
 from stratify.reproduce.results import CellResult, csv_text, markdown, read_cell
 from stratify.reproduce.tuning import Choice, Tuning, tune, tuned_cells, tuning_specs
-from stratify.runfiles import read_json_object
+from stratify.runfiles import read_json_object, read_records
 from stratify.runfolder import FolderLock, json_safe, write_output_file
 
 GRID_FILE = "grid.json"
@@ -247,11 +248,6 @@ def reproduce(
     """
     grid = grid_named(grid_name)
     out = grid_folder(out)
-    if grid.paired and tuning is not None:
-        raise ConfigError(
-            f"--tune: grid {grid.name} runs each method and its comparator at the method's "
-            "rate; tuning them apart would unmatch them"
-        )
     cells, notes = plan_cells(grid, settings, out)
     with FolderLock(out, holder="grid") as lock:
         new_grid = check_out(out, identity(grid, settings, tuning))
@@ -261,7 +257,8 @@ def reproduce(
                     f"{out / name} is a folder, where the grid writes its {name}; move it "
                     "away or use another --out"
                 )
-        tuning_runs = tuning_specs(cells, tuning, out) if tuning is not None else []
+        tuned = rate_setters(cells)
+        tuning_runs = tuning_specs(tuned, tuning, out) if tuning is not None else []
         check_setups(tuning_runs + cell_specs(cells))
         if new_grid:
             out.mkdir(parents=True, exist_ok=True)
@@ -281,12 +278,18 @@ def reproduce(
                     f"{grid.name} · {title}", specs, backend, display, vectorize, run_notes
                 )
 
-            chosen = tune(cells, tuning, out, run_tuning)
+            chosen = tune(tuned, tuning, out, run_tuning)
             write_tuning_csv(chosen, out / "tuning.csv")
             files.append(out / "tuning.csv")
             cells = tuned_cells(cells, chosen)
-        specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in cell_specs(cells)]
-        outcomes = run_phase(grid.name, specs, backend, display, vectorize, run_notes)
+        outcomes: dict[str, RunOutcome] = {}
+        for title, phase in cell_phases(grid, cells, settings):
+            if title == "methods":  # each method runs the rounds its comparator ran
+                cells = plateau_rounds(cells, comparator_rounds(cells))
+                phase = [cell for cell in cells if not cell.is_comparator]
+            specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in cell_specs(phase)]
+            title = grid.name if title == "cells" else f"{grid.name} · {title}"
+            outcomes |= run_phase(title, specs, backend, display, vectorize, run_notes)
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
         write_output_file(out / "results.csv", csv_text(grid, results, tuning is not None))
         table = markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
@@ -303,6 +306,37 @@ def reproduce(
                 "are skipped)"
             )
     return report
+
+
+def rate_setters(cells: Sequence[Cell]) -> list[Cell]:
+    """The cells whose learning rate is tuned: all but a paired grid's methods, which
+    step at their comparator's rate (:attr:`~stratify.reproduce.grids.Cell.rate_group`)."""
+    return [cell for cell in cells if cell.comparator is None]
+
+
+def cell_phases(
+    grid: Grid, cells: Sequence[Cell], settings: Settings
+) -> list[tuple[str, list[Cell]]]:
+    """The grid's cells in the order they run: in one phase, or, under a plateau budget,
+    the comparators first (their plateaus set the methods' rounds), then the methods."""
+    if settings.plateau is None:
+        return [("cells", list(cells))]
+    return [
+        ("comparators", [cell for cell in cells if cell.is_comparator]),
+        ("methods", [cell for cell in cells if not cell.is_comparator]),
+    ]
+
+
+def comparator_rounds(cells: Sequence[Cell]) -> dict[str, int]:
+    """Comparator cell key -> the epochs its folder holds (0 where none)."""
+    rounds = {}
+    for cell in cells:
+        if cell.is_comparator:
+            try:
+                rounds[cell.key] = len(read_records(str(cell.config.out)))
+            except CorruptRunError:
+                rounds[cell.key] = 0
+    return rounds
 
 
 def grid_folder(out: str | Path) -> Path:

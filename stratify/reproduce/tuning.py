@@ -207,6 +207,7 @@ def tuning_config(
         cell.config,
         lr=lr,
         validation=tuning.validation,
+        stop_on_plateau=None,
         epochs=epochs,
         out=str(Path(out) / "tune" / cell.group / f"lr-{lr:g}"),
     )
@@ -364,5 +365,8 @@ def tune(
 
 
 def tuned_cells(cells: Sequence[Cell], chosen: dict[str, Choice]) -> list[Cell]:
-    """``cells`` with their row and column's chosen rate."""
-    return [replace(cell, config=replace(cell.config, lr=chosen[cell.group].lr)) for cell in cells]
+    """``cells`` with the rate chosen for their rate group (their row and column's; a
+    paired method's comparator's)."""
+    return [
+        replace(cell, config=replace(cell.config, lr=chosen[cell.rate_group].lr)) for cell in cells
+    ]
