@@ -277,6 +277,10 @@ def test_plateau_needs_a_paired_grid_and_a_cap_above_r_min(capsys, tmp_path):
     command = ["reproduce", "paired", "--out", str(tmp_path / "x"), "--plateau", "30"]
     command += ["--dataset", "digits", "--dry-run"]
     assert_refused_in_one_line(capsys, command, "the cap (--epochs) is 20", tmp_path / "x")
+    # FedBSS's stage 2 starts after its 5 warm-up rounds: a shorter pair would compare nothing
+    command = ["reproduce", "paired", "--out", str(tmp_path / "x"), "--plateau", "4"]
+    command += ["--dataset", "digits", "--methods", "fedbss", "--dry-run"]
+    assert_refused_in_one_line(capsys, command, "give --plateau 7 or more", tmp_path / "x")
 
 
 def test_summary_json_of_a_comparator_names_its_matched_options(tmp_path):

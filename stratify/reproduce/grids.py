@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratify.algorithms import ALGORITHMS, method_label, strategy_class
+from stratify.algorithms import ALGORITHMS, build_strategy, method_label, strategy_class
 from stratify.backend import DEVICES
 from stratify.comparison import matched_config
 from stratify.config import TrainConfig
@@ -729,6 +729,16 @@ def plateau_cells(grid: Grid, cells: Sequence[Cell], minimum_rounds: int) -> lis
         raise ConfigError(
             f"--plateau: grid {grid.name} has no comparators whose plateau would set the rounds"
         )
+    for cell in cells:
+        # a pair that stopped before the method's mechanism could act would compare nothing
+        needed = build_strategy(
+            cell.config.algorithm, cell.config.options, cell.config.mode
+        ).informative_epochs()
+        if needed > minimum_rounds:
+            raise ConfigError(
+                f"--plateau {minimum_rounds}: {cell.column.label} needs {needed} rounds for its "
+                f"mechanism to act; give --plateau {needed} or more"
+            )
     planned = []
     for cell in cells:
         config = dataclasses.replace(cell.config, validation=PLATEAU_VALIDATION)
