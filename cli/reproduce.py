@@ -246,6 +246,12 @@ def print_estimate(
     "cell (the first estimate calibrates on a few short runs, kept in DIR/calibration.json).",
 )
 @click.option(
+    "--report-only",
+    is_flag=True,
+    help="Run nothing: write the tables and plots from what the run folders hold (a grid "
+    "stopped part way, or run on another machine with the same options).",
+)
+@click.option(
     "--keep-corrupt",
     is_flag=True,
     help="Leave a run folder whose files cannot be read back (reported corrupt) instead of "
@@ -265,6 +271,7 @@ def reproduce_command(
     device: str,
     secure: bool,
     plateau: str | None,
+    report_only: bool,
     tune: bool,
     tune_factors: str,
     tune_epochs: str | None,
@@ -342,6 +349,7 @@ def reproduce_command(
             display=board_display(console),
             keep_corrupt=keep_corrupt,
             vectorize=group,
+            report_only=report_only,
         )
     except RunsInterrupted:
         console.print(
@@ -355,7 +363,9 @@ def reproduce_command(
     console.print("written: " + ", ".join(str(path) for path in report.files))
     if report.plots_note:
         console.print(f"no plots: {report.plots_note}")
-    if report.failed:
+    if report.failed and report_only:
+        console.print(f"note: {len(report.failed)} of {len(report.results)} runs unfinished")
+    elif report.failed:
         first = report.failed[0]
         advice = (
             "run the same command again without --keep-corrupt to run the corrupt ones again"

@@ -306,3 +306,21 @@ def test_summary_json_of_a_comparator_names_its_matched_options(tmp_path):
         },
         sort_keys=True,
     )
+
+
+def test_report_only_tables_a_grid_stopped_part_way_and_runs_nothing(monkeypatch, tmp_path):
+    monkeypatch.setitem(GRIDS, "tiny-paired", TINY_PAIRED)
+    settings = Settings(seeds=(0, 1))
+    reproduce("tiny-paired", tmp_path, settings, backend=LocalBackend(1))
+    full = (tmp_path / "results.md").read_text()
+    # one comparator run lost: the report says it is missing and trains nothing
+    lost = next((tmp_path / "cells").glob("*/fedavg-matched-*/seed-1"))
+    for path in sorted(lost.iterdir()):
+        path.unlink()
+    report = reproduce("tiny-paired", tmp_path, settings, report_only=True)
+    assert [result.cell.key for result in report.failed] == [
+        f"dirichlet-0-5/{lost.parent.name}/seed-1"
+    ]
+    assert not any(lost.iterdir())
+    partial = (tmp_path / "results.md").read_text()
+    assert partial != full and "(1 of 2 seeds)" in partial

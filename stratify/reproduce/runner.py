@@ -41,7 +41,14 @@ from stratify.reproduce.grids import (
 )
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
 from stratify.reproduce.results import CellResult, csv_text, markdown, read_cell
-from stratify.reproduce.tuning import Choice, Tuning, tune, tuned_cells, tuning_specs
+from stratify.reproduce.tuning import (
+    Choice,
+    Tuning,
+    TuningPlan,
+    tune,
+    tuned_cells,
+    tuning_specs,
+)
 from stratify.runfiles import read_json_object, read_records
 from stratify.runfolder import FolderLock, json_safe, write_output_file
 
@@ -69,11 +76,12 @@ class Report:
 
     @property
     def failed(self) -> list[CellResult]:
-        """The cells that did not finish: failed, incomplete, or corrupt and kept."""
+        """The cells that did not finish: failed, incomplete, missing (never run: a report
+        of a grid stopped part way), or corrupt and kept."""
         return [
             result
             for result in self.results
-            if result.status in ("failed", "incomplete", "corrupt")
+            if result.status in ("failed", "incomplete", "missing", "corrupt")
         ]
 
 
@@ -218,6 +226,7 @@ def reproduce(
     display: Display | None = None,
     keep_corrupt: bool = False,
     vectorize: int | None = None,
+    report_only: bool = False,
 ) -> Report:
     """Run grid ``grid_name`` into ``out`` and write its tables and plots.
 
@@ -245,6 +254,9 @@ def reproduce(
     vectorize : int, optional
         Step runs that can share a step together, this many to a group
         (:mod:`stratify.vectorize`); the report's ``run_notes`` say what ran alone.
+    report_only : bool
+        Run nothing: write the tables and plots from what the run folders hold (a grid
+        stopped part way, or run on another machine); unfinished cells show as such.
     """
     grid = grid_named(grid_name)
     out = grid_folder(out)
@@ -278,10 +290,18 @@ def reproduce(
                     f"{grid.name} · {title}", specs, backend, display, vectorize, run_notes
                 )
 
-            chosen = tune(tuned, tuning, out, run_tuning)
-            write_tuning_csv(chosen, out / "tuning.csv")
-            files.append(out / "tuning.csv")
-            cells = tuned_cells(cells, chosen)
+            if report_only:
+                plan = TuningPlan(tuned, tuning, out)
+                if plan.next_specs():
+                    notes.append("the learning-rate tuning is unfinished: no tuning table")
+                else:
+                    chosen = plan.choices()
+            else:
+                chosen = tune(tuned, tuning, out, run_tuning)
+            if chosen is not None:
+                write_tuning_csv(chosen, out / "tuning.csv")
+                files.append(out / "tuning.csv")
+                cells = tuned_cells(cells, chosen)
         outcomes: dict[str, RunOutcome] = {}
         for title, phase in cell_phases(grid, cells, settings):
             if title == "methods":  # each method runs the rounds its comparator ran
@@ -289,7 +309,8 @@ def reproduce(
                 phase = [cell for cell in cells if not cell.is_comparator]
             specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in cell_specs(phase)]
             title = grid.name if title == "cells" else f"{grid.name} · {title}"
-            outcomes |= run_phase(title, specs, backend, display, vectorize, run_notes)
+            if not report_only:
+                outcomes |= run_phase(title, specs, backend, display, vectorize, run_notes)
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
         write_output_file(out / "results.csv", csv_text(grid, results, tuning is not None))
         table = markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
