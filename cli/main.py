@@ -67,8 +67,9 @@ class LazyGroup(click.Group):
 
 
 def deprecated_alias(ctx: click.Context, old: str, new: tuple[str, ...]) -> click.Command:
-    """The command at path ``new`` under the old name ``old``: hidden from ``--help``, and
-    saying the new name on stderr before it runs (its output and exit code unchanged)."""
+    """The command at path ``new`` under the old name ``old``, saying the new name on
+    stderr before it runs (its output and exit code unchanged); :meth:`LazyGroup.
+    list_commands` leaves the old names out of ``--help``."""
     group = ctx.command
     assert isinstance(group, click.Group)
     command = group.get_command(ctx, new[0])
@@ -77,7 +78,7 @@ def deprecated_alias(ctx: click.Context, old: str, new: tuple[str, ...]) -> clic
         command = command.commands[name]
     assert command is not None and command.callback is not None
     alias = copy.copy(command)
-    alias.name, alias.hidden = old, True
+    alias.name = old
     run = command.callback
 
     def callback(*args: Any, **kwargs: Any) -> Any:

@@ -2,9 +2,10 @@
 
 Its flags are generated from :class:`~stratify.config.TrainConfig` and from every
 method's options dataclass, so each default and help text is written once, in the
-library. ``--help`` lists the common options and names the methods' own;
-``--method NAME --help`` lists NAME's options with their help and defaults. Values reach the library as typed on the command line and are checked there,
-so a bad value reads the same from the CLI and from Python.
+library. ``--help`` lists the common options and names the methods' own; ``--method NAME
+--help`` lists NAME's options with their help and defaults. Values reach the library as
+typed on the command line and are checked there, so a bad value reads the same from the
+CLI and from Python.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`stratify data stats` (formerly `partition-stats`): tables on digits and mnist-10k, one-line errors."""
+"""`stratify data stats` (formerly `partition-stats`): tables on digits and mnist-10k,
+one-line errors."""
 
 from __future__ import annotations
 
