@@ -82,42 +82,24 @@ def config_option(entry: dataclasses.Field) -> Callable:
 
 
 def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:
-    """Option name -> ``(algorithm, field)`` of every method that takes it."""
+    """Option name -> ``(method, field)`` of every method that takes it."""
     found: dict[str, list[tuple[str, dataclasses.Field]]] = {}
-    for algorithm in ALGORITHMS:
-        cls = strategy_class(algorithm)
+    for method in ALGORITHMS:
+        cls = strategy_class(method)
         for entry in cls.options_class.option_fields():
             if set(entry.metadata["modes"]) & set(cls.modes):  # else it never applies
-                found.setdefault(entry.name, []).append((algorithm, entry))
+                found.setdefault(entry.name, []).append((method, entry))
     return found
 
 
-def resolved_default(algorithm: str, name: str) -> str:
-    """Option ``name``'s default for ``algorithm`` as each of its modes resolves it
-    (``10 (batch), 1 (single-sample)`` where they differ); ``""`` when it stays unset."""
-    cls = strategy_class(algorithm)
-    values = {mode: getattr(cls.options_class().for_mode(mode), name) for mode in cls.modes}
-    if len({repr(value) for value in values.values()}) == 1:
-        value = next(iter(values.values()))
-        return "" if value is None else str(value)
-    return ", ".join(f"{value} ({mode})" for mode, value in values.items())
-
-
 def method_option(name: str, takers: list[tuple[str, dataclasses.Field]]) -> Callable:
-    """A method option's click flag: help from its first method, defaults of each."""
+    """A method option's click flag, with its first method's help; ``--help`` shows it only
+    under ``--method NAME --help``, with NAME's own help and default
+    (:class:`TrainCommand`)."""
     first = takers[0][1]
-    defaults = {algorithm: resolved_default(algorithm, name) for algorithm, _ in takers}
-    if len(set(defaults.values())) == 1:
-        value = next(iter(defaults.values()))
-        default = f"default: {value}" if value else ""
-    else:
-        default = "defaults: " + "; ".join(f"{a} {d or 'unset'}" for a, d in defaults.items())
-    modes = first.metadata["modes"]
-    where = ", ".join(defaults) + ("" if len(modes) == 2 else f"; --mode {modes[0]}")
-    help_text = f"{first.metadata['help'].rstrip('.')} ({where})."
-    if default:
-        help_text += f" [{default}]"
-    return click.option(flag(name), default=None, metavar=metavar(first), help=help_text)
+    return click.option(
+        flag(name), default=None, metavar=metavar(first), help=first.metadata["help"]
+    )
 
 
 def with_flags(function: Callable) -> Callable:
@@ -178,7 +160,7 @@ class TrainCommand(click.Command):
 
 
 def default_out(config: TrainConfig) -> str:
-    """``runs/<time to the microsecond>-<random>-<algorithm>-<dataset>-<mode>``: unique even
+    """``runs/<time to the microsecond>-<random>-<method>-<dataset>-<mode>``: unique even
     for runs started in the same second (a seed sweep)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     suffix = secrets.token_hex(2)
