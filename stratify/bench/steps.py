@@ -19,7 +19,7 @@ import multiprocessing
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -591,7 +591,7 @@ class StepsResult:
     weights_match: bool
     parallel: dict[str, float] | None = None
     vectorize: int | None = None
-    vectorised: dict[str, Any] | None = field(default=None)
+    vectorised: dict[str, Any] | None = None
 
     @property
     def reference(self) -> TimedLoop:
