@@ -487,7 +487,7 @@ class FedDiverse(FedAvgM):
       sends back; the estimation's local optimizer steps count in ``steps``. With
       ``--dht known`` no model travels, only the triplets.
     * A triplet's ``|Y|`` is the dataset's number of classes (a client holding one class
-      of ten has ΔCI = 1, as in ``stratify partition-stats``); ``|A| = 2`` for estimated
+      of ten has ΔCI = 1, as in ``stratify data stats``); ``|A| = 2`` for estimated
       triplets, the dataset's attribute count for known ones.
     * The pivot class is chosen among the classes where both groups hold samples, and
       the attribute classifier's cross-entropy weighs the two groups equally (the paper

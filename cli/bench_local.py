@@ -1,120 +1,26 @@
 """`stratify bench local`: a single-sample baseline's round with the clients' local training
-compiled (``--compile on``) against the eager local loop, from the same weights.
-
-One engine of each runs the same rounds in turn (the same clients, the same shuffles), the
-compiled one starting every round from the eager one's weights; round 1 warms up (and
-compiles) and is not timed. Every client's local training is then checked the way ``bench
-steps`` checks its loops (:class:`~stratify.cli.bench_steps.SegmentCheck`): from the
-round's global weights, the compiled job must end where the eager loop ends, within
-:data:`~stratify.cli.bench_steps.MATCH_TOLERANCE` of how far the eager loop moved.
-"""
+compiled against the eager local loop, measured by :func:`stratify.bench.local.bench_local`."""
 
 from __future__ import annotations
 
-import copy
 import json
-import statistics
-from dataclasses import replace
-from typing import Any
 
 import click
-import numpy as np
-from rich.console import Console
 from rich.table import Table
 
-from stratify.algorithms import ALGORITHMS, strategy_class
-from stratify.backend import Timer
-from stratify.cli.bench_steps import (
-    MATCH_TOLERANCE,
-    BackendSettings,
-    BenchmarkError,
-    SegmentCheck,
-    TimedLoop,
-    parameters_of,
-    share_of_movement,
-)
-from stratify.cli.common import DATA_DIR, JSON_OUTPUT, write_output
-from stratify.client import LocalJob, LocalTrainer
-from stratify.compiled import CompileSwitch
-from stratify.config import TrainConfig
-from stratify.data.datasets import load_dataset
-from stratify.engine import Engine
-from stratify.experiment import build_experiment
-from stratify.state import State, load_into
-from stratify.validation import check_choice, check_positive_int
-
-
-def local_methods() -> tuple[str, ...]:
-    """The registered methods whose class declares ``benchmark_local``."""
-    return tuple(name for name in ALGORITHMS if strategy_class(name).benchmark_local)
-
-
-def local_engine(config: TrainConfig, compile_mode: str, data: Any) -> Engine:
-    """``config``'s engine with the clients' ``--compile`` set to ``compile_mode``."""
-    options = {**config.options, "compile": compile_mode}
-    return build_experiment(replace(config, options=options), dataset=data).engine
-
-
-def client_jobs(engine: Engine, epoch: int) -> list[LocalJob]:
-    """The epoch's local training as jobs (the round's draws), on copies of the model."""
-    strategy, context = engine.strategy, engine.context
-    context.epoch = epoch
-    rng = engine.epoch_rng(epoch)
-    (round_,) = strategy.configure_rounds(context, epoch, rng)
-    work = strategy.local_work(context, round_, rng)
-    assert work is not None, "a single-sample baseline gives its round as jobs"
-    return work.jobs
-
-
-def check_jobs(
-    engine: Engine, epoch: int, start: State, strategy_state: dict[str, Any]
-) -> tuple[bool, float, int]:
-    """Each client job of ``epoch`` from the global weights ``start`` and the method's
-    state then (SCAFFOLD's control variates): compiled against eager."""
-    load_into(engine.model, start)
-    engine.strategy.load_state_dict(strategy_state)
-    jobs = client_jobs(engine, epoch)
-    agreed, worst, rechecked = True, 0.0, 0
-    for job in jobs:
-        ok, share, again = check_job(engine.context.trainer, job)
-        agreed, worst, rechecked = agreed and ok, max(worst, share), rechecked + again
-    return agreed, worst, rechecked
-
-
-def check_job(trainer: LocalTrainer, job: LocalJob) -> tuple[bool, float, int]:
-    """``job`` compiled against the eager loop from its model's weights: whether it
-    agrees, its share of the movement, and whether it agreed only in pieces."""
-    begin = parameters_of(job.model)
-    eager_model = copy.deepcopy(job.model)
-
-    def eager_from(state: State, part: np.ndarray) -> State:
-        load_into(eager_model, state)
-        trainer.train_eager(
-            eager_model, [part], 1, job.lr, job.momentum, job.weight_decay, job.term
-        )
-        return parameters_of(eager_model)
-
-    def compiled_part(part: np.ndarray) -> None:
-        piece = LocalJob(job.model, part, job.lr, job.momentum, job.weight_decay, job.term)
-        trainer.run_compiled(piece, CompileSwitch("on"))
-
-    loop = TimedLoop("compiled job", job.model, BackendSettings.current(), compiled_part)
-    end = eager_from(begin, job.order)
-    load_into(job.model, begin)
-    compiled_part(job.order)
-    again = int(share_of_movement(parameters_of(job.model), end, begin)[1] > MATCH_TOLERANCE)
-    agreed = SegmentCheck(eager_from, minimum=trainer.steps_per_call).agrees(
-        loop, begin, job.order, end
-    )
-    return agreed, loop.worst_share, again
+from stratify.bench.local import bench_local
+from stratify.bench.steps import MATCH_TOLERANCE
+from stratify.cli.common import DATA_DIR, JSON_OUTPUT, wide_console, write_output
 
 
 @click.command("local")
 @click.option(
+    "--method",
     "--algorithm",
+    "algorithm",
     default=None,
     help="A method whose single-sample local jobs can be timed (its class declares "
-    "benchmark_local) [default: the first registered one].",
+    "benchmark_local) [default: the first registered one]; --algorithm is an alias.",
 )
 @click.option("--dataset", default="mnist-10k", show_default=True)
 @DATA_DIR
@@ -125,74 +31,35 @@ def check_job(trainer: LocalTrainer, job: LocalJob) -> tuple[bool, float, int]:
 def local(dataset, data_dir, spec, clients, algorithm, rounds, json_path) -> None:
     """Seconds per round of a single-sample baseline (a table1 cell): compiled local
     training against the eager local loop, the same rounds, the weights checked."""
-    timed = local_methods()
-    algorithm = timed[0] if algorithm is None else check_choice(algorithm, "--algorithm", timed)
-    check_positive_int(rounds, "--rounds")
-    check_positive_int(clients, "--clients")
-    data = load_dataset(dataset, data_dir=data_dir, device="cpu")
-    config = TrainConfig(
-        dataset=dataset,
-        data_dir=data_dir,
-        partition=spec,
-        clients=clients,
-        algorithm=algorithm,
-        mode="single-sample",
-        secure=False,
-        epochs=rounds + 1,
+    result = bench_local(
+        algorithm, dataset=dataset, data_dir=data_dir, spec=spec, clients=clients, rounds=rounds
     )
-    eager = local_engine(config, "off", data)
-    compiled = local_engine(config, "on", data)
-    eager_seconds, compiled_seconds = [], []
-    agreed, worst, rechecked = True, 0.0, 0
-    checker = local_engine(config, "on", data)
-    for epoch in range(1, rounds + 2):  # round 1 warms up (and compiles)
-        start = parameters_of(eager.model)
-        before = copy.deepcopy(eager.strategy.state_dict())
-        load_into(compiled.model, start)
-        with Timer(eager.device) as timer:
-            eager.run_epoch(epoch)
-        if epoch > 1:
-            eager_seconds.append(timer.seconds)
-        with Timer(compiled.device) as timer:
-            compiled.run_epoch(epoch)
-        if epoch > 1:
-            compiled_seconds.append(timer.seconds)
-            ok, share, again = check_jobs(checker, epoch, start, before)
-            agreed, worst, rechecked = agreed and ok, max(worst, share), rechecked + again
-    result = {
-        "algorithm": algorithm,
-        "eager_round_s": statistics.median(eager_seconds),
-        "compiled_round_s": statistics.median(compiled_seconds),
-        "weights_match": agreed,
-        "worst_share": worst,
-        "rechecked_jobs": rechecked,
-    }
-    result["ratio"] = result["eager_round_s"] / result["compiled_round_s"]
+    figures = result.to_json()
     table = Table(
-        title=f"{algorithm} · single-sample · {dataset} · {spec} · {clients} clients · "
+        title=f"{result.method} · single-sample · {dataset} · {spec} · {clients} clients · "
         f"median of rounds 2-{rounds + 1}"
     )
     for column in ("local training", "s / round", "rounds (s)", "vs eager"):
         table.add_column(column, justify="left" if column == "local training" else "right")
-    for name, values in (("eager loop", eager_seconds), ("compiled step", compiled_seconds)):
-        median = statistics.median(values)
+    for name, values in (
+        ("eager loop", result.eager_rounds_s),
+        ("compiled step", result.compiled_rounds_s),
+    ):
+        median = figures["eager_round_s" if name == "eager loop" else "compiled_round_s"]
         table.add_row(
             name,
             f"{median:.2f}",
             ", ".join(f"{value:.2f}" for value in values),
-            f"{result['eager_round_s'] / median:.2f}×",
+            f"{figures['eager_round_s'] / median:.2f}×",
         )
-    console = Console() if Console().is_terminal else Console(width=120)
+    console = wide_console()
     console.print(table)
     console.print(
-        f"weights {'match' if agreed else 'DO NOT MATCH'}: every client's local training "
-        f"compiled ends within {worst:.1e} of the eager loop's movement (tolerance "
-        f"{MATCH_TOLERANCE:g}); {rechecked} job(s) agreed only when re-checked in pieces"
+        f"weights {'match' if result.weights_match else 'DO NOT MATCH'}: every client's local "
+        f"training compiled ends within {result.worst_share:.1e} of the eager loop's movement "
+        f"(tolerance {MATCH_TOLERANCE:g}); {result.rechecked_jobs} job(s) agreed only when "
+        "re-checked in pieces"
     )
     if json_path:
-        write_output(json_path, json.dumps(result, indent=2) + "\n")
-    if not agreed:
-        raise BenchmarkError(
-            f"the compiled local training ended a job with other weights than the eager loop "
-            f"({worst:.1e} of the movement, tolerance {MATCH_TOLERANCE:g})"
-        )
+        write_output(json_path, json.dumps(figures, indent=2) + "\n")
+    result.check()

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
 
-from stratify.errors import DatasetError, OutputError
+from stratify.errors import ConfigError, DatasetError, OutputError
 from stratify.runfolder import write_file
 from stratify.validation import check_choice
 from stratify.vectorize import DEFAULT_GROUP_SIZE
@@ -149,3 +150,31 @@ JSON_OUTPUT = click.option(
     callback=checked(check_output_file),
     help="Also write the figures to this JSON file.",
 )
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """``"2,10,100"`` -> ``[2, 10, 100]``, each value once; anything else is a one-line
+    :class:`~stratify.errors.ConfigError`.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated integers, each at least 1.
+    flag : str
+        The option's name, for the error message.
+    """
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} takes integers of at least 1, got {text!r}")
+    return list(dict.fromkeys(values))  # repeated values would only repeat a row
+
+
+def wide_console() -> Console:
+    """A console for the benchmark tables: 120 columns where the output is not a terminal
+    (rich assumes 80 when writing to a pipe or a file)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stratify.cli.common import DATA_DIR
+from stratify.cli.partition_stats import partition_stats
 from stratify.data.sources import (
     check_data_folder,
     check_published,
@@ -26,7 +27,11 @@ from stratify.errors import ConfigError
 
 @click.group("data")
 def data() -> None:
-    """What each dataset needs under --data-dir, and its download."""
+    """What each dataset needs under --data-dir, its download, and the statistics of a
+    partition of it."""
+
+
+data.add_command(partition_stats)
 
 
 @data.command("list")

@@ -9,6 +9,7 @@ written to, and exit code 1. ``stratify --debug`` prints the traceback as well.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import platform
 import sys
@@ -25,14 +26,20 @@ from stratify.errors import StratifyError
 # command name -> (module, attribute); imported only when the command runs, so `--help` is fast.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("stratify.cli.train", "train"),
-    "partition-stats": ("stratify.cli.partition_stats", "partition_stats"),
-    "bench-privacy": ("stratify.cli.bench_privacy", "bench_privacy"),
     "bench": ("stratify.cli.bench", "bench"),
-    "algorithms": ("stratify.cli.algorithms", "algorithms"),
+    "methods": ("stratify.cli.methods", "methods"),
     "stream": ("stratify.cli.stream", "stream"),
     "reproduce": ("stratify.cli.reproduce", "reproduce_command"),
     "plot": ("stratify.cli.plot", "plot"),
     "data": ("stratify.cli.data", "data"),
+}
+
+#: earlier names of commands that moved into a group -> their name now; they still run,
+#: hidden from the help, after one line on stderr saying the new name
+DEPRECATED: dict[str, tuple[str, ...]] = {
+    "algorithms": ("methods",),
+    "bench-privacy": ("bench", "privacy"),
+    "partition-stats": ("data", "stats"),
 }
 
 #: exit codes: a user error (bad input, unusable path) and a bug in stratify
@@ -51,10 +58,35 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in DEPRECATED:
+            return deprecated_alias(ctx, name, DEPRECATED[name])
         if name not in COMMANDS:
             return None
         module_name, attribute = COMMANDS[name]
         return getattr(importlib.import_module(module_name), attribute)
+
+
+def deprecated_alias(ctx: click.Context, old: str, new: tuple[str, ...]) -> click.Command:
+    """The command at path ``new`` under the old name ``old``, saying the new name on
+    stderr before it runs (its output and exit code unchanged); :meth:`LazyGroup.
+    list_commands` leaves the old names out of ``--help``."""
+    group = ctx.command
+    assert isinstance(group, click.Group)
+    command = group.get_command(ctx, new[0])
+    for name in new[1:]:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    assert command is not None and command.callback is not None
+    alias = copy.copy(command)
+    alias.name = old
+    run = command.callback
+
+    def callback(*args: Any, **kwargs: Any) -> Any:
+        click.echo(f"note: `stratify {old}` is now `stratify {' '.join(new)}`", err=True)
+        return run(*args, **kwargs)
+
+    alias.callback = callback
+    return alias
 
 
 @click.group(cls=LazyGroup)

@@ -1,4 +1,5 @@
-"""`stratify partition-stats`: per-client label counts and heterogeneity metrics of a partition."""
+"""`stratify data stats`: per-client label counts and heterogeneity metrics of a partition
+(``partition-stats`` before; the old name still runs, see :mod:`stratify.cli.main`)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _format(value: float | None) -> str:
     return "n/a" if value is None or not np.isfinite(value) else f"{value:.4f}"
 
 
-@click.command("partition-stats")
+@click.command("stats")
 @click.option(
     "--dataset",
     "dataset_name",

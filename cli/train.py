@@ -1,9 +1,11 @@
-"""`stratify train`: one federated training run of any algorithm.
+"""`stratify train`: one federated training run of any method.
 
 Its flags are generated from :class:`~stratify.config.TrainConfig` and from every
 method's options dataclass, so each default and help text is written once, in the
-library. Values reach the library as typed on the command line and are checked there,
-so a bad value reads the same from the CLI and from Python.
+library. ``--help`` lists the common options and names the methods' own; ``--method NAME
+--help`` lists NAME's options with their help and defaults. Values reach the library as
+typed on the command line and are checked there, so a bad value reads the same from the
+CLI and from Python.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rich.table import Table
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.board import RunBoard
 from stratify.cli.common import DATASET_OPTION, VECTORIZE_OPTION, Choice, parse_options
+from stratify.cli.methods import option_rows
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, CorruptRunError, StratifyError
 from stratify.measures import accuracy_summary
@@ -44,6 +47,11 @@ from stratify.validation import check_positive_int, check_seeds
 
 METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
 
+#: flags of a TrainConfig field other than its own name: the method is ``--method``
+#: (one word for the concept, docs/architecture.md "Command line"), ``--algorithm`` its
+#: earlier name, kept as an alias
+FLAG_NAMES = {"algorithm": ("--method", "--algorithm")}
+
 
 def metavar(entry: dataclasses.Field) -> str:
     choices = entry.metadata["choices"]
@@ -62,7 +70,8 @@ def config_option(entry: dataclasses.Field) -> Callable:
             f"{name}/--no-{name[2:]}", default=entry.default, show_default=True, help=meta["help"]
         )
     return click.option(
-        name,
+        *FLAG_NAMES.get(entry.name, (name,)),
+        entry.name,
         type=Choice(meta["choices"]) if meta["choices"] else None,
         default=entry.default,
         show_default=entry.default is not None,
@@ -73,42 +82,24 @@ def config_option(entry: dataclasses.Field) -> Callable:
 
 
 def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:
-    """Option name -> ``(algorithm, field)`` of every method that takes it."""
+    """Option name -> ``(method, field)`` of every method that takes it."""
     found: dict[str, list[tuple[str, dataclasses.Field]]] = {}
-    for algorithm in ALGORITHMS:
-        cls = strategy_class(algorithm)
+    for method in ALGORITHMS:
+        cls = strategy_class(method)
         for entry in cls.options_class.option_fields():
             if set(entry.metadata["modes"]) & set(cls.modes):  # else it never applies
-                found.setdefault(entry.name, []).append((algorithm, entry))
+                found.setdefault(entry.name, []).append((method, entry))
     return found
 
 
-def resolved_default(algorithm: str, name: str) -> str:
-    """Option ``name``'s default for ``algorithm`` as each of its modes resolves it
-    (``10 (batch), 1 (single-sample)`` where they differ); ``""`` when it stays unset."""
-    cls = strategy_class(algorithm)
-    values = {mode: getattr(cls.options_class().for_mode(mode), name) for mode in cls.modes}
-    if len({repr(value) for value in values.values()}) == 1:
-        value = next(iter(values.values()))
-        return "" if value is None else str(value)
-    return ", ".join(f"{value} ({mode})" for mode, value in values.items())
-
-
 def method_option(name: str, takers: list[tuple[str, dataclasses.Field]]) -> Callable:
-    """A method option's click flag: help from its first method, defaults of each."""
+    """A method option's click flag, with its first method's help; ``--help`` shows it only
+    under ``--method NAME --help``, with NAME's own help and default
+    (:class:`TrainCommand`)."""
     first = takers[0][1]
-    defaults = {algorithm: resolved_default(algorithm, name) for algorithm, _ in takers}
-    if len(set(defaults.values())) == 1:
-        value = next(iter(defaults.values()))
-        default = f"default: {value}" if value else ""
-    else:
-        default = "defaults: " + "; ".join(f"{a} {d or 'unset'}" for a, d in defaults.items())
-    modes = first.metadata["modes"]
-    where = ", ".join(defaults) + ("" if len(modes) == 2 else f"; --mode {modes[0]}")
-    help_text = f"{first.metadata['help'].rstrip('.')} ({where})."
-    if default:
-        help_text += f" [{default}]"
-    return click.option(flag(name), default=None, metavar=metavar(first), help=help_text)
+    return click.option(
+        flag(name), default=None, metavar=metavar(first), help=first.metadata["help"]
+    )
 
 
 def with_flags(function: Callable) -> Callable:
@@ -119,8 +110,57 @@ def with_flags(function: Callable) -> Callable:
     return function
 
 
+def named_method(args: list[str]) -> str | None:
+    """The method named on a command line (``--method X``, ``--method=X`` or the alias
+    ``--algorithm``), before click parses it: ``--help`` runs as soon as it is parsed."""
+    flags = FLAG_NAMES["algorithm"]
+    for position, argument in enumerate(args):
+        name, equals, value = argument.partition("=")
+        if name in flags:
+            if equals:
+                return value
+            if position + 1 < len(args):
+                return args[position + 1]
+    return None
+
+
+class TrainCommand(click.Command):
+    """``train``, whose help lists the common options and, for the methods' own, only
+    those of the method named on the command line (or where to find them)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["stratify.method"] = named_method(args)
+        return super().parse_args(ctx, args)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        own = set(method_options())
+        records = [
+            record
+            for parameter in self.get_params(ctx)
+            if parameter.name not in own and (record := parameter.get_help_record(ctx))
+        ]
+        with formatter.section("Options"):
+            formatter.write_dl(records)
+        name = ctx.meta.get("stratify.method")
+        if name in ALGORITHMS:
+            with formatter.section(f"Options of --method {name}"):
+                formatter.write_dl(
+                    [
+                        (option, f"{text} [default: {default}]")
+                        for option, default, text in option_rows(name)
+                    ]
+                )
+            return
+        with formatter.section("Method options"):
+            formatter.write_text(
+                "Each method takes its own options (--chunk, --mu, --local-epochs, …): "
+                "stratify train --method NAME --help lists NAME's, as does stratify methods "
+                f"NAME. Methods: {', '.join(ALGORITHMS)}."
+            )
+
+
 def default_out(config: TrainConfig) -> str:
-    """``runs/<time to the microsecond>-<random>-<algorithm>-<dataset>-<mode>``: unique even
+    """``runs/<time to the microsecond>-<random>-<method>-<dataset>-<mode>``: unique even
     for runs started in the same second (a seed sweep)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     suffix = secrets.token_hex(2)
@@ -128,13 +168,13 @@ def default_out(config: TrainConfig) -> str:
     return str(Path("runs") / name)
 
 
-@click.command("train")
+@click.command("train", cls=TrainCommand)
 @with_flags
 @DATASET_OPTION
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
-    help="Run folder [default: runs/<time>-<algorithm>-<dataset>-<mode>].",
+    help="Run folder [default: runs/<time>-<method>-<dataset>-<mode>].",
 )
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace a run already in --out.")

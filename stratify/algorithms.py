@@ -41,7 +41,7 @@ def strategy_class(name: str) -> type[Strategy]:
     if name not in ALGORITHMS:
         raise ConfigError(
             f"unknown --algorithm {name!r}; choose one of {', '.join(ALGORITHMS)} "
-            "(`stratify algorithms` describes them)"
+            "(`stratify methods` describes them)"
         )
     module_name, class_name = ALGORITHMS[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)

@@ -78,7 +78,7 @@ class TrainConfig(RunSettings):
     )
     clients: int = option(10, "Number of clients.", check=check_positive_int)
     algorithm: str = option(
-        "stratify", "Federated method (`stratify algorithms` lists them).", check=check_algorithm
+        "stratify", "Federated method (`stratify methods` lists them).", check=check_algorithm
     )
     mode: str = option("single-sample", "Learning setting.", choices=MODES)
     epochs: int = option(
@@ -87,7 +87,7 @@ class TrainConfig(RunSettings):
     lr: float | None = option(
         None,
         "Base learning rate [default: the method's own where its paper or a validation "
-        f"grid fixes one (`stratify algorithms`), else {DEFAULT_LR['digits', 'batch']} on "
+        f"grid fixes one (`stratify methods`), else {DEFAULT_LR['digits', 'batch']} on "
         f"digits in batch mode and {FALLBACK_LR} otherwise].",
         check=check_positive,
         cli_type=float,

@@ -280,7 +280,7 @@ class Strategy(ABC):
     #: ``None`` leaves it to the dataset's default (:func:`stratify.config.default_lr`)
     default_lr: ClassVar[float | None] = None
     #: how :meth:`lr_for` chooses the rate when it depends on the data set (shown by
-    #: ``stratify algorithms``); ``None`` when it does not
+    #: ``stratify methods``); ``None`` when it does not
     lr_note: ClassVar[str | None] = None
     #: the method's own base rate on a (dataset, mode) whose default does not fit it, each
     #: chosen on a validation split by a committed grid (docs/results/defaults-*.csv)

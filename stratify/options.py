@@ -46,7 +46,7 @@ def option(
         Default value; ``None`` means "resolved later" (by ``per_mode``, or by an
         override of :meth:`StrategyOptions.for_mode`).
     help : str
-        One sentence for ``--help`` and ``stratify algorithms``.
+        One sentence for ``--help`` and ``stratify methods``.
     check : callable, optional
         ``check(value, flag)`` returns the value in its type or raises ConfigError.
     choices : sequence of str, optional

@@ -119,13 +119,19 @@ def check_momentum(value: object, flag: str) -> float:
 
 def check_seeds(value: object, flag: str = "--seeds") -> tuple[int, ...]:
     """Distinct seeds: ``"0,1,2"``, ranges such as ``"0..15"`` (both ends included), or a
-    sequence of seeds, as a tuple in the given order."""
+    sequence of seeds, as a tuple in the given order; at most :data:`MAX_REPEATS` of them
+    (a typo such as ``0..1000000000`` is refused before the list is built)."""
     parts: list[object]
     if isinstance(value, str):
         parts = []
         for part in (piece.strip() for piece in value.split(",")):
             first, dots, last = part.partition("..")
             if dots and first.strip().isdigit() and last.strip().isdigit():
+                count = len(parts) + max(int(last) - int(first) + 1, 0)
+                if count > MAX_REPEATS:
+                    raise ConfigError(
+                        f"{flag} takes at most {MAX_REPEATS:,} seeds, got {count:,} in {value!r}"
+                    )
                 parts += list(range(int(first), int(last) + 1)) or [part]
             else:
                 parts.append(part)
@@ -133,6 +139,8 @@ def check_seeds(value: object, flag: str = "--seeds") -> tuple[int, ...]:
         parts = list(value)
     else:
         parts = [value]
+    if len(parts) > MAX_REPEATS:
+        raise ConfigError(f"{flag} takes at most {MAX_REPEATS:,} seeds, got {len(parts):,}")
     try:
         seeds = tuple(check_seed(part, flag) for part in parts)
     except ConfigError:

@@ -1,7 +1,7 @@
 """Encrypted registry: roles, precision, identity with the plain registry for every
 protocol, placeholders, bad input (tests/test_privacy.py: what each role learns).
 
-Naive comparisons cost ~2 ms each, so inputs stay small; `stratify bench-privacy` times
+Naive comparisons cost ~2 ms each, so inputs stay small; `stratify bench privacy` times
 the full grid.
 """
 

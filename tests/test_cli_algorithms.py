@@ -1,4 +1,4 @@
-"""`stratify algorithms` and the train command's refusals of baseline options."""
+"""`stratify methods` and the train command's refusals of baseline options."""
 
 import json
 
@@ -10,9 +10,9 @@ from stratify.config import TrainConfig
 from stratify.errors import ConfigError
 
 
-def test_algorithms_lists_every_algorithm_with_its_description(capsys, monkeypatch):
+def test_methods_lists_every_method_with_its_description(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")
-    main(["algorithms"])
+    main(["methods"])
     out = capsys.readouterr().out
     for name in ALGORITHMS:
         assert name in out

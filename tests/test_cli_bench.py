@@ -11,7 +11,7 @@ import queue
 import pytest
 from conftest import assert_refused_in_one_line
 
-from stratify.cli.bench_plan import PlanCell, cell_process
+from stratify.bench.plan import PlanCell, cell_process
 from stratify.cli.main import main
 from stratify.stratify import Stratify
 
@@ -49,7 +49,7 @@ def test_steps_bench_checks_the_weights_and_writes_the_issue_keys(tmp_path, caps
     assert set(result) == STEPS_KEYS
     assert result["weights_match"] is True
     assert result["compile_seconds"] is None  # nothing compiled
-    assert (result["seeds"], result["workers"]) == (1, 1)
+    assert (result["seeds"], result["workers"]) == ([0], 1)
     assert result["model_steps_per_s"] == result["engine_steps_per_s"]
     assert result["ratio"] == pytest.approx(
         result["engine_steps_per_s"] / result["eager_steps_per_s"]
@@ -90,10 +90,10 @@ def test_steps_bench_runs_seeds_on_worker_processes(tmp_path):
     path = tmp_path / "steps.json"
     main(
         ["bench", "steps", "--steps", "32", "--check-every", "32", "--compile", "off"]
-        + ["--seeds", "3", "--workers", "2", "--json", str(path)]
+        + ["--seeds", "0..2", "--workers", "2", "--json", str(path)]
     )
     result = json.loads(path.read_text())
-    assert (result["seeds"], result["workers"]) == (3, 2)
+    assert (result["seeds"], result["workers"]) == ([0, 1, 2], 2)
     assert result["model_steps_per_s"] > 0
     assert result["model_steps_per_s"] != result["engine_steps_per_s"]
 
@@ -159,7 +159,7 @@ def test_rounds_bench_times_every_method_after_a_warm_up_round(tmp_path):
 
 def test_bench_local_times_the_methods_that_declare_it_and_refuses_the_rest(capsys, tmp_path):
     from stratify.algorithms import ALGORITHMS, strategy_class
-    from stratify.cli.bench_local import local_methods
+    from stratify.bench.local import local_methods
 
     declared = [name for name in ALGORITHMS if strategy_class(name).benchmark_local]
     assert local_methods() == tuple(declared) and "fedavg" in declared
@@ -167,7 +167,7 @@ def test_bench_local_times_the_methods_that_declare_it_and_refuses_the_rest(caps
     assert "fedbss" not in declared
     assert_refused_in_one_line(
         capsys,
-        ["bench", "local", "--algorithm", "fedbss", "--json", str(tmp_path / "b.json")],
-        "unknown --algorithm 'fedbss'",
+        ["bench", "local", "--method", "fedbss", "--json", str(tmp_path / "b.json")],
+        "unknown --method 'fedbss'",
         tmp_path / "b.json",
     )

@@ -7,7 +7,7 @@ import json
 import click
 
 from stratify.cli.bench import bench
-from stratify.cli.bench_privacy import bench_privacy
+from stratify.cli.bench_privacy import privacy
 from stratify.cli.main import main
 from stratify.config import TrainConfig
 from stratify.options import option_default
@@ -74,10 +74,10 @@ def test_option_default_reads_the_declared_default_and_the_mode_s_one():
 
 
 def test_bench_privacy_offers_the_registry_s_protocols():
-    from stratify.cli.bench_privacy import parse_protocols
+    from stratify.bench.privacy import parse_protocols
     from stratify.registry.base import PROTOCOLS
 
-    protocol = next(p for p in bench_privacy.params if p.name == "protocol_text")
+    protocol = next(p for p in privacy.params if p.name == "protocol_text")
     assert protocol.default == "all"
     assert parse_protocols("all") == list(PROTOCOLS)
 

@@ -1,4 +1,4 @@
-"""`stratify bench-privacy`: a tiny grid end to end, its JSON, and one-line errors."""
+"""`stratify bench privacy`: a tiny grid end to end, its JSON, and one-line errors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-import stratify.cli.bench_privacy as bench_module
-from stratify.cli.bench_privacy import make_clients, parse_positive_ints, parse_protocols
+import stratify.bench.privacy as bench_module
+from stratify.bench.privacy import make_clients, parse_protocols
+from stratify.cli.common import parse_int_list
 from stratify.cli.main import main
 from stratify.errors import ConfigError
 
@@ -25,7 +26,7 @@ FIELDS = {
 
 def run_error(capsys, *args: str) -> str:
     with pytest.raises(SystemExit) as caught:
-        main(["bench-privacy", *args])
+        main(["bench", "privacy", *args])
     assert caught.value.code == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -36,7 +37,7 @@ def run_error(capsys, *args: str) -> str:
 
 def test_tiny_grid_writes_verified_json_and_prints_table_iv(capsys, tmp_path):
     path = tmp_path / "bench.json"
-    main(["bench-privacy", "--classes", "2,10", "--clients", "3", "--json", str(path)])
+    main(["bench", "privacy", "--classes", "2,10", "--clients", "3", "--json", str(path)])
     captured = capsys.readouterr()
     assert captured.err == ""
     rows = json.loads(path.read_text())
@@ -95,7 +96,7 @@ def test_phase_medians_totals_and_speedup_from_scripted_timings(capsys, tmp_path
     monkeypatch.setattr(bench_module, "CKKSRegistry", ScriptedTimingsRegistry)
     path = tmp_path / "scripted.json"
     args = ["--classes", "3", "--clients", "2", "--repeat", "3", "--json", str(path)]
-    main(["bench-privacy", *args, "--protocol", "both"])
+    main(["bench", "privacy", *args, "--protocol", "both"])
     naive, packed = json.loads(path.read_text())
     # naive: phase medians 2, 2, 2; run totals 6, 12, 9 -> total = their median, 9 (not
     # the sum of the phase medians, 6); key generation is the first run's 0.03
@@ -118,7 +119,7 @@ def test_blinded_rows_are_compared_with_naive_blind_and_with_their_unblinded_pro
     monkeypatch.setattr(bench_module, "CKKSRegistry", ScriptedTimingsRegistry)
     path = tmp_path / "scripted.json"
     args = ["--classes", "3", "--clients", "2", "--repeat", "3", "--json", str(path)]
-    main(["bench-privacy", *args, "--protocol", "packed,packed-blind,naive-blind"])
+    main(["bench", "privacy", *args, "--protocol", "packed,packed-blind,naive-blind"])
     packed, naive_blind, packed_blind = json.loads(path.read_text())
     # run totals: packed 1.0, 3.0, 4.5 -> 3.0; packed-blind 3.0, 4.0, 1.5 -> 3.0;
     # naive-blind 12 each -> 12. Speed-up over naive-blind 12 / 3; cost over packed 3 / 3
@@ -134,7 +135,8 @@ def test_single_protocol_and_repeats(capsys, tmp_path):
     path = tmp_path / "packed.json"
     main(
         [
-            "bench-privacy",
+            "bench",
+            "privacy",
             "--classes",
             "4",
             "--clients",
@@ -200,11 +202,11 @@ def test_parse_protocols():
         parse_protocols("blind")
 
 
-def test_parse_positive_ints():
-    assert parse_positive_ints(" 2, 10 ,100,", "--classes") == [2, 10, 100]
-    assert parse_positive_ints("5,5", "--clients") == [5]
+def test_parse_int_list():
+    assert parse_int_list(" 2, 10 ,100,", "--classes") == [2, 10, 100]
+    assert parse_int_list("5,5", "--clients") == [5]
     with pytest.raises(ConfigError):
-        parse_positive_ints("1.5", "--classes")
+        parse_int_list("1.5", "--classes")
 
 
 def test_clients_hold_seeded_random_label_subsets():

@@ -1,5 +1,5 @@
 """Property-based test of the command line (hypothesis): random combinations of options and
-values, valid and not, for ``train``, ``partition-stats``, ``bench-privacy``, ``bench``,
+values, valid and not, for ``train``, ``data stats``, ``bench privacy``, ``bench``,
 ``stream`` (outputs naming its inputs, FIFOs, unbounded work), ``reproduce`` (damaged
 grid folders and calibration files included) and ``plot`` (damaged records, stream run
 folders, unsupported formats).
@@ -100,7 +100,7 @@ BENCH_TRANSFERS_OPTIONS = {
     "--partition": ["dirichlet:0.5", "iid", "classes:2", "classes:99", "dirichlet:-1"],
     "--clients": ["3", "10", "0", "5000"],
     "--chunks": ["1,5", "5", "0", "x", ""],
-    "--seeds": ["1", "2", "0", "-1"],
+    "--seeds": ["1", "0,1", "0..2", "-1", "x"],
     "--json": ["{tmp}/out.json", "/nonexistent/x.json"],
 }
 
@@ -201,7 +201,7 @@ def test_train_exits_with_0_or_2(chosen, flags, out):
 @fuzz(30)
 @given(chosen=options(PARTITION_STATS_OPTIONS, max_size=4))
 def test_partition_stats_exits_with_0_or_2(chosen):
-    argv = ["partition-stats", *chosen]
+    argv = ["data", "stats", *chosen]
     with tempfile.TemporaryDirectory() as tmp:
         code, err = run(argv, tmp)
     assert_exits_cleanly(argv, code, err)
@@ -211,7 +211,7 @@ def test_partition_stats_exits_with_0_or_2(chosen):
 @given(chosen=options(BENCH_PRIVACY_OPTIONS, max_size=4))
 def test_bench_privacy_exits_with_0_or_2(chosen):
     # tiny cells unless the example chose them
-    argv = ["bench-privacy", "--classes", "2", "--clients", "2", *chosen]
+    argv = ["bench", "privacy", "--classes", "2", "--clients", "2", *chosen]
     with tempfile.TemporaryDirectory() as tmp:
         code, err = run(argv, tmp)
         if code == 0 and "--json" in chosen:
@@ -227,7 +227,7 @@ def test_bench_privacy_exits_with_0_or_2(chosen):
 )
 def test_bench_exits_with_0_or_2(command, chosen_transfers, chosen_steps):
     if command == "transfers":
-        argv = ["bench", "transfers", "--dataset", "digits", "--seeds", "1", *chosen_transfers]
+        argv = ["bench", "transfers", "--dataset", "digits", "--seeds", "0", *chosen_transfers]
     else:
         argv = ["bench", "steps", "--dataset", "digits", "--steps", "20", *chosen_steps]
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,5 @@
-"""`stratify partition-stats`: tables on digits and mnist-10k, one-line errors."""
+"""`stratify data stats` (formerly `partition-stats`): tables on digits and mnist-10k,
+one-line errors."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_ok(capsys, *args: str) -> str:
-    main(["partition-stats", *args])
+    main(["data", "stats", *args])
     captured = capsys.readouterr()
     assert captured.err == ""
     return captured.out
@@ -23,7 +24,7 @@ def run_ok(capsys, *args: str) -> str:
 
 def run_error(capsys, *args: str) -> str:
     with pytest.raises(SystemExit) as caught:
-        main(["partition-stats", *args])
+        main(["data", "stats", *args])
     assert caught.value.code != 0
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -137,7 +138,8 @@ def test_console_script_end_to_end():
         sys.executable,
         "-m",
         "stratify.cli.main",
-        "partition-stats",
+        "data",
+        "stats",
         "--dataset",
         "digits",
         "--partition",

@@ -49,7 +49,7 @@ def test_a_run_without_lr_takes_the_method_s_own_rate_there_and_only_there():
 def test_stratify_algorithms_shows_the_own_rate(capsys):
     from stratify.cli.main import main
 
-    main(["algorithms", "--markdown"])
+    main(["methods", "--markdown"])
     line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("| `fedavg`"))
     own = strategy_class("fedavg").own_lrs[("digits", "single-sample")]
     assert f"`--lr` {own} on digits (single-sample), else the dataset's" in line

@@ -1,20 +1,20 @@
 """The manual's table of every method's defaults (docs/methods.md) is
-`stratify algorithms --markdown`."""
+`stratify methods --markdown`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-import stratify.cli.algorithms as algorithms_cli
+import stratify.cli.methods as methods_cli
 from stratify.algorithms import strategy_class
 from stratify.baselines.fedprox import FedProx, FedProxOptions
 from stratify.cli.main import main
 from stratify.options import inherit
 
 METHODS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "methods.md"
-BEGIN = "<!-- begin: stratify algorithms --markdown -->\n"
-END = "<!-- end: stratify algorithms --markdown -->"
+BEGIN = "<!-- begin: stratify methods --markdown -->\n"
+END = "<!-- end: stratify methods --markdown -->"
 
 
 def readme_block() -> str:
@@ -24,14 +24,14 @@ def readme_block() -> str:
 
 
 def markdown(capsys) -> str:
-    main(["algorithms", "--markdown"])
+    main(["methods", "--markdown"])
     return capsys.readouterr().out
 
 
 def test_the_readme_defaults_table_is_the_command_s_output(capsys):
     assert readme_block() == markdown(capsys), (
         "docs/methods.md's defaults table is out of date: replace the block between its "
-        "'stratify algorithms --markdown' markers with that command's output"
+        "'stratify methods --markdown' markers with that command's output"
     )
 
 
@@ -47,7 +47,7 @@ def test_the_table_reads_the_defaults_from_the_options_classes(capsys, monkeypat
     def patched(name):
         return FedProxLargerMu if name == "fedprox" else strategy_class(name)
 
-    monkeypatch.setattr(algorithms_cli, "strategy_class", patched)
+    monkeypatch.setattr(methods_cli, "strategy_class", patched)
     output = markdown(capsys)
     (row,) = [line for line in output.splitlines() if line.startswith("| `fedprox` |")]
     assert "`--mu` 0.25" in row

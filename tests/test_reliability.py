@@ -183,7 +183,7 @@ def test_user_errors_are_one_line_in_any_command(capsys, boom_command, kind, cod
         (["train", "--no-such-flag"], "No such option '--no-such-flag'"),
         (["bench", "steps", "--nope"], "No such option '--nope'"),
         (["bench", "nothing"], "No such command 'nothing'"),
-        (["partition-stats", "--clients", "x"], "'x' is not a valid integer"),
+        (["data", "stats", "--clients", "x"], "'x' is not a valid integer"),
         (["nothing"], "No such command 'nothing'"),
     ],
 )
@@ -199,13 +199,13 @@ def test_click_usage_errors_are_one_line(capsys, args, message):
     [
         (["train", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
         (["train", "--seed", str(2**64)], "--seed must be in [0, 2**63)"),
-        (["partition-stats", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
-        (["partition-stats", "--seed", str(2**64)], "--seed must be in [0, 2**63)"),
-        (["partition-stats", "--min-size", "-3"], "--min-size must be an integer >= 0"),
-        (["partition-stats", "--clients", "0"], "--clients must be a positive integer"),
-        (["bench-privacy", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
-        (["bench-privacy", "--seed", str(2**64)], "--seed must be in [0, 2**63)"),
-        (["bench-privacy", "--classes", "100000000"], "--classes takes at most 4096"),
+        (["data", "stats", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
+        (["data", "stats", "--seed", str(2**64)], "--seed must be in [0, 2**63)"),
+        (["data", "stats", "--min-size", "-3"], "--min-size must be an integer >= 0"),
+        (["data", "stats", "--clients", "0"], "--clients must be a positive integer"),
+        (["bench", "privacy", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
+        (["bench", "privacy", "--seed", str(2**64)], "--seed must be in [0, 2**63)"),
+        (["bench", "privacy", "--classes", "100000000"], "--classes takes at most 4096"),
         (["train", "--momentum", "-1"], "--momentum must be in [0, 1), got '-1'"),
         (["train", "--momentum", "nan"], "--momentum must be in [0, 1), got 'nan'"),
         (["train", "--lr", "inf"], "--lr must be a positive finite number, got 'inf'"),
@@ -232,20 +232,21 @@ def test_click_usage_errors_are_one_line(capsys, args, message):
         (["train", "--dataset", "rotated-mnist", "-o", "angles=abc"], "angles='abc' is not"),
         (["train", "--dataset", "synthetic", "-o", "num_classes=0"], "num_classes=0 is out"),
         (["bench", "steps", "--steps", "100000000000"], "--steps 100,000,000,000 would need"),
-        (["bench", "transfers", "--seeds", "0"], "--seeds must be a positive integer, got 0"),
+        (["bench", "transfers", "--seeds", "-1"], "--seeds takes comma-separated seeds"),
         # loop counts: refused up front instead of running for years
-        (["bench", "transfers", "--seeds", "1000000000"], "--seeds takes at most 10,000"),
-        (["bench", "steps", "--seeds", "1000000000"], "--seeds takes at most 10,000"),
+        (["bench", "transfers", "--seeds", "0..1000000000"], "--seeds takes at most 10,000"),
+        (["bench", "steps", "--seeds", "0..1000000000"], "--seeds takes at most 10,000"),
+        (["train", "--seeds", "0..1000000000"], "--seeds takes at most 10,000 seeds"),
         (["bench", "batch", "--repeat", "1000000000"], "--repeat takes at most 10,000"),
         (["bench", "rounds", "--rounds", "1000000000"], "--rounds takes at most 10,000"),
-        (["bench-privacy", "--repeat", "1000000000"], "--repeat takes at most 10,000"),
+        (["bench", "privacy", "--repeat", "1000000000"], "--repeat takes at most 10,000"),
         # sizes beyond the machine's memory, before anything is allocated
         (
-            ["bench", "steps", "--seeds", "10000", "--workers", "1000000000"],
-            "--workers 1,000,000,000 with --seeds 10,000 (10,000 worker processes",
+            ["bench", "steps", "--seeds", "0..9999", "--workers", "1000000000"],
+            "--workers 1,000,000,000 with 10,000 seeds (10,000 worker processes",
         ),
         (
-            ["bench-privacy", "--classes", "2", "--clients", "1000000000"],
+            ["bench", "privacy", "--classes", "2", "--clients", "1000000000"],
             "--clients 1,000,000,000 (a label set per client) would need at least",
         ),
         (
@@ -272,7 +273,7 @@ def test_bad_values_are_refused_where_they_enter(capsys, tmp_path, args, message
     extra = ["--out", str(tmp_path / "run"), "--no-secure"] if args[0] == "train" else []
     if args[:2] == ["bench", "transfers"]:
         extra = ["--dataset", "digits"]
-    if args[0] == "bench-privacy" and "--classes" not in args:
+    if args[:2] == ["bench", "privacy"] and "--classes" not in args:
         extra = ["--classes", "2", "--clients", "2"]
     if args[:2] == ["bench", "batch"] or args[:2] == ["bench", "rounds"]:
         extra = ["--dataset", "digits"]
@@ -614,7 +615,7 @@ def test_a_full_disk_after_epoch_one_keeps_a_resumable_run(capsys, tmp_path, mon
 
 
 @pytest.mark.parametrize(
-    "command", [["bench", "transfers", "--dataset", "digits"], ["bench-privacy"]]
+    "command", [["bench", "transfers", "--dataset", "digits"], ["bench", "privacy"]]
 )
 def test_an_unwritable_json_file_is_refused_before_the_benchmark_runs(capsys, command):
     line = assert_one_line_error(capsys, *command, "--json", "/nonexistent/x.json")
@@ -855,7 +856,7 @@ def test_an_address_that_answers_but_is_no_ray_cluster_is_one_line_in_bounded_ti
 
 # ------------------------------------------------------- files the user names as outputs
 
-TRANSFERS = ["bench", "transfers", "--dataset", "digits", "--seeds", "1", "--chunks", "1,5"]
+TRANSFERS = ["bench", "transfers", "--dataset", "digits", "--seeds", "0", "--chunks", "1,5"]
 
 
 def test_json_writes_through_a_device_node_and_a_symlink(capsys, tmp_path, monkeypatch):

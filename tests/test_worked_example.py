@@ -2,7 +2,7 @@
 
 The method's file is the code block of the section's step 1, taken from the page; it is
 registered with the one line of step 2 and nothing else, and must then appear everywhere
-step 3 says: ``stratify algorithms`` (and its Markdown table, the one in docs/methods.md), the
+step 3 says: ``stratify methods`` (and its Markdown table, the one in docs/methods.md), the
 conformance suite and the paired grid.
 """
 
@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from stratify.algorithms import ALGORITHMS
-from stratify.cli.algorithms import algorithms
+from stratify.cli.methods import methods
 from stratify.comparison import comparator_for
 from stratify.reproduce.grids import GRIDS, Settings, plan_cells
 from stratify.testing import CHECKS, MethodCase, check_declarations, checks_for, method_cases
@@ -42,10 +42,10 @@ def fedtrim(tmp_path, monkeypatch):
     sys.modules.pop("fedtrim_example", None)
 
 
-def test_the_example_method_is_listed_by_stratify_algorithms(fedtrim):
-    listed = CliRunner().invoke(algorithms, [], terminal_width=200)
+def test_the_example_method_is_listed_by_stratify_methods(fedtrim):
+    listed = CliRunner().invoke(methods, [], terminal_width=200)
     assert listed.exit_code == 0 and "fedtrim" in listed.output
-    markdown = CliRunner().invoke(algorithms, ["--markdown"]).output
+    markdown = CliRunner().invoke(methods, ["--markdown"]).output
     (row,) = [line for line in markdown.splitlines() if line.startswith("| `fedtrim` |")]
     assert "`--trim` 0.1" in row and "single-sample, batch" in row
 

@@ -1,5 +1,6 @@
-"""`stratify bench steps`: the engine's single-sample loop against plain eager PyTorch loops,
-checked to do the same work, and many runs at once on worker processes.
+"""The engine's single-sample loop against plain eager PyTorch loops, checked to do the same
+work, and many runs at once on worker processes (:func:`bench_steps`, ``stratify bench
+steps``).
 
 Every loop starts from the same initial weights and steps through the same samples (the
 epoch-1 plan of seed 0). The check compares weights every ``check_every`` steps: each loop
@@ -30,6 +31,7 @@ from stratify.backend import (
     Timer,
     configure_cpu_for_single_sample,
     cpu_backend_now,
+    resolve_device,
     set_cpu_backend,
 )
 from stratify.client import LocalJob
@@ -39,8 +41,10 @@ from stratify.data.datasets import Dataset, load_dataset
 from stratify.engine import Engine
 from stratify.errors import StratifyError
 from stratify.experiment import build_experiment
+from stratify.nn.models import check_model_norm, default_model
 from stratify.state import State, clone_state, load_into
-from stratify.stratify import Stratify
+from stratify.stratify import SINGLE_SAMPLE_BYTES_PER_STEP, Stratify
+from stratify.validation import check_fits_in_memory, check_positive_int, check_seeds
 from stratify.vectorize import LaneRunner, TrainingData
 
 #: a loop matches the reference when, at every check, its weights differ from the
@@ -55,6 +59,14 @@ LANE_CHECK_TOLERANCE = 1e-6
 
 #: seconds the workers may take to load the data and compile before the timed phase
 WORKER_START_TIMEOUT = 900
+
+#: bytes :func:`bench_steps` holds per step at least: the step list as int64 (8 B) and as
+#: a Python list of ints (8 B pointer + 28 B int), and the loss the engine keeps per step
+STEPS_BYTES_PER_STEP = 8 + 36 + SINGLE_SAMPLE_BYTES_PER_STEP
+
+#: bytes a benchmark worker process holds at least: Python with torch imported (measured
+#: about 650 MB resident, of which this much is its own)
+WORKER_BYTES = 100 * 2**20
 
 
 class BenchmarkError(StratifyError):
@@ -551,3 +563,204 @@ def parallel_seeds(job: WorkerJob, workers: int) -> dict[str, float]:
         "wall_seconds": wall,
         "slowest_start_seconds": max(ready for _, _, ready, _ in reports),
     }
+
+
+# -- the benchmark -----------------------------------------------------------------------
+
+
+@dataclass
+class StepsResult:
+    """What :func:`bench_steps` measured; :meth:`to_json` is ``bench steps --json``.
+
+    ``loops`` are the reference eager loop, the tuned eager loop and the engine (their
+    ``steps_per_s`` and checks); ``parallel`` and ``vectorised`` are set when asked for
+    (``seeds`` or ``workers`` above one, ``vectorize``).
+    """
+
+    dataset: str
+    model_name: str
+    lr: float
+    device: str
+    steps: int
+    check_every: int
+    compile_mode: str
+    seeds: tuple[int, ...]
+    workers: int
+    loops: list[TimedLoop]
+    compile_seconds: float | None
+    weights_match: bool
+    parallel: dict[str, float] | None = None
+    vectorize: int | None = None
+    vectorised: dict[str, Any] | None = None
+
+    @property
+    def reference(self) -> TimedLoop:
+        return self.loops[0]
+
+    def steps_per_s(self, loop: TimedLoop) -> float:
+        return loop.steps_per_s(self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures as ``bench steps --json`` writes them."""
+        reference, tuned, engine = (self.steps_per_s(loop) for loop in self.loops)
+        result: dict[str, Any] = {
+            "eager_steps_per_s": reference,
+            "tuned_eager_steps_per_s": tuned,
+            "engine_steps_per_s": engine,
+            "ratio": engine / reference,
+            "tuned_ratio": engine / tuned,
+            "model_steps_per_s": engine
+            if self.parallel is None
+            else self.parallel["model_steps_per_s"],
+            "seeds": list(self.seeds),
+            "workers": self.workers,
+            "weights_match": self.weights_match,
+            "compile_seconds": self.compile_seconds,
+        }
+        if self.vectorised is not None:
+            result.update(
+                vectorized_lanes=self.vectorize,
+                vectorized_model_steps_per_s=self.vectorised["model_steps_per_s"],
+                vectorized_single_steps_per_s=self.vectorised["single_steps_per_s"],
+                vectorized_ratio=self.vectorised["ratio"],
+                vectorized_compile_seconds=self.vectorised["compile_seconds"],
+                vectorized_float64_share=self.vectorised["worst_share"],
+                vectorized_float32_share=self.vectorised["float32_share"],
+            )
+        return result
+
+    def check(self) -> None:
+        """Raise :class:`BenchmarkError` when the loops did not make the same updates."""
+        if self.vectorised is not None and not self.vectorised["weights_match"]:
+            raise BenchmarkError(
+                "the vectorised lanes, run in float64, ended a segment "
+                f"{self.vectorised['worst_share']:.1e} of the movement away from the eager "
+                f"loop in float64 (tolerance {LANE_CHECK_TOLERANCE:g}): they did not make the "
+                "same updates"
+            )
+        if not self.weights_match:
+            worst = max(loop.worst_share for loop in self.loops[1:])
+            raise BenchmarkError(
+                "the engine and the eager loops ended a segment with different weights "
+                f"(worst {worst:.1e} of the movement, "
+                f"tolerance {MATCH_TOLERANCE:g}): they did not make the same updates"
+            )
+
+
+def bench_steps(
+    dataset: str,
+    *,
+    data_dir: str | None = None,
+    spec: str = "dirichlet:0.5",
+    clients: int = 10,
+    model_name: str | None = None,
+    steps: int = 4096,
+    check_every: int = 512,
+    lr: float | None = None,
+    compile_mode: str = "on",
+    seeds: tuple[int, ...] = (0,),
+    workers: int = 1,
+    device: str = "auto",
+    vectorize: int | None = None,
+) -> StepsResult:
+    """Single-sample steps/s of the engine against plain eager loops, checked to make the
+    same updates; with several ``seeds`` or ``workers``, model-steps/s of one run per seed
+    on worker processes; with ``vectorize`` K, of K runs stepped together.
+
+    Parameters
+    ----------
+    dataset, data_dir, spec, clients : str, str or None, str, int
+        The data and its split, as ``stratify train`` takes them.
+    model_name, lr : str or None, float or None
+        ``None`` takes the library's, as ``stratify train``.
+    steps, check_every : int
+        Steps of every loop; steps between two weight checks against the reference.
+    compile_mode : str
+        The engine's ``--compile``.
+    seeds : tuple of int
+        The runs' seeds; the first is the checked run's.
+    workers : int
+        Single-thread worker processes for the seeds.
+    device : str
+        ``auto``, ``cpu`` or ``cuda``.
+    vectorize : int or None
+        Also step this many runs together under one vmapped step.
+    """
+    for value, flag in ((steps, "--steps"), (check_every, "--check-every")):
+        check_positive_int(value, flag)
+    seeds = check_seeds(seeds)
+    check_positive_int(workers, "--workers")
+    if vectorize is not None:
+        check_positive_int(vectorize, "--vectorize")
+    check_fits_in_memory(steps * STEPS_BYTES_PER_STEP, f"--steps {steps:,}", "time fewer steps")
+    check_model_norm(model_name, None, "single-sample")  # before the data is loaded
+    many = len(seeds) > 1 or workers > 1
+    processes = min(workers, len(seeds)) if many else 0
+    check_fits_in_memory(
+        processes * WORKER_BYTES,
+        f"--workers {workers:,} with {len(seeds):,} seeds ({processes:,} worker processes, "
+        "each holding torch)",
+        "use fewer workers",
+    )
+    default = BackendSettings.current()  # torch's own, before the engine changes them
+    where = resolve_device(device)
+    data = load_dataset(dataset, data_dir=data_dir, device=where)
+
+    def engine_of(seed: int) -> Engine:
+        return bench_engine(
+            data,
+            spec=spec,
+            clients=clients,
+            model_name=model_name,
+            seed=seed,
+            lr=lr,
+            compile_mode=compile_mode,
+        )
+
+    engine = engine_of(seeds[0])
+    lr = engine.base_lr  # the library's when not given
+    model_name = model_name or default_model(data.input_shape)
+    samples = bench_samples(engine, steps)
+    loops, compile_seconds, weights_match = checked_comparison(
+        engine, samples, check_every=check_every, lr=lr, default=default
+    )
+    result = StepsResult(
+        dataset=dataset,
+        model_name=model_name,
+        lr=lr,
+        device=str(where),
+        steps=steps,
+        check_every=check_every,
+        compile_mode=compile_mode,
+        seeds=tuple(seeds),
+        workers=min(workers, len(seeds)),
+        loops=loops,
+        compile_seconds=compile_seconds,
+        weights_match=weights_match,
+    )
+    if many:
+        job = WorkerJob(
+            dataset=dataset,
+            data_dir=data_dir,
+            spec=spec,
+            clients=clients,
+            model_name=model_name,
+            lr=lr,
+            compile_mode=compile_mode,
+            steps=steps,
+            seeds=tuple(seeds),
+        )
+        result.parallel = parallel_seeds(job, workers)
+    if vectorize is not None:
+        engines = [engine] + [engine_of(seeds[0] + lane) for lane in range(1, vectorize)]
+        result.vectorize = vectorize
+        result.vectorised = vectorised_comparison(
+            engines,
+            [samples] + [bench_samples(other, steps) for other in engines[1:]],
+            check_every=check_every,
+            lr=lr,
+            compile=compile_mode != "off",
+            default=default,
+        )
+        result.weights_match = weights_match and result.vectorised["weights_match"]
+    return result

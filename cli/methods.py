@@ -1,7 +1,9 @@
-"""`stratify algorithms`: every available method, its modes and its options with defaults.
+"""`stratify methods`: every available method, its modes and its options with defaults;
+`stratify methods NAME`: one method's options with their help (as ``stratify train
+--method NAME --help`` shows them).
 
 ``--markdown`` prints the same as the defaults table of docs/methods.md (between its
-``algorithms --markdown`` markers; a test keeps the two equal).
+``methods --markdown`` markers; a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from collections.abc import Mapping
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.config import TrainConfig
 from stratify.options import flag
+from stratify.validation import check_choice
 
 #: a help text's note on a default resolved later, e.g. "[default: round(N/|L|)]"
 DEFAULT_NOTE = re.compile(r"\[default: (.+?)\]")
@@ -28,11 +33,23 @@ def by_mode(values: Mapping[str, object]) -> str:
 
 
 def option_defaults(name: str) -> list[tuple[str, str]]:
-    """``(flag, default)`` of each option of algorithm ``name``, as each of its modes
-    resolves it, then its ``--lr`` (where its paper fixes one) and ``--lr-schedule``.
+    """``(flag, default)`` of each option of method ``name``: :func:`option_rows` without
+    the help."""
+    return [(option, default) for option, default, _ in option_rows(name)]
+
+
+def option_rows(name: str) -> list[tuple[str, str, str]]:
+    """``(flag, default, help)`` of each option of method ``name``, the default as each of
+    its modes resolves it, then its ``--lr`` (where its paper fixes one) and
+    ``--lr-schedule``.
 
     A default left unset is the help text's ``[default: …]`` note, or ``"unset"``; an
     option of fewer modes than the method's says which (``"5 (single-sample)"``).
+
+    Parameters
+    ----------
+    name : str
+        A registered method.
     """
     cls = strategy_class(name)
     resolved = {mode: cls.options_class().for_mode(mode) for mode in cls.modes}
@@ -52,7 +69,7 @@ def option_defaults(name: str) -> list[tuple[str, str]]:
             shown = by_mode(values)
             if len(values) < len(cls.modes) and "(" not in shown:
                 shown += f" ({', '.join(values)})"
-        entries.append((flag(entry.name), shown))
+        entries.append((flag(entry.name), shown, entry.metadata["help"]))
     strategy = cls()
     rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
     own = ", ".join(
@@ -60,19 +77,26 @@ def option_defaults(name: str) -> list[tuple[str, str]]:
         for (dataset, mode), lr in cls.own_lrs.items()
         if mode in cls.modes
     )
+    config_help = {
+        entry.name: " ".join(DEFAULT_NOTE.sub("", entry.metadata["help"]).split()).replace(
+            " .", "."
+        )
+        for entry in TrainConfig.flag_fields()
+    }
+    rate_help = config_help["lr"]
     if cls.lr_note is not None:
-        entries.append(("--lr", cls.lr_note))
+        entries.append(("--lr", cls.lr_note, rate_help))
     elif any(rate is not None for rate in rates.values()):
-        entries.append(("--lr", by_mode(rates) + (f"; {own}" if own else "")))
+        entries.append(("--lr", by_mode(rates) + (f"; {own}" if own else ""), rate_help))
     elif own:
-        entries.append(("--lr", f"{own}, else the dataset's"))
+        entries.append(("--lr", f"{own}, else the dataset's", rate_help))
     schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
-    entries.append(("--lr-schedule", by_mode(schedules)))
+    entries.append(("--lr-schedule", by_mode(schedules), config_help["lr_schedule"]))
     return entries
 
 
 def describe(name: str) -> tuple[str, str, str]:
-    """``(description, modes, options)`` of algorithm ``name``, as table cells."""
+    """``(description, modes, options)`` of method ``name``, as table cells."""
     try:
         cls = strategy_class(name)
     except ImportError as error:  # a registered module that cannot be imported
@@ -83,7 +107,7 @@ def describe(name: str) -> tuple[str, str, str]:
 
 
 def markdown_table() -> str:
-    """Every algorithm's modes and option defaults as a Markdown table (docs/methods.md's)."""
+    """Every method's modes and option defaults as a Markdown table (docs/methods.md's)."""
     lines = ["| name | modes | options (defaults) |", "|---|---|---|"]
     for name in ALGORITHMS:
         cls = strategy_class(name)
@@ -94,18 +118,40 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command("algorithms")
+def method_help(name: str) -> Table:
+    """Method ``name``'s description, modes and options with their defaults and help."""
+    cls = strategy_class(name)
+    table = Table(
+        title=f"{name}: {cls.description} (modes: {', '.join(cls.modes)})",
+        caption=escape(
+            f"stratify train --method {name} [options]; the common options: stratify train --help"
+        ),
+    )
+    table.add_column("option", style="bold", no_wrap=True)
+    table.add_column("default")
+    table.add_column("meaning")
+    for option, default, help_text in option_rows(name):
+        table.add_row(option, default, help_text)
+    return table
+
+
+@click.command("methods")
+@click.argument("name", required=False)
 @click.option(
     "--markdown",
     is_flag=True,
     help="Print the modes and option defaults as a Markdown table (docs/methods.md's).",
 )
-def algorithms(markdown: bool) -> None:
-    """List the available algorithms (`--algorithm NAME` of `stratify train`)."""
+def methods(name: str | None, markdown: bool) -> None:
+    """List the available methods (`--method NAME` of `stratify train`); with NAME, that
+    method's own options with their defaults and help."""
+    if name is not None:
+        Console().print(method_help(check_choice(name, "method", tuple(ALGORITHMS))))
+        return
     if markdown:
         click.echo(markdown_table(), nl=False)
         return
-    table = Table(title="algorithms (stratify train --algorithm NAME)")
+    table = Table(title="methods (stratify train --method NAME; stratify methods NAME)")
     table.add_column("name", style="bold", no_wrap=True)
     table.add_column("description")
     table.add_column("modes")

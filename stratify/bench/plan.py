@@ -1,4 +1,5 @@
-"""`stratify bench plan`: what planning an epoch costs as the number of clients grows.
+"""What planning an epoch costs as the number of clients grows (:func:`bench_plan`,
+``stratify bench plan``).
 
 Each cell (partition × clients) runs in a fresh spawned process, so its peak resident
 memory is its own: load the data, split it, register the labels and set up the strategy
@@ -11,16 +12,18 @@ from __future__ import annotations
 import multiprocessing
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
-from stratify.data.partition import partition
+from stratify.data.partition import parse_partition_spec, partition
 from stratify.errors import StratifyError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.stratify import Stratify
+from stratify.validation import check_positive_int
 
 #: seconds one cell may take (a Dirichlet split that cannot meet its minimum size retries
 #: up to 1,000 times before it gives up)
@@ -120,3 +123,73 @@ def run_cell(cell: PlanCell) -> dict[str, Any]:
         process.join(timeout=60)
         if process.is_alive():
             process.terminate()
+
+
+@dataclass
+class PlanResult:
+    """What :func:`bench_plan` measured: one row per partition and number of clients, a
+    cell that could not be built holding its ``error``."""
+
+    dataset: str
+    chunk: int
+    selection: str
+    rows: list[dict[str, Any]]
+
+    @property
+    def measured(self) -> list[dict[str, Any]]:
+        return [row for row in self.rows if "error" not in row]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The rows as ``bench plan --json`` writes them."""
+        return self.rows
+
+
+def bench_plan(
+    dataset: str,
+    specs: list[str],
+    client_counts: list[int],
+    *,
+    data_dir: str | None = None,
+    dataset_options: dict[str, str] | None = None,
+    min_size: int | None = None,
+    chunk: int = 5,
+    selection: str = "uniform",
+    train: bool = True,
+    on_cell: Callable[[str, int], None] | None = None,
+) -> PlanResult:
+    """Planning cost per epoch for every partition and number of clients, each cell in its
+    own process (:func:`run_cell`).
+
+    Parameters
+    ----------
+    dataset, data_dir, dataset_options : str, str or None, dict or None
+        The data, as ``stratify train`` takes it.
+    specs, client_counts : list of str, list of int
+        The partitions and the numbers of clients of the table.
+    min_size : int or None
+        Dirichlet splits: the smallest client size (``None``: the partition's default).
+    chunk, selection : int, str
+        Stratify's options.
+    train : bool
+        Also train the epoch, to give planning's share of its wall time.
+    on_cell : callable or None
+        Called with each cell's partition and clients before it runs (a progress line).
+    """
+    for spec in specs:
+        parse_partition_spec(spec)
+    check_positive_int(chunk, "--chunk")
+    if min_size is not None:
+        check_positive_int(min_size, "--min-size")
+    loader_options = dict(dataset_options or {})
+    load_dataset(dataset, data_dir=data_dir, device="cpu", seed=0, **loader_options)  # fail early
+    options = tuple(sorted(loader_options.items()))
+    rows = []
+    for spec in specs:
+        for clients in client_counts:
+            if on_cell is not None:
+                on_cell(spec, clients)
+            cell = PlanCell(
+                dataset, data_dir, options, spec, clients, min_size, chunk, selection, train
+            )
+            rows.append(run_cell(cell))
+    return PlanResult(dataset, chunk, selection, rows)
