@@ -290,7 +290,8 @@ class Strategy(ABC):
       - *matched comparisons*: :meth:`planned_sample_gradients`,
         :meth:`informative_epochs`;
       - *run checks and display*: :meth:`check_epochs`, ``requires_batch_norm``,
-        :meth:`epoch_info`, :meth:`summarize`.
+        :meth:`epoch_info`, :meth:`summarize`;
+      - *its paper's settings*: ``paper_settings``, the ``seed-papers`` grid's rows.
     """
 
     name: ClassVar[str] = "strategy"
