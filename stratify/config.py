@@ -72,7 +72,7 @@ class TrainConfig(RunSettings):
     )
     partition: str = option(
         "classes:1",
-        "iid | classes:k | dirichlet:α | shards:s | domains:d | domain-dirichlet:α | "
+        "iid | classes:k | dirichlet:α | shards:s | domains:d | domain-dirichlet:α | gsc:k | "
         "concentrated:d",
         check=check_partition,
     )

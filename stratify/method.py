@@ -219,6 +219,49 @@ class Context:
             self.on_steps(samples)
 
 
+@dataclass(frozen=True)
+class PaperSetting:
+    """A setting of a method's own paper (or official code) that the ``seed-papers`` grid
+    runs it in, beside its matched comparator (docs/architecture.md, "Reproducing the
+    papers").
+
+    Parameters
+    ----------
+    key : str
+        The setting's row: settings of a method with the same key are variants of one run
+        (the same ``label`` and ``values``) and share the row, and with it their matched
+        comparator where it comes out the same.
+    label : str
+        What the setting is, in the grid's table (the method's label goes before it).
+    values : mapping
+        :class:`~stratify.config.TrainConfig` fields of the runs (dataset, partition,
+        clients, epochs, lr, dataset_options...).
+    options : mapping
+        The method's options in this setting.
+    variant : str
+        What this variant changes, in its column's label (empty: the method as its paper
+        gives it).
+    comparator_options : mapping
+        Where the paper's own baseline differs from the matched comparator (e.g. the
+        official code's FedAvg with momentum 0.9 beside a method run without): options
+        that replace the matched comparator's (the ``variant`` says which baseline).
+    """
+
+    key: str
+    label: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    variant: str = ""
+    comparator_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.comparator_options and not self.variant:
+            raise ValueError(
+                f"paper setting {self.key!r}: another comparator than the matched one is a "
+                "variant: name it"
+            )
+
+
 class Strategy(ABC):
     """A federated method as hooks called by :meth:`stratify.engine.Engine.run_epoch`.
 
@@ -247,7 +290,8 @@ class Strategy(ABC):
       - *matched comparisons*: :meth:`planned_sample_gradients`,
         :meth:`informative_epochs`;
       - *run checks and display*: :meth:`check_epochs`, ``requires_batch_norm``,
-        :meth:`epoch_info`, :meth:`summarize`.
+        :meth:`epoch_info`, :meth:`summarize`;
+      - *its paper's settings*: ``paper_settings``, the ``seed-papers`` grid's rows.
     """
 
     name: ClassVar[str] = "strategy"
@@ -288,6 +332,9 @@ class Strategy(ABC):
     #: whether the method needs BatchNorm layers in the model (FedTAN); a grid leaves such
     #: a method out, with a note, where its model has none
     requires_batch_norm: ClassVar[bool] = False
+    #: the settings of its own paper that the ``seed-papers`` grid runs it in, each beside
+    #: its matched comparator (:class:`PaperSetting`); none: the grid leaves it out
+    paper_settings: ClassVar[tuple[PaperSetting, ...]] = ()
 
     def __init__(self, options: StrategyOptions | None = None, **values: Any) -> None:
         if options is not None and values:

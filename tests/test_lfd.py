@@ -305,3 +305,15 @@ def test_lfd_runs_end_to_end_from_the_command_line(tmp_path, capsys):
 def test_bad_lfd_input_is_one_line(tmp_path, capsys, arguments, message):
     command = [*DIGITS, "--epochs", "1", "--out", str(tmp_path / "run"), *arguments]
     assert_refused_in_one_line(capsys, command, message, tmp_path / "run")
+
+
+def test_the_drift_weight_scales_the_regulariser_and_zero_leaves_the_margin_loss():
+    # logits (0, ln 3): σ = (1/4, 3/4); true class 0; ŷ = (1/2, 1/2):
+    # CE = ln 4, R = −(½ ln ¼ + ½ ln ¾) = ln 4 − ½ ln 3
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    targets = torch.tensor([0])
+    auxiliary = torch.tensor([[0.5, 0.5]])
+    ce, regulariser = math.log(4.0), math.log(4.0) - 0.5 * math.log(3.0)
+    for weight in (0.0, 0.5, 1.0):
+        loss = drift_regularised_loss(logits, targets, auxiliary, weight)
+        assert loss.item() == pytest.approx(ce + weight * regulariser)

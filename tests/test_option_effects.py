@@ -69,6 +69,7 @@ OTHER_VALUES: dict[str, tuple[Any, dict[str, Any]]] = {
     "attribute_epochs": (2, {}),
     "cosine_temperature": (0.5, {}),
     "margin": (0.5, {}),
+    "drift_weight": (0.0, {}),
 }
 
 #: Options that choose how the same numbers are computed, not which: their equality is

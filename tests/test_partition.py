@@ -86,6 +86,7 @@ def test_partition_names():
         "domains",
         "domain-dirichlet",
         "concentrated",
+        "gsc",
     )
 
 

@@ -26,6 +26,13 @@ A partition maps each client to the indices of the training samples it holds. Sp
     Domain ``d`` entirely on client 0; every other sample shuffled and split equally
     among clients ``1..n-1`` (the paper's ablation with one domain concentrated on a
     single client).
+``gsc:k``
+    FedDiverse's federations with a global spurious correlation (SpawriousGSC,
+    CMNISTGSC), over the (label, attribute) groups of data whose domain ids are
+    attributes: ``k`` clients dominated by class imbalance, ``k`` by attribute imbalance
+    and the other ``n − 2k`` by spurious correlation, all of one size
+    (:func:`gsc_shares`, :func:`gsc_counts`). Samples beyond what that size needs are
+    **dropped** (:func:`unassigned` lists them).
 
 The partition functions are pure: the same labels, spec and seed give the same indices.
 """
@@ -46,12 +53,13 @@ PARTITIONS: tuple[str, ...] = (
     "domains",
     "domain-dirichlet",
     "concentrated",
+    "gsc",
 )
 USAGE = (
-    "use iid, classes:K, dirichlet:ALPHA, shards:S, domains:D, domain-dirichlet:ALPHA "
-    "or concentrated:DOMAIN"
+    "use iid, classes:K, dirichlet:ALPHA, shards:S, domains:D, domain-dirichlet:ALPHA, "
+    "concentrated:DOMAIN or gsc:K"
 )
-DOMAIN_KINDS = ("domains", "domain-dirichlet", "concentrated")
+DOMAIN_KINDS = ("domains", "domain-dirichlet", "concentrated", "gsc")
 MAX_DIRICHLET_TRIES = 1000
 DEFAULT_MIN_SIZE = 10
 
@@ -62,7 +70,15 @@ _EXAMPLES = {
     "domains": "domains:1",
     "domain-dirichlet": "domain-dirichlet:0.5",
     "concentrated": "concentrated:0",
+    "gsc": "gsc:4",
 }
+
+#: ``gsc:k``: the share of a class-imbalanced client's samples in its dominant label, and
+#: of an attribute-imbalanced client's in its dominant attribute
+GSC_DOMINANCE = 0.9
+#: ``gsc:k``: the share of a spuriously correlated client's samples in the groups whose
+#: attribute is their label's usual one
+GSC_ALIGNMENT = 0.95
 
 
 def parse_partition_spec(spec: str) -> tuple[str, int | float | None]:
@@ -114,8 +130,13 @@ def parse_partition_spec(spec: str) -> tuple[str, int | float | None]:
         count = int(value_text)
     except ValueError:
         count = -1
-    if kind == "concentrated":
+    if kind in ("concentrated", "gsc"):
         if count < 0:
+            if kind == "gsc":
+                raise PartitionError(
+                    f"partition {spec!r}: gsc needs a whole number of clients k >= 0, got "
+                    f"{value_text!r}; use e.g. {example}"
+                )
             raise PartitionError(
                 f"partition {spec!r}: concentrated needs a domain id (0, 1, ...), got "
                 f"{value_text!r}; use e.g. {example}"
@@ -209,6 +230,8 @@ def partition(
             )
         if kind == "domains":
             parts = _by_group(domains, num_clients, int(value), rng, noun="domains", kind=kind)
+        elif kind == "gsc":
+            parts = _gsc(labels, domains, num_clients, int(value), rng)
         elif kind == "domain-dirichlet":
             parts = _dirichlet(
                 domains,
@@ -368,3 +391,144 @@ def _shards(
     shards = np.array_split(by_label, num_shards)
     assignment = rng.permutation(num_shards).reshape(num_clients, per_client)
     return [np.concatenate([shards[s] for s in row]) for row in assignment]
+
+
+def gsc_shares(
+    labels: np.ndarray, attributes: np.ndarray, num_clients: int, imbalanced: int
+) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The share of each client's samples in each (label, attribute) group of ``gsc:k``.
+
+    Clients ``0..k−1`` are dominated by class imbalance: :data:`GSC_DOMINANCE` of their
+    samples in one label (client ``i``: the ``i mod L``-th), the rest spread equally over
+    the other labels, each label's share split equally over the attributes (no attribute
+    imbalance, no correlation). Clients ``k..2k−1`` are dominated by attribute imbalance,
+    the same with attributes and labels swapped. The others are dominated by spurious
+    correlation: :data:`GSC_ALIGNMENT` of their samples in the groups whose attribute is
+    their label's usual one (its most frequent in the data, the global correlation), split
+    equally over the labels, the rest equally over the other groups.
+
+    Parameters
+    ----------
+    labels, attributes : numpy.ndarray
+        ``(N,)`` label and attribute ids of the samples.
+    num_clients : int
+        Clients ``n``, at least ``2k``.
+    imbalanced : int
+        ``k``.
+
+    Returns
+    -------
+    tuple
+        The groups ``(label, attribute)`` in sorted order, and an ``(n, G)`` array of
+        shares, each row summing to 1.
+
+    Raises
+    ------
+    PartitionError
+        Fewer than two labels or attributes, or ``2k > n``.
+    """
+    label_ids, attribute_ids = np.unique(labels), np.unique(attributes)
+    if len(label_ids) < 2 or len(attribute_ids) < 2:
+        raise PartitionError(
+            f"gsc:{imbalanced} needs at least 2 labels and 2 attributes, the data has "
+            f"{len(label_ids)} and {len(attribute_ids)}; use colored-mnist"
+        )
+    if 2 * imbalanced > num_clients:
+        raise PartitionError(
+            f"gsc:{imbalanced} makes {imbalanced} class-imbalanced and {imbalanced} "
+            f"attribute-imbalanced clients, more than the {num_clients} clients; use k <= "
+            f"{num_clients // 2}"
+        )
+    groups = [(int(y), int(a)) for y in label_ids for a in attribute_ids]
+    num_labels, num_attributes = len(label_ids), len(attribute_ids)
+    # a label's usual attribute: its most frequent (ties: the lowest id)
+    usual = {
+        int(y): int(
+            attribute_ids[
+                np.argmax([np.sum((labels == y) & (attributes == a)) for a in attribute_ids])
+            ]
+        )
+        for y in label_ids
+    }
+    shares = np.zeros((num_clients, len(groups)))
+    for client in range(num_clients):
+        for g, (y, a) in enumerate(groups):
+            if client < imbalanced:
+                dominant = int(label_ids[client % num_labels])
+                label_share = (
+                    GSC_DOMINANCE if y == dominant else (1 - GSC_DOMINANCE) / (num_labels - 1)
+                )
+                shares[client, g] = label_share / num_attributes
+            elif client < 2 * imbalanced:
+                dominant = int(attribute_ids[(client - imbalanced) % num_attributes])
+                attribute_share = (
+                    GSC_DOMINANCE if a == dominant else (1 - GSC_DOMINANCE) / (num_attributes - 1)
+                )
+                shares[client, g] = attribute_share / num_labels
+            elif a == usual[y]:
+                shares[client, g] = GSC_ALIGNMENT / num_labels
+            else:
+                shares[client, g] = (1 - GSC_ALIGNMENT) / (num_labels * (num_attributes - 1))
+    return groups, shares
+
+
+def gsc_counts(shares: np.ndarray, available: np.ndarray) -> np.ndarray:
+    """Per client and group, the samples of ``gsc:k``: every client the same size ``m``,
+    the largest whose groups' totals fit the ``available`` samples of each group.
+
+    A client's counts are ``shares · m`` rounded by largest remainder, so they sum to
+    ``m`` exactly (ties: the lower group).
+
+    Parameters
+    ----------
+    shares : numpy.ndarray
+        ``(n, G)`` shares, from :func:`gsc_shares`.
+    available : numpy.ndarray
+        ``(G,)`` samples in each group.
+
+    Raises
+    ------
+    PartitionError
+        When not even one sample per client fits.
+    """
+
+    def rounded(size: int) -> np.ndarray:
+        exact = shares * size
+        counts = np.floor(exact + 1e-9).astype(np.int64)
+        for client in range(len(shares)):
+            short = size - int(counts[client].sum())
+            order = np.argsort(-(exact[client] - counts[client]), kind="stable")
+            counts[client, order[:short]] += 1
+        return counts
+
+    demand = shares.sum(axis=0)
+    # (the epsilon keeps 24 / 0.6 from flooring to 39)
+    size = int(min(available[g] / demand[g] for g in range(len(demand)) if demand[g] > 0) + 1e-9)
+    while size > 0 and np.any(rounded(size).sum(axis=0) > available):
+        size -= 1  # rounding up a share can ask one sample more than a group holds
+    if size < 1:
+        raise PartitionError(
+            f"gsc: the groups' samples ({', '.join(map(str, available.tolist()))}) cannot "
+            f"give each of {len(shares)} clients one sample; use fewer clients"
+        )
+    return rounded(size)
+
+
+def _gsc(
+    labels: np.ndarray,
+    attributes: np.ndarray,
+    num_clients: int,
+    imbalanced: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """``gsc:k``: each group's shuffled samples dealt to the clients in order."""
+    groups, shares = gsc_shares(labels, attributes, num_clients, imbalanced)
+    members = [np.flatnonzero((labels == y) & (attributes == a)) for y, a in groups]
+    counts = gsc_counts(shares, np.array([len(m) for m in members]))
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for g, group_members in enumerate(members):
+        cuts = np.cumsum(counts[:, g])
+        shuffled = rng.permutation(group_members)
+        for client, chunk in enumerate(np.split(shuffled[: cuts[-1]], cuts[:-1])):
+            parts[client].append(chunk)
+    return [np.concatenate(part) for part in parts]

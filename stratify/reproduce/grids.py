@@ -62,7 +62,8 @@ class Column:
 
     ``paired``: the method runs beside its matched comparator, the base method with the
     same local training (:mod:`stratify.reproduce.paired`), whose cells are derived from
-    this column's.
+    this column's; ``comparator_options`` replace the matched comparator's options where a
+    paper's own baseline differs from it (``comparator_label`` names that baseline).
     """
 
     key: str
@@ -70,6 +71,8 @@ class Column:
     values: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     paired: bool = False
+    comparator_options: dict[str, Any] = field(default_factory=dict)
+    comparator_label: str = "matched"
 
     @property
     def algorithm(self) -> str:
@@ -264,61 +267,53 @@ PAIRED_COLUMNS = (
     paired_column("fedtan", local_epochs=PAIRED_EPOCHS),
 )
 
-#: Each seed method in its own paper's setting as far as the data at hand allows, beside
-#: its matched comparator (rounds cut to fit the machine: see docs/limitations.md).
-SEED_PAPER_ROWS = (
-    Row(
-        "fedbss-shards-2",
-        "FedBSS: shards:2, 100 clients, C=0.1",
-        {"partition": "shards:2", "clients": 100, "epochs": 200},
-        columns=("fedbss",),
-    ),
-    Row(
-        "fedbr-rotated-dir-0-1",
-        "FedBR: rotated-mnist, Dir(0.1), 10 clients",
-        {"dataset": "rotated-mnist", "partition": "dirichlet:0.1", "clients": 10, "epochs": 60},
-        columns=("fedbr",),
-    ),
-    # the official rate on 28×28 images leaves both runs at chance within the rounds
-    # affordable here; the official code's rate for its other data sets, as a check of
-    # the mechanism at a rate that trains (not the paper's setting)
-    Row(
-        "fedbr-rotated-dir-0-1-lr-0-01",
-        "FedBR at lr 0.01 (not its paper's 1e-3): rotated-mnist, Dir(0.1), 10 clients",
-        {
-            "dataset": "rotated-mnist",
-            "partition": "dirichlet:0.1",
-            "clients": 10,
-            "epochs": 60,
-            "lr": 0.01,
-        },
-        columns=("fedbr",),
-    ),
-    Row(
-        "feddiverse-cmnist",
-        "FedDiverse: colored-mnist (binary), Dir(0.5), 24 clients, 9 a round",
-        {
-            "dataset": "colored-mnist",
-            "dataset_options": {"binary_labels": True},
-            "partition": "dirichlet:0.5",
-            "clients": 24,
-            "epochs": 30,
-        },
-        columns=("feddiverse",),
-    ),
-    Row(
-        "lfd-dir-0-5",
-        "LfD: Dir(0.5), 10 clients",
-        {"partition": "dirichlet:0.5", "clients": 10, "epochs": 20},
-        columns=("lfd",),
-    ),
-)
-SEED_PAPER_COLUMNS = (
-    paired_column("fedbss", warmup_rounds=50),
-    paired_column("fedbr"),
-    paired_column("feddiverse"),
-    paired_column("lfd"),
-)
+
+def paper_setting_grid() -> tuple[tuple[Row, ...], tuple[Column, ...]]:
+    """The ``seed-papers`` grid's rows and columns, from the settings each registered
+    method declares (:attr:`~stratify.method.Strategy.paper_settings`): a row per setting
+    key, with the options of its first setting, holding a paired column per variant, with
+    what the variant changes.
+
+    Raises
+    ------
+    ConfigError
+        Where a method's settings with one key differ in label or values, where a variant
+        drops an option of its row, or where one variant name changes different options.
+    """
+    rows: dict[str, Row] = {}
+    columns: dict[str, Column] = {}
+    for name in ALGORITHMS:
+        cls = strategy_class(name)
+        for setting in cls.paper_settings:
+            label = f"{cls.label}: {setting.label}"
+            row_key = slug(f"{name}-{setting.key}")
+            row = rows.setdefault(
+                row_key, Row(row_key, label, dict(setting.values), dict(setting.options), ())
+            )
+            options = dict(setting.options)
+            if (row.label, row.values) != (label, setting.values) or any(
+                options.get(option) != value for option, value in row.options.items()
+            ):
+                raise ConfigError(
+                    f"{name}: its paper settings {setting.key!r} differ in label, values or "
+                    "the options of the row's first setting"
+                )
+            column = Column(
+                slug(f"{name}-{setting.variant}" if setting.variant else name),
+                f"{cls.label} ({setting.variant})" if setting.variant else cls.label,
+                {"algorithm": name},
+                {key: value for key, value in options.items() if key not in row.options},
+                paired=True,
+                comparator_options=dict(setting.comparator_options),
+                comparator_label=", ".join(
+                    f"{option}={value}" for option, value in setting.comparator_options.items()
+                )
+                or "matched",
+            )
+            if columns.setdefault(column.key, column) != column:
+                raise ConfigError(f"{name}: its variant {setting.variant!r} changes two things")
+            rows[row_key] = dataclasses.replace(row, columns=(*(row.columns or ()), column.key))
+    return tuple(rows.values()), tuple(columns.values())
 
 
 GRIDS: dict[str, Grid] = {
@@ -459,8 +454,7 @@ GRIDS: dict[str, Grid] = {
             "FedBSS, FedBR, FedDiverse and LfD each in its own paper's setting, as far as "
             "the data at hand allows, against its matched comparator",
             {"dataset": "mnist-10k", "mode": "batch"},
-            SEED_PAPER_ROWS,
-            SEED_PAPER_COLUMNS,
+            *paper_setting_grid(),
         ),
     )
 }
@@ -585,14 +579,17 @@ def grid_named(name: str) -> Grid:
     return GRIDS[name]
 
 
-def runnable(column: Column, values: dict[str, Any]) -> str | None:
-    """Why ``column``'s method cannot run with the cell ``values`` here, or ``None``."""
+def runnable(
+    column: Column, values: dict[str, Any], options: dict[str, Any] | None = None
+) -> str | None:
+    """Why ``column``'s method cannot run with the cell ``values`` and method ``options``
+    (default: the column's) here, or ``None``."""
     mode = values["mode"]
     if column.algorithm not in ALGORITHMS:
         return f"{column.label}: no method {column.algorithm!r} in this build, left out"
     if mode not in strategy_class(column.algorithm).modes:
         return f"{column.label}: {column.algorithm} does not run in {mode} mode, left out"
-    warmup = column.options.get("warmup_rounds")
+    warmup = (column.options if options is None else options).get("warmup_rounds")
     if warmup is not None and warmup > values["epochs"]:
         # a shorter warm-up would make it another algorithm (FedBSS's stage 2 acts on a
         # warm model): the column is left out rather than changed
@@ -675,7 +672,8 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
             if row.columns is not None and column.key not in row.columns:
                 continue
             values = cell_values(grid, row, column, settings)
-            reason = runnable(column, values)
+            options = {**grid.options, **row.options, **column.options}
+            reason = runnable(column, values, options)
             if reason is not None:
                 note(reason)
                 continue
@@ -687,7 +685,7 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
                     TrainConfig(
                         **{key: value for key, value in values.items() if key != "dataset_options"},
                         seed=seed,
-                        options={**grid.options, **row.options, **column.options},
+                        options=options,
                         # a row's loader options belong to its data set, not another one
                         dataset_options={
                             **(
@@ -801,12 +799,25 @@ def pair_cells(
         matched = [matched_config(cell.config) for cell in method_cells]
     except ConfigError as error:
         return [], f"{first.column.label}: {error}; left out"
+    if first.column.comparator_options:
+        # a paper's own baseline: the matched comparator with these options replaced
+        matched = [
+            dataclasses.replace(
+                config, options={**config.options, **first.column.comparator_options}
+            )
+            for config in matched
+        ]
     key = comparator_key(matched[0])
     result = [dataclasses.replace(cell, comparator=key) for cell in method_cells]
     if any((cell.row.key, cell.column.key) == (first.row.key, key) for cell in planned):
         return result, None  # the same comparator as an earlier method's: it runs once
     base = matched[0].algorithm
-    column = Column(key, f"{method_label(base)} (matched)", {"algorithm": base}, matched[0].options)
+    column = Column(
+        key,
+        f"{method_label(base)} ({first.column.comparator_label})",
+        {"algorithm": base},
+        matched[0].options,
+    )
     result += [
         Cell(
             cell.row,
