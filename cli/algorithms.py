@@ -29,7 +29,8 @@ def by_mode(values: Mapping[str, object]) -> str:
 
 def option_defaults(name: str) -> list[tuple[str, str]]:
     """``(flag, default)`` of each option of algorithm ``name``, as each of its modes
-    resolves it, then its ``--lr`` (where its paper fixes one) and ``--lr-schedule``.
+    resolves it, then its ``--lr`` (its own rates per dataset family and mode, else its
+    paper's, else the dataset's) and ``--lr-schedule``.
 
     A default left unset is the help text's ``[default: …]`` note, or ``"unset"``; an
     option of fewer modes than the method's says which (``"5 (single-sample)"``).
@@ -54,18 +55,20 @@ def option_defaults(name: str) -> list[tuple[str, str]]:
                 shown += f" ({', '.join(values)})"
         entries.append((flag(entry.name), shown))
     strategy = cls()
-    rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
+    # the rates chosen per (dataset family, mode) first, then the paper's, then the dataset's
     own = ", ".join(
-        f"{lr} on {dataset} ({mode})"
-        for (dataset, mode), lr in cls.own_lrs.items()
+        f"{lr} on {family} ({mode})"
+        for (family, mode), lr in cls.own_rates().items()
         if mode in cls.modes
     )
+    papers = {mode: strategy.paper_lr(mode) for mode in cls.modes}
     if cls.lr_note is not None:
-        entries.append(("--lr", cls.lr_note))
-    elif any(rate is not None for rate in rates.values()):
-        entries.append(("--lr", by_mode(rates) + (f"; {own}" if own else "")))
-    elif own:
-        entries.append(("--lr", f"{own}, else the dataset's"))
+        paper = cls.lr_note
+    elif any(rate is not None for rate in papers.values()):
+        paper = by_mode(papers)
+    else:
+        paper = "the dataset's"
+    entries.append(("--lr", f"{own}; else {paper}" if own else paper))
     schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
     entries.append(("--lr-schedule", by_mode(schedules)))
     return entries
