@@ -130,6 +130,7 @@ class FedAvg(Strategy):
     # 10 rounds at 50% validation accuracy; 0.05 was best of 0.01-0.2 on a validation
     # split, for SCAFFOLD too (docs/results/defaults-digits.md). FedProx and FedAvgM
     # inherit it unmeasured.
+    #: chosen by the `defaults` grid (docs/results/defaults-digits.csv)
     own_lrs = {("digits", "single-sample"): 0.05}
 
     # -- set-up ---------------------------------------------------------------------------

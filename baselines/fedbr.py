@@ -421,7 +421,7 @@ class FedBR(FedAvg):
       default, Algorithm 1) and saved in the checkpoint with the pseudo-data, so
       ``--resume`` is exact.
     * The reported training loss is the min step's whole objective.
-    * The rate (:meth:`lr_for`) is the official one by data set: 1e-3 on the 28×28 MNIST
+    * The official rate by data set (:meth:`paper_lr`): 1e-3 on the 28×28 MNIST
       variants, 1e-2 on every other data set.
     * The official FedAvg (its ``ERM``) steps with momentum 0.9 while its FedBR steps
       without; a matched comparison here gives FedAvg FedBR's plain SGD
@@ -472,9 +472,17 @@ class FedBR(FedAvg):
         ),
     )
 
-    def lr_for(self, mode: str, dataset: str | None = None) -> float | None:
+    def paper_lr(self, mode: str, dataset: str | None = None) -> float | None:
         """The official rate: 1e-3 on 28×28 images (the MNIST variants), 1e-2 otherwise;
-        ``None`` when the data set is not known (the dataset's default then applies)."""
+        ``None`` when the data set is not known (the dataset's default then applies).
+
+        Parameters
+        ----------
+        mode : str
+            The run's mode.
+        dataset : str, optional
+            The run's dataset.
+        """
         if dataset is None:
             return None
         return OFFICIAL_SMALL_IMAGE_LR if dataset in SMALL_IMAGE_DATASETS else OFFICIAL_LR

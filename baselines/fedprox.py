@@ -66,6 +66,8 @@ class FedProx(FedAvg):
     """
 
     name = "fedprox"
+    #: chosen by the `defaults` grid (docs/results/defaults-digits.csv)
+    own_lrs = {("digits", "single-sample"): 0.05}
     description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
     options_class = FedProxOptions
     label = "FedProx"

@@ -131,6 +131,8 @@ class Scaffold(FedAvg):
     """
 
     name = "scaffold"
+    #: chosen by the `defaults` grid (docs/results/defaults-digits.csv)
+    own_lrs = {("digits", "single-sample"): 0.05}
     description = "control variates c, c_i (zero start, option II) correct local drift; server lr"
     options_class = ScaffoldOptions
     label = "SCAFFOLD"

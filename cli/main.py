@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stream": ("stratify.cli.stream", "stream"),
     "reproduce": ("stratify.cli.reproduce", "reproduce_command"),
     "plot": ("stratify.cli.plot", "plot"),
+    "tables": ("stratify.cli.tables", "tables"),
     "data": ("stratify.cli.data", "data"),
 }
 

@@ -40,8 +40,8 @@ def option_defaults(name: str) -> list[tuple[str, str]]:
 
 def option_rows(name: str) -> list[tuple[str, str, str]]:
     """``(flag, default, help)`` of each option of method ``name``, the default as each of
-    its modes resolves it, then its ``--lr`` (where its paper fixes one) and
-    ``--lr-schedule``.
+    its modes resolves it, then its ``--lr`` (its own rates per dataset family and mode,
+    else its paper's, else the dataset's) and ``--lr-schedule``.
 
     A default left unset is the help text's ``[default: …]`` note, or ``"unset"``; an
     option of fewer modes than the method's says which (``"5 (single-sample)"``).
@@ -71,10 +71,10 @@ def option_rows(name: str) -> list[tuple[str, str, str]]:
                 shown += f" ({', '.join(values)})"
         entries.append((flag(entry.name), shown, entry.metadata["help"]))
     strategy = cls()
-    rates = {mode: strategy.lr_for(mode) for mode in cls.modes}
+    # the rates chosen per (dataset family, mode) first, then the paper's, then the dataset's
     own = ", ".join(
-        f"{lr} on {dataset} ({mode})"
-        for (dataset, mode), lr in cls.own_lrs.items()
+        f"{lr} on {family} ({mode})"
+        for (family, mode), lr in cls.own_rates().items()
         if mode in cls.modes
     )
     config_help = {
@@ -83,13 +83,14 @@ def option_rows(name: str) -> list[tuple[str, str, str]]:
         )
         for entry in TrainConfig.flag_fields()
     }
-    rate_help = config_help["lr"]
+    papers = {mode: strategy.paper_lr(mode) for mode in cls.modes}
     if cls.lr_note is not None:
-        entries.append(("--lr", cls.lr_note, rate_help))
-    elif any(rate is not None for rate in rates.values()):
-        entries.append(("--lr", by_mode(rates) + (f"; {own}" if own else ""), rate_help))
-    elif own:
-        entries.append(("--lr", f"{own}, else the dataset's", rate_help))
+        paper = cls.lr_note
+    elif any(rate is not None for rate in papers.values()):
+        paper = by_mode(papers)
+    else:
+        paper = "the dataset's"
+    entries.append(("--lr", f"{own}; else {paper}" if own else paper, config_help["lr"]))
     schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
     entries.append(("--lr-schedule", by_mode(schedules), config_help["lr_schedule"]))
     return entries

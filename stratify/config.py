@@ -34,9 +34,9 @@ from stratify.validation import (
     check_widths,
 )
 
-# (dataset, mode) pairs with another base rate. The 8x8 digits need a larger batch-mode
-# rate; single-sample runs, at the constant schedule every method now defaults to, train
-# at the fallback (the main job, 5 epochs: final 0.9639 at 0.01, 0.7750 at 0.05)
+# The dataset's rate, for a method without one of its own there: every registered method
+# declares its own per (dataset family, mode) where a `defaults` grid measured it
+# (stratify.reproduce.defaults); these serve the other datasets
 DEFAULT_LR = {("digits", "batch"): 0.05}
 FALLBACK_LR = 0.01
 # options that may change between a run and its resumption (every registry protocol gives
@@ -212,8 +212,8 @@ def default_lr(dataset: str, mode: str) -> float:
 
 def resolve_lr(config: TrainConfig, strategy: Strategy | None = None) -> float:
     """The base learning rate ``config``'s run steps at: its ``--lr``, else the method's
-    own (:meth:`~stratify.method.Strategy.lr_for`: its paper's, by data set where the
-    paper sets it so), else the dataset's (:func:`default_lr`).
+    own (:meth:`~stratify.method.Strategy.lr_for`: the rate chosen for the dataset's
+    family and the mode, else its paper's), else the dataset's (:func:`default_lr`).
 
     Parameters
     ----------

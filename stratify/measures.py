@@ -97,8 +97,10 @@ def accuracy_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     that report it), ``final_accuracy``, ``last_mean_accuracy`` ± ``last_std_accuracy``
     over ``last_rounds`` epochs, the same for the worst-group accuracy where the data has
     attributes, and, with a validation split, ``best_val_epoch``,
-    ``best_validation_accuracy`` and ``test_accuracy_at_best_val``. Entries that cannot
-    be computed (no epoch yet, no attributes, no validation split) are ``None``.
+    ``best_validation_accuracy``, ``test_accuracy_at_best_val`` and
+    ``last_mean_validation_accuracy`` (over the same last rounds as the test
+    accuracy's). Entries that cannot be computed (no epoch yet, no attributes, no
+    validation split) are ``None``.
     """
     accuracies = [float(record["test_accuracy"]) for record in records]
     best = max(records, key=lambda record: record["test_accuracy"], default=None)
@@ -107,6 +109,8 @@ def accuracy_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     known = [value for value in groups if value is not None]
     last_groups = last_rounds(known) if len(known) == len(groups) else None
     choice = best_on_validation(records)
+    validation = [record.get("validation_accuracy") for record in records]
+    last_validation = None if None in validation else last_rounds(validation)
     return {
         "best_accuracy": None if best is None else best["test_accuracy"],
         "best_epoch": None if best is None else best["epoch"],
@@ -121,6 +125,7 @@ def accuracy_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "best_val_epoch": None if choice is None else choice.epoch,
         "best_validation_accuracy": None if choice is None else choice.validation_accuracy,
         "test_accuracy_at_best_val": None if choice is None else choice.test_accuracy,
+        "last_mean_validation_accuracy": None if last_validation is None else last_validation.mean,
     }
 
 

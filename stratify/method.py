@@ -21,6 +21,7 @@ from torch import nn
 
 from stratify.client import LocalJob, LocalTrainer
 from stratify.compiled import StepTerms
+from stratify.data.datasets import dataset_family
 from stratify.errors import ConfigError
 from stratify.federation import Federation
 from stratify.options import MODES, StrategyOptions
@@ -283,7 +284,8 @@ class Strategy(ABC):
       ``step_size_options`` (benches and the run's advice on a diverging loss);
     * optional groups, each with a default that opts out:
 
-      - *learning rate*: ``default_lr``, ``lr_note``, :meth:`lr_for`,
+      - *learning rate*: ``own_lrs``, ``default_lr``, ``lr_note``, :meth:`lr_for`,
+        :meth:`paper_lr`,
         ``default_lr_schedule``, :meth:`lr_schedule_for`;
       - *vectorised runs* (:mod:`stratify.vectorize`): :meth:`step_terms`,
         :meth:`local_work`;
@@ -320,14 +322,16 @@ class Strategy(ABC):
     step_size_options: ClassVar[tuple[str, ...]] = ()
     #: the learning-rate schedule of the method's paper, used when none is given
     default_lr_schedule: ClassVar[str] = "constant"
-    #: the base learning rate of the method's paper, used when ``--lr`` is not given;
-    #: ``None`` leaves it to the dataset's default (:func:`stratify.config.default_lr`)
+    #: the base learning rate of the method's paper (:meth:`paper_lr`), used when ``--lr``
+    #: is not given and :attr:`own_lrs` has no rate for the run; ``None`` leaves it to the
+    #: dataset's default (:func:`stratify.config.default_lr`)
     default_lr: ClassVar[float | None] = None
-    #: how :meth:`lr_for` chooses the rate when it depends on the data set (shown by
+    #: how :meth:`paper_lr` chooses the rate when it depends on the data set (shown by
     #: ``stratify methods``); ``None`` when it does not
     lr_note: ClassVar[str | None] = None
-    #: the method's own base rate on a (dataset, mode) whose default does not fit it, each
-    #: chosen on a validation split by a committed grid (docs/results/defaults-*.csv)
+    #: the method's own base rate per (dataset family, mode), each chosen on a validation
+    #: split by the committed ``defaults`` grids (:mod:`stratify.reproduce.defaults`,
+    #: docs/results/defaults-*.csv); read from the method's own class only (:meth:`own_rates`)
     own_lrs: ClassVar[Mapping[tuple[str, str], float]] = {}
     #: whether the method needs BatchNorm layers in the model (FedTAN); a grid leaves such
     #: a method out, with a note, where its model has none
@@ -387,11 +391,43 @@ class Strategy(ABC):
         return self.default_lr_schedule
 
     def lr_for(self, mode: str, dataset: str | None = None) -> float | None:
-        """The method's own base learning rate in ``mode`` (on ``dataset``, where the
-        method's paper sets it by data set), or ``None`` to take the dataset's default,
-        when the run gives no ``--lr``: :attr:`own_lrs` on its (dataset, mode), else
-        :attr:`default_lr`."""
-        return self.own_lrs.get((dataset or "", mode), self.default_lr)
+        """The method's own base learning rate in ``mode`` on ``dataset``, or ``None`` to
+        take the dataset's default, when the run gives no ``--lr``: the rate its class
+        chose for the dataset's family and ``mode`` (:meth:`own_rates`), else its
+        paper's (:meth:`paper_lr`).
+
+        Parameters
+        ----------
+        mode : str
+            The run's mode.
+        dataset : str, optional
+            The run's dataset (``None``: not known, only the paper's rate applies).
+        """
+        if dataset is not None:
+            own = self.own_rates().get((dataset_family(dataset), mode))
+            if own is not None:
+                return own
+        return self.paper_lr(mode, dataset)
+
+    @classmethod
+    def own_rates(cls) -> Mapping[tuple[str, str], float]:
+        """:attr:`own_lrs` as the method's own class declares it: a rate chosen for one
+        method is not another's, so a subclass does not inherit its parent's (it
+        declares its own, or takes its paper's and the dataset's)."""
+        return cls.__dict__.get("own_lrs", {})
+
+    def paper_lr(self, mode: str, dataset: str | None = None) -> float | None:
+        """The rate the method's paper fixes in ``mode`` on ``dataset`` (``None``: it
+        fixes none): :attr:`default_lr`, unless a method's paper sets it by data set.
+
+        Parameters
+        ----------
+        mode : str
+            The run's mode.
+        dataset : str, optional
+            The run's dataset (``None``: not known).
+        """
+        return self.default_lr
 
     def check_epochs(self, epochs: int) -> None:
         """Refuse, with a :class:`~stratify.errors.ConfigError`, a run of ``epochs``

@@ -50,4 +50,16 @@ def test_accuracy_summary_of_a_swinging_run():
     assert summary["last_mean_worst_group_accuracy"] == pytest.approx(0.1)
     assert summary["best_worst_group_accuracy"] == 0.6
     assert summary["best_val_epoch"] is None
+    assert summary["last_mean_validation_accuracy"] is None  # no validation split
     assert accuracy_summary([])["last_mean_accuracy"] is None
+
+
+def test_the_last_rounds_validation_mean_is_over_the_test_accuracy_s_window():
+    validation = [0.1, 0.9, 0.6, 0.7, 0.8]
+    records = [
+        {"epoch": e + 1, "test_accuracy": 0.5, "validation_accuracy": v}
+        for e, v in enumerate(validation)
+    ]
+    summary = accuracy_summary(records)
+    assert summary["last_rounds"] == 3
+    assert summary["last_mean_validation_accuracy"] == pytest.approx(0.7)

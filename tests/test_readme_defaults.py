@@ -58,10 +58,17 @@ def test_the_table_shows_each_mode_s_default_and_the_methods_rates(capsys):
     rows = {line.split(" | ")[0][2:]: line for line in markdown(capsys).splitlines()[2:]}
     # FedAvg: NIID-Bench's E = 10 in batch mode, one pass per sample in single-sample mode
     assert "`--local-epochs` 1 (single-sample), 10 (batch)" in rows["`fedavg`"]
-    # FedBSS fixes its paper's rate; FedAvg its own where a validation grid chose one and
-    # the dataset's elsewhere; SFL leaves the dataset's
-    assert "`--lr` 0.001" in rows["`fedbss`"] and "`--lr`" not in rows["`sfl`"]
-    assert "`--lr` 0.05 on digits (single-sample), else the dataset's" in rows["`fedavg`"]
+    # each method's own rates per dataset family and mode, then its paper's (FedBSS's
+    # 1e-3, FedBR's by image size), else the dataset's
+    for name, row in rows.items():
+        cls = strategy_class(name.strip("`"))
+        rate = row.split("`--lr` ")[1].split("<br>")[0]
+        own = [f"{lr} on {family} ({mode})" for (family, mode), lr in cls.own_rates().items()]
+        paper = cls.lr_note or (
+            "the dataset's" if cls.default_lr is None else f"{cls.default_lr:g}"
+        )
+        assert rate == (f"{', '.join(own)}; else {paper}" if own else paper), name
+    assert "else 0.001" in rows["`fedbss`"] or "`--lr` 0.001<br>" in rows["`fedbss`"]
     # an option of one mode says so; a default resolved at run time quotes its help
     assert "`--chunk` 5 (single-sample)" in rows["`stratify`"]
     assert "`--repeat-count` round(N/\\|L\\|)" in rows["`stratify`"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stratify.algorithms import ALGORITHMS
+from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.main import main
 from stratify.errors import ConfigError, DatasetError
 from stratify.parallel import (
@@ -21,6 +21,7 @@ from stratify.parallel import (
     check_ray_address,
 )
 from stratify.reproduce.grids import (
+    DEFAULTS_CANDIDATES,
     GRIDS,
     SEED_METHODS,
     Column,
@@ -138,7 +139,7 @@ def test_table1_is_the_papers_table_on_mnist(tmp_path):
     assert labels["lfd"] == "LfD (batch)"
 
 
-@pytest.mark.parametrize("grid", ["table1", "defaults", "seed-methods"])
+@pytest.mark.parametrize("grid", ["table1", "seed-methods"])
 def test_fedbss_trains_every_client_like_the_other_columns(tmp_path, grid):
     # its paper's 10% of 100 clients would be one client a round out of a grid's 10
     cells, _ = plan_cells(GRIDS[grid], Settings(seeds=(0,)), tmp_path)
@@ -630,12 +631,20 @@ def test_ray_runs_a_two_cell_grid_as_local_workers_do(tiny, tmp_path):
     )
 
 
-def test_defaults_grid_runs_stratify_single_sample_and_the_others_in_batch(tmp_path):
-    cells, notes = plan_cells(GRIDS["defaults"], Settings(seeds=(0,)), tmp_path)
-    assert notes == []
-    modes = {cell.column.key: cell.config.mode for cell in cells}
-    assert modes.pop("stratify") == "single-sample"
-    assert set(modes.values()) == {"batch"}
-    assert {cell.row.key for cell in cells} == {"classes-1", "classes-3", "dirichlet-0-5", "iid"}
-    fedbss = next(cell for cell in cells if cell.column.key == "fedbss")
-    assert fedbss.config.options == {"client_fraction": 1.0, "warmup_rounds": 7}
+def test_defaults_grid_runs_every_method_and_mode_at_every_candidate_rate(tmp_path):
+    cells, _ = plan_cells(GRIDS["defaults"], Settings(seeds=(0,)), tmp_path)
+    assert {cell.config.lr for cell in cells} == set(DEFAULTS_CANDIDATES)
+    assert all(cell.config.validation > 0 and cell.config.dataset == "digits" for cell in cells)
+    planned = {(cell.config.algorithm, cell.config.mode): cell.config.epochs for cell in cells}
+    expected = {
+        (name, mode)
+        for name in ALGORITHMS
+        for mode in strategy_class(name).modes
+        if not strategy_class(name).requires_batch_norm
+    }
+    assert set(planned) == expected
+    # each with its own default options, for as long as its mechanism needs (FedBSS's
+    # 50 warm-up rounds + 2)
+    assert all(cell.config.options == {} for cell in cells)
+    assert planned["fedbss", "batch"] == 52 and planned["fedavg", "batch"] == 5
+    assert planned["fedavg", "single-sample"] == 10

@@ -316,6 +316,46 @@ def paper_setting_grid() -> tuple[tuple[Row, ...], tuple[Column, ...]]:
     return tuple(rows.values()), tuple(columns.values())
 
 
+#: The `defaults` grids choose each method's default learning rate per (dataset family,
+#: mode): every candidate rate (the rows) for every method and mode (the columns), on a
+#: validation split of the training samples, at the budget of each mode (single-sample
+#: epochs are passes over the data, batch rounds are E local epochs each), on Dir(0.5)
+#: across 10 clients; :mod:`stratify.reproduce.defaults` reads the choice from the
+#: results (docs/architecture.md, "Default learning rates").
+DEFAULTS_CANDIDATES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
+DEFAULTS_VALUES = {"partition": "dirichlet:0.5", "clients": 10, "validation": 0.1}
+#: epochs of each mode, per family (a family without a mode does not run it)
+DEFAULTS_EPOCHS = {
+    "digits": {"single-sample": 10, "batch": 5},
+    "mnist": {"batch": 20},
+}
+
+
+def lr_rows(candidates: Sequence[float]) -> tuple[Row, ...]:
+    """One row per candidate learning rate."""
+    return tuple(Row(slug(f"lr {lr:g}"), f"lr {lr:g}", {"lr": lr}) for lr in candidates)
+
+
+def lr_columns(epochs: dict[str, int]) -> tuple[Column, ...]:
+    """One column per registered method and mode of ``epochs`` it runs in, each with its
+    own default options and the mode's epochs, or the more its mechanism needs to act
+    (:meth:`~stratify.method.Strategy.informative_epochs`: FedBSS's 50 warm-up rounds + 2)."""
+    return tuple(
+        Column(
+            f"{name}-{mode}",
+            f"{method_label(name)} ({mode})",
+            {
+                "algorithm": name,
+                "mode": mode,
+                "epochs": max(count, build_strategy(name, {}, mode).informative_epochs()),
+            },
+        )
+        for name in ALGORITHMS
+        for mode, count in epochs.items()
+        if mode in strategy_class(name).modes
+    )
+
+
 GRIDS: dict[str, Grid] = {
     grid.name: grid
     for grid in (
@@ -400,33 +440,33 @@ GRIDS: dict[str, Grid] = {
             ),
         ),
         Grid(
+            "real-data",
+            "Stratify's single-sample job on real data: mnist-10k, one label per client "
+            "and IID, 3 epochs with the inverse-epoch decay (docs/results.md)",
+            {
+                "dataset": "mnist-10k",
+                "mode": "single-sample",
+                "epochs": 3,
+                "lr_schedule": "inverse-epoch",
+            },
+            (partition_row("classes:1", "#C=1"), partition_row("iid", "IID")),
+            (method_column("stratify"),),
+        ),
+        Grid(
             "defaults",
-            "Every method with its own paper's defaults on label skew: the averaging "
-            "methods in batch mode, Stratify in single-sample mode (--chunk 5), "
-            "next to the Stratify paper's Table I",
-            {"dataset": "mnist-10k", "mode": "batch", "epochs": 30},
-            (
-                partition_row("classes:1", "#C=1"),
-                partition_row("classes:3", "#C=3"),
-                partition_row("dirichlet:0.5", "Dirichlet(0.5)"),
-                partition_row("iid", "IID"),
-            ),
-            tuple(
-                method_column(name) for name in ("fedavg", "fedprox", "scaffold", "fedavgm", "sfl")
-            )
-            + (fedbss_column(),)
-            + tuple(method_column(name) for name in ("fedbr", "feddiverse", "lfd"))
-            + (
-                Column(
-                    "stratify",
-                    "Stratify (single-sample)",
-                    {"algorithm": "stratify", "mode": "single-sample"},
-                ),
-            ),
-            paper=TABLE1_PAPER,
-            paper_source="Stratify paper, Table I, MNIST (full 60,000-image training set; "
-            "its baselines ran in single-sample mode)",
-            paper_datasets=("mnist", "mnist-10k"),
+            "every method's default learning rate on digits, each mode: the candidate rates "
+            "on a validation split (stratify.reproduce.defaults)",
+            {"dataset": "digits", **DEFAULTS_VALUES},
+            lr_rows(DEFAULTS_CANDIDATES),
+            lr_columns(DEFAULTS_EPOCHS["digits"]),
+        ),
+        Grid(
+            "defaults-mnist",
+            "every method's default learning rate on the MNIST family (mnist-10k), batch "
+            "mode: the candidate rates on a validation split (stratify.reproduce.defaults)",
+            {"dataset": "mnist-10k", **DEFAULTS_VALUES},
+            lr_rows(DEFAULTS_CANDIDATES),
+            lr_columns(DEFAULTS_EPOCHS["mnist"]),
         ),
         Grid(
             "seed-methods",
@@ -589,14 +629,15 @@ def runnable(
         return f"{column.label}: no method {column.algorithm!r} in this build, left out"
     if mode not in strategy_class(column.algorithm).modes:
         return f"{column.label}: {column.algorithm} does not run in {mode} mode, left out"
-    warmup = (column.options if options is None else options).get("warmup_rounds")
-    if warmup is not None and warmup > values["epochs"]:
-        # a shorter warm-up would make it another algorithm (FedBSS's stage 2 acts on a
-        # warm model): the column is left out rather than changed
-        return (
-            f"{column.label}: its {warmup} warm-up rounds are longer than the run "
-            f"(--epochs {values['epochs']}); left out"
-        )
+    try:
+        # a run its options cannot make (FedBSS's warm-up longer than the run): a shorter
+        # warm-up would make it another algorithm (its stage 2 acts on a warm model), so
+        # the column is left out rather than changed
+        build_strategy(
+            column.algorithm, column.options if options is None else options, mode
+        ).check_epochs(values["epochs"])
+    except ConfigError as error:
+        return f"{column.label}: {error}; left out"
     model = values.get("model")
     if strategy_class(column.algorithm).requires_batch_norm and (
         model not in RESNETS or values.get("norm", "bn") != "bn"

@@ -113,6 +113,7 @@ __all__ = [
     "check_labels",
     "colour_for_labels",
     "dataset_options",
+    "dataset_family",
     "dataset_uses_seed",
     "load_cifar10",
     "load_cifar100",
@@ -173,6 +174,19 @@ def dataset_options(name: str) -> dict[str, dataclasses.Field]:
         Unknown name.
     """
     return dict(_loader(name).options)
+
+
+def dataset_family(name: str) -> str:
+    """The family whose default learning rates dataset ``name`` shares
+    (:attr:`~stratify.data.datasets.base.DatasetLoader.family`); a name that is not
+    registered (a caller's own dataset) is its own family.
+
+    Parameters
+    ----------
+    name : str
+        A dataset name.
+    """
+    return DATASETS[name].family if name in DATASETS else name
 
 
 def dataset_uses_seed(name: str) -> bool:

@@ -133,6 +133,11 @@ class DatasetLoader:
     seeded : bool
         Whether the data drawn depends on ``seed`` (generated data, random angles or
         colours); a fixed split does not, so one load serves every seed.
+    family : str
+        The datasets whose images are alike enough to share a method's default learning
+        rate (``mnist`` for mnist-10k, mnist, rotated-mnist and colored-mnist); the
+        dataset's own name when it has no relatives (docs/architecture.md, "Default
+        learning rates").
     """
 
     def __init__(
@@ -141,8 +146,10 @@ class DatasetLoader:
         options: type[DatasetOptions],
         load: Callable[..., Dataset],
         seeded: bool = False,
+        family: str | None = None,
     ) -> None:
         self.name = name
+        self.family = family or name
         self.options_class = options
         self.options = {field.name: field for field in options.option_fields()}
         self.load = load
@@ -161,7 +168,11 @@ class DatasetLoader:
 
 
 def dataset_loader(
-    name: str, options: type[DatasetOptions] = DatasetOptions, *, seeded: bool = False
+    name: str,
+    options: type[DatasetOptions] = DatasetOptions,
+    *,
+    seeded: bool = False,
+    family: str | None = None,
 ) -> Callable[[Callable[..., Dataset]], DatasetLoader]:
     """Decorate ``load(data_dir, device, seed, **options)`` as the loader of ``name``.
 
@@ -169,11 +180,12 @@ def dataset_loader(
     loader's options (fields made with :func:`~stratify.options.dataset_option`). The
     function receives every one by keyword, already converted and range-checked, so it
     declares them without defaults: the defaults live in ``options``. ``seeded``
-    declares that what it draws depends on ``seed``.
+    declares that what it draws depends on ``seed``; ``family`` names the datasets it
+    shares default learning rates with (:class:`DatasetLoader`).
     """
 
     def decorate(load: Callable[..., Dataset]) -> DatasetLoader:
-        return DatasetLoader(name, options, load, seeded=seeded)
+        return DatasetLoader(name, options, load, seeded=seeded, family=family)
 
     return decorate
 

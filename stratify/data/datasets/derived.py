@@ -10,6 +10,7 @@ import torch
 
 from stratify.data.datasets.base import Dataset, dataset_loader, fixed_split, make_dataset
 from stratify.data.datasets.mnist import (
+    MNIST_FAMILY,
     MNIST_MEAN,
     MNIST_STD,
     full_mnist_arrays,
@@ -71,7 +72,7 @@ class RotatedMNISTOptions(MNISTVariantOptions):
     )
 
 
-@dataset_loader("rotated-mnist", RotatedMNISTOptions, seeded=True)
+@dataset_loader("rotated-mnist", RotatedMNISTOptions, seeded=True, family=MNIST_FAMILY)
 def load_rotated_mnist(
     data_dir: str | None, device, seed: int, *, base: str, angles: tuple[float, ...]
 ) -> Dataset:
@@ -151,7 +152,7 @@ class ColoredMNISTOptions(MNISTVariantOptions):
     )
 
 
-@dataset_loader("colored-mnist", ColoredMNISTOptions, seeded=True)
+@dataset_loader("colored-mnist", ColoredMNISTOptions, seeded=True, family=MNIST_FAMILY)
 def load_colored_mnist(
     data_dir: str | None,
     device,

@@ -25,6 +25,8 @@ from stratify.errors import DatasetError
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
+#: the family of the 28×28 handwritten-digit datasets (their default learning rates)
+MNIST_FAMILY = "mnist"
 
 _IDX_STEMS = (
     "train-images-idx3-ubyte",
@@ -103,7 +105,7 @@ def normalise_mnist(images: np.ndarray) -> np.ndarray:
     return ((images.astype(np.float32) / 255.0 - MNIST_MEAN) / MNIST_STD)[:, None, :, :]
 
 
-@dataset_loader("mnist-10k")
+@dataset_loader("mnist-10k", family=MNIST_FAMILY)
 def load_mnist_10k(data_dir: str | None, device, seed: int) -> Dataset:
     """The official MNIST test set split deterministically into 8,000 train / 2,000 test."""
     images, labels = mnist_10k_arrays(data_dir)
@@ -164,7 +166,7 @@ def full_mnist_arrays(name: str, data_dir: str | None, folder: str, torchvision_
     return train_images, train_labels, test_images, test_labels
 
 
-@dataset_loader("mnist")
+@dataset_loader("mnist", family=MNIST_FAMILY)
 def load_mnist(data_dir: str | None, device, seed: int) -> Dataset:
     """Full MNIST (60,000 train / 10,000 test) from ``<data-dir>/mnist/`` or ``MNIST/raw/``."""
     train_images, train_labels, test_images, test_labels = full_mnist_arrays(
