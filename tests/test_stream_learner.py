@@ -241,8 +241,8 @@ def test_a_parsed_event_has_its_features_checked_once_and_a_hand_made_one_in_the
 def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_round():
     """A label the federation knows waits at a client until REGISTRATION_ARRIVALS more
     events came there (its samples buffered but not scheduled), then all such labels of
-    the client are registered in one add_labels call; a label new to the federation is
-    registered at once."""
+    the client are registered in one add_labels call; a label new to the federation, or
+    of a class the clients hold little of, is registered at once."""
     from stratify.stream.learner import REGISTRATION_ARRIVALS
 
     learner = StreamLearner(config())
@@ -268,10 +268,16 @@ def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_roun
     assert calls[-1] == (1, [1, 2]) and learner.unregistered == {}
     assert learner.registry.result.client_maps[1] == {1: 1, 2: 2}
     assert learner.buffers.counts[1].sum() == learner.buffers.size - 3  # all of b's now
-    # a label new to the federation at a client not yet registered: b's wait, c joins after
+    # class 0 is scarce (2 of 23 buffered samples): b registers it at once, so that a
+    # class that came late has its samples trained as soon as they arrive
     learner.ingest(Event("b", 0, cluster(0, rng), 100))
-    learner.ingest(Event("c", 3, cluster(3, rng), 101))
-    assert learner.registry.result.client_maps[2] == {3: 3} and learner.unregistered == {1: [0]}
+    assert learner.registry.result.client_maps[1] == {1: 1, 2: 2, 0: 0}
+    assert learner.unregistered == {} and calls[-1] == (1, [0])
+    # a plentiful class waits at c; a label new to the federation makes c join at once
+    learner.ingest(Event("c", 1, cluster(1, rng), 101))
+    assert learner.unregistered == {2: [1]} and len(learner.registry.result.client_maps) == 2
+    learner.ingest(Event("c", 3, cluster(3, rng), 102))
+    assert learner.registry.result.client_maps[2] == {3: 3} and learner.unregistered == {2: [1]}
     # the state keeps what waits, and a restored learner goes on the same
     again = StreamLearner(config())
     again.load_state_dict(learner.state_dict())

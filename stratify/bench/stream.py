@@ -305,8 +305,17 @@ def stream_bench(
                 river_ratio = speed / river_speed
             figures.append(
                 StreamFigures(
-                    name, len(stream), speed, bare, speed / bare, first, rss, accuracy,
-                    river_speed, river_accuracy, river_ratio,
-                )  # fmt: skip
+                    name,
+                    len(stream),
+                    speed,
+                    bare,
+                    speed / bare,
+                    first,
+                    rss,
+                    accuracy,
+                    river_speed,
+                    river_accuracy,
+                    river_ratio,
+                )
             )
     return StreamBench(figures, os.getloadavg())

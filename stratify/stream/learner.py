@@ -5,10 +5,13 @@ For every arriving labeled event (:meth:`StreamLearner.ingest`):
 1. check it (features, client, label) without changing anything; a refused event
    raises :class:`~stratify.stream.events.EventError` and leaves the learner as it was;
 2. predict its label with the current model (test-then-train, :mod:`.prequential`);
-3. if its client holds this label for the first time, the client registers the label
-   (:meth:`~stratify.registry.base.LabelRegistry.add_label`, plain or CKKS) and gets its
-   placeholder; a label new to the whole federation also gets a classifier row
-   (:mod:`.classifier`);
+3. if its client holds this label for the first time: a label new to the whole
+   federation is registered now (:meth:`~stratify.registry.base.LabelRegistry.add_label`,
+   plain or CKKS) and gets a classifier row (:mod:`.classifier`); a label the federation
+   knows waits at the client, its samples buffered but not scheduled, until the client
+   registers all such labels of its own in one round (at once for a scarce class:
+   :meth:`scarce`)
+   (:meth:`~stratify.registry.base.LabelRegistry.add_labels`, :meth:`register_held`);
 4. add it to the running feature statistics (:mod:`.scaling`) and buffer it at its
    client (:mod:`.buffers`), evicting that client's oldest sample when the buffer is full;
 5. let the training policy train (:mod:`.policies`; by default single-sample Stratify
@@ -644,7 +647,7 @@ class StreamLearner:
         if client in self.waiting:
             self.waiting[client] += 1
             limit = min(REGISTRATION_ARRIVALS, self.config.capacity // 2)
-            if self.waiting[client] >= limit:
+            if self.waiting[client] >= limit or (placeholder == UNREGISTERED and self.scarce(row)):
                 self.register_held([client])
         if self.stats.events % COUNT_ROUND_EVENTS == 0:
             self.registry.flush_counts()
@@ -697,6 +700,15 @@ class StreamLearner:
         if done.losses:
             total = total + torch.stack(done.losses).sum()
         return math.isfinite(float(total)) and math.isfinite(done.loss_sum)
+
+    def scarce(self, row: int) -> bool:
+        """Whether the clients buffer fewer samples of class ``row`` than half a class's
+        share of all they buffer: a class that appeared late, whose every sample should
+        be trained at once (its client then registers it without waiting)."""
+        held = np.bincount(
+            self.buffers.y.cpu().numpy()[self.buffers.occupied], minlength=len(self.classes)
+        )
+        return 2 * len(self.classes) * int(held[row]) < int(held.sum())
 
     def known(self, client: int, label: Identifier) -> int:
         """The placeholder ``client`` registered for ``label``, or :data:`UNREGISTERED`."""

@@ -8,8 +8,9 @@ first gradient), without ``torch.optim``: creating a torch optimizer imports
 costs more than a small model's step.
 
 For the MLPs of :mod:`stratify.nn.models` on CPU (the default model of tabular streams),
-forward and backward are written out in NumPy over views of the model's own parameters
-(:class:`MLPArrays`): a batch-of-one step of torch's eager autograd costs tens of
+forward, backward and the update are written out in NumPy over views of the model's own
+parameters and of the velocity (:class:`MLPArrays`, :meth:`SingleSampleStep.step_array`):
+a batch-of-one step of torch's eager autograd costs tens of
 dispatcher calls of a few microseconds each, while the arithmetic of a 200-200 MLP on one
 sample takes about as long as one of them. Any other model, or any model on a GPU, steps
 with ``torch.autograd.grad`` and fused ``_foreach`` updates.
