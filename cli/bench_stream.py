@@ -1,6 +1,6 @@
 """`stratify bench stream`: ``stratify stream`` with its defaults against a bare eager
 PyTorch loop doing the same per-event work, on a tabular stream and on digits
-(:mod:`stratify.stream.bench`)."""
+(:mod:`stratify.bench.stream`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from stratify.bench.stream import stream_bench
 from stratify.cli.common import JSON_OUTPUT, checked, write_output
 from stratify.errors import ConfigError
-from stratify.stream.bench import stream_bench
 from stratify.validation import check_positive_int
 
 #: the most of each size the benchmark accepts (a bench that should take minutes)
@@ -38,22 +38,19 @@ def stream(
     events: int, features: int, classes: int, clients: int, seed: int, json_path: str | None
 ) -> None:
     """Events/s of `stratify stream` (defaults) against a bare eager PyTorch loop (parse,
-    predict, one SGD step of the same MLP), seconds to the first prediction and peak
-    memory, on a tabular stream (EVENTS events, FEATURES features, CLASSES classes,
-    CLIENTS clients) and on scikit-learn's digits."""
+    predict, one SGD step of the same MLP) and, where river is installed, river's OvR
+    logistic regression, seconds to the first prediction and peak memory, on a tabular
+    stream (EVENTS events, FEATURES features, CLASSES classes, CLIENTS clients) and on
+    scikit-learn's digits."""
     result = stream_bench(events, features, classes, clients, seed)
+    # two tables, so each fits 80 columns (a log, a pipe)
     table = Table(title="stratify stream against a bare eager PyTorch loop")
-    for column in (
-        "stream",
-        "events",
-        "events/s",
-        "bare torch/s",
-        "ratio",
-        "1st prediction s",
-        "RSS MB",
-        "accuracy",
-    ):
+    columns = ["stream", "events", "events/s", "bare torch/s", "ratio", "1st pred. s", "RSS MB"]
+    for column in [*columns, "accuracy"]:
         table.add_column(column, justify="right")
+    river = Table(title="and river's OvR logistic regression on the same lines")
+    for column in ("stream", "river events/s", "stratify / river", "river accuracy"):
+        river.add_column(column, justify="right")
     for row in result.streams:
         accuracy = row.prequential_accuracy
         table.add_row(
@@ -66,8 +63,17 @@ def stream(
             f"{row.peak_rss_mb:.0f}",
             "-" if accuracy is None else f"{accuracy:.4f}",
         )
+        if row.river_events_per_s is not None:
+            river.add_row(
+                row.name,
+                f"{row.river_events_per_s:.0f}",
+                f"{row.river_ratio:.2f}×",
+                f"{row.river_prequential_accuracy:.4f}",
+            )
     console = Console()
     console.print(table)
+    if river.row_count:
+        console.print(river)
     load = ", ".join(f"{value:.2f}" for value in result.load_average)
     console.print(f"load average while measured: {load}", markup=False, highlight=False)
     if json_path:

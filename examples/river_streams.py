@@ -13,8 +13,7 @@ Two uses (``pip install river``, or ``pip install -e '.[compare]'``)::
     # a class that appears late: how often its first 5 and 20 examples are predicted right
     python examples/river_streams.py late --seeds 5
 
-    # river's events/s on the streams of `stratify bench stream` (JSON parsed per line)
-    python examples/river_streams.py bench
+river's events/s on the streams of ``stratify bench stream`` are part of that bench.
 
 Every learner sees the same events in the same order and is scored test-then-train
 (each event predicted before it is learned): river with ``evaluate.progressive_val_score``
@@ -128,7 +127,7 @@ def compare(names: list[str], folder: Path) -> list[str]:
 def late_class_stream(seed: int, events: int = 3000, late_from: int = 1500) -> list[Any]:
     """``(x, y)`` of a stream of 5 Gaussian classes in 20 named features of different
     scales (the bench's tabular stream), class 4 only from event ``late_from`` on."""
-    from stratify.stream.bench import tabular_events
+    from stratify.bench.stream import tabular_events
 
     stream = []
     for event in tabular_events(2 * events, 20, 5, CLIENTS, seed):
@@ -183,37 +182,6 @@ def late(seeds: int) -> list[str]:
     return rows
 
 
-def river_speed() -> list[str]:
-    """Events/s of river's OvR logistic regression (with its StandardScaler) on the
-    streams of ``stratify bench stream``, the same per-event work: parse the JSON line,
-    predict, learn; the first event left out of the time, as the bench does."""
-    from river import linear_model, multiclass, preprocessing
-
-    from stratify.stream.bench import digits_events, tabular_events
-
-    rows = ["| stream | river OvR LR events/s | prequential accuracy |", "|---|---|---|"]
-    for name, stream in [
-        ("tabular", tabular_events(5000, 20, 5, CLIENTS, 0)),
-        ("digits", digits_events(CLIENTS, 0)),
-    ]:
-        lines = [json.dumps(event) for event in stream]
-        model = preprocessing.StandardScaler() | multiclass.OneVsRestClassifier(
-            linear_model.LogisticRegression()
-        )
-        correct, start = 0, 0.0
-        for number, line in enumerate(lines):
-            if number == 1:
-                start = time.perf_counter()
-            event = json.loads(line)
-            x = dict(enumerate(event["x"]))
-            correct += model.predict_one(x) == event["label"]
-            model.learn_one(x, event["label"])
-        speed = (len(lines) - 1) / (time.perf_counter() - start)
-        rows.append(f"| {name} | {speed:,.0f} | {100 * correct / len(lines):.2f}% |")
-        print(rows[-1], flush=True)
-    return rows
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -225,11 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     lateness = commands.add_parser("late", help="accuracy on a class that appears late")
     lateness.add_argument("--seeds", type=int, default=5)
-    commands.add_parser("bench", help="river on the streams of `stratify bench stream`")
     args = parser.parse_args(argv)
-    if args.command == "bench":
-        river_speed()
-        return
     if args.command == "late":
         late(args.seeds)
         return

@@ -4,6 +4,7 @@ its figures."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -82,3 +83,11 @@ def test_bench_stream_writes_its_figures(tmp_path):
             row["events_per_s"] / row["bare_torch_events_per_s"]
         )
     assert figures["streams"][0]["events"] == 300
+    river = importlib.util.find_spec("river") is not None
+    for row in figures["streams"]:
+        assert (row["river_events_per_s"] is not None) == river
+        if river:
+            assert row["river_events_per_s"] > 0 and 0 <= row["river_prequential_accuracy"] <= 1
+            assert row["river_ratio"] == pytest.approx(
+                row["events_per_s"] / row["river_events_per_s"]
+            )

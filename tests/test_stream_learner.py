@@ -236,3 +236,81 @@ def test_a_parsed_event_has_its_features_checked_once_and_a_hand_made_one_in_the
     assert len(calls) == 2  # a hand-made event is checked by the learner
     with pytest.raises(EventError, match="NaN"):
         learner.ingest(Event("a", 0, [1.0, float("nan"), 4.0], 3))
+
+
+def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_round():
+    """A label the federation knows waits at a client until REGISTRATION_ARRIVALS more
+    events came there (its samples buffered but not scheduled), then all such labels of
+    the client are registered in one add_labels call; a label new to the federation, or
+    of a class the clients hold little of, is registered at once."""
+    from stratify.stream.learner import REGISTRATION_ARRIVALS
+
+    learner = StreamLearner(config())
+    calls: list[tuple[int, list[int]]] = []
+    add_labels = learner.registry.add_labels
+
+    def recording(client, labels, counts, **options):
+        calls.append((client, list(labels)))
+        return add_labels(client, labels, counts, **options)
+
+    learner.registry.add_labels = recording  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    for line, label in enumerate([0, 1, 2], start=1):  # new to the federation: at once
+        learner.ingest(Event("a", label, cluster(label, rng), line))
+    assert learner.registry.result.client_maps == [{0: 0, 1: 1, 2: 2}]
+    learner.ingest(Event("b", 1, cluster(1, rng), 4))
+    learner.ingest(Event("b", 2, cluster(2, rng), 5))
+    assert len(learner.registry.result.client_maps) == 1 and learner.unregistered == {1: [1, 2]}
+    assert learner.buffers.counts[1].sum() == 0  # buffered, not schedulable
+    for line in range(6, 6 + REGISTRATION_ARRIVALS - 2):
+        learner.ingest(Event("b", 1, cluster(1, rng), line))
+        assert learner.unregistered == ({} if line == 3 + REGISTRATION_ARRIVALS else {1: [1, 2]})
+    assert calls[-1] == (1, [1, 2]) and learner.unregistered == {}
+    assert learner.registry.result.client_maps[1] == {1: 1, 2: 2}
+    assert learner.buffers.counts[1].sum() == learner.buffers.size - 3  # all of b's now
+    # class 0 is scarce (2 of 23 buffered samples): b registers it at once, so that a
+    # class that came late has its samples trained as soon as they arrive
+    learner.ingest(Event("b", 0, cluster(0, rng), 100))
+    assert learner.registry.result.client_maps[1] == {1: 1, 2: 2, 0: 0}
+    assert learner.unregistered == {} and calls[-1] == (1, [0])
+    # a plentiful class waits at c; a label new to the federation makes c join at once
+    learner.ingest(Event("c", 1, cluster(1, rng), 101))
+    assert learner.unregistered == {2: [1]} and len(learner.registry.result.client_maps) == 2
+    learner.ingest(Event("c", 3, cluster(3, rng), 102))
+    assert learner.registry.result.client_maps[2] == {3: 3} and learner.unregistered == {2: [1]}
+    # the state keeps what waits, and a restored learner goes on the same
+    again = StreamLearner(config())
+    again.load_state_dict(learner.state_dict())
+    assert again.unregistered == learner.unregistered and again.waiting == learner.waiting
+    for event in events([0, 1, 2, 3], ["a", "b", "c"], 60, seed=4, first_line=200):
+        assert learner.ingest(event) == again.ingest(event)
+    assert learner.registrations == again.registrations
+    for mine, theirs in zip(learner.model.parameters(), again.model.parameters()):
+        assert torch.equal(mine, theirs)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_numpy_path_learns_what_the_torch_path_learns(monkeypatch, momentum):
+    """An MLP on CPU predicts and steps in NumPy (stratify.stream.step); the same learner
+    with that path off (autograd and torch ops) gives the same predictions and weights
+    over a few hundred events, within float tolerance."""
+    from stratify.stream import step as step_module
+
+    stream = events([0, 1, 2, 3], ["a", "b", "c"], 300, seed=5)
+    numpy_learner = StreamLearner(config(momentum=momentum, mlp_hidden=(32, 16)))
+    outcomes = [numpy_learner.ingest(event) for event in stream]
+    assert numpy_learner.arrays is not None and numpy_learner.policy.step.arrays is not None
+    monkeypatch.setattr(step_module.MLPArrays, "of", classmethod(lambda cls, model: None))
+    torch_learner = StreamLearner(config(momentum=momentum, mlp_hidden=(32, 16)))
+    assert outcomes == [torch_learner.ingest(event) for event in stream]
+    assert torch_learner.arrays is None and torch_learner.policy.step.arrays is None
+    assert torch_learner.stats.steps == numpy_learner.stats.steps == 300
+    for mine, theirs in zip(numpy_learner.model.parameters(), torch_learner.model.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    rng = np.random.default_rng(6)
+    for _ in range(20):
+        x = cluster(int(rng.integers(4)), rng)
+        mine, theirs = numpy_learner.predict_proba_one(x), torch_learner.predict_proba_one(x)
+        assert mine.keys() == theirs.keys()
+        for label in mine:
+            assert mine[label] == pytest.approx(theirs[label], abs=1e-5)

@@ -167,3 +167,36 @@ def test_deferred_counts_count_against_the_secure_bound():
     registry.add_label(0, "a", COUNT_LIMIT - 1, defer_count=True)
     with pytest.raises(RegistryError, match="more than"):
         registry.add_label(0, "b", 2, defer_count=True)
+
+
+@pytest.mark.parametrize("index", range(1 + len(PROTOCOLS)))
+def test_a_clients_labels_added_together_get_what_one_by_one_gives(index):
+    """add_labels is add_label for each label, in one comparison round where packed."""
+    together, one_by_one = registries()[index], registries()[index]
+    batches = [(0, [3, "cat"]), (1, [3, 7, "dog"]), (0, [7, "dog", 9]), (2, [9])]
+    for client, labels in batches:
+        secure = isinstance(together, CKKSRegistry) and together.stats is not None
+        before = together.stats.decryptions if secure else 0
+        placeholders = together.add_labels(client, labels, [1] * len(labels), defer_count=True)
+        assert placeholders == [one_by_one.add_label(client, label, 1) for label in labels]
+        if secure and together.layout == "packed" and client:
+            assert together.stats.decryptions - before == 1  # one comparison for them all
+        assert together.result.client_maps == one_by_one.result.client_maps
+    together.flush_counts()
+    assert same_result(together.result, one_by_one.result)
+
+
+def test_labels_added_together_widen_packed_blocks_and_are_refused_whole():
+    registry = CKKSRegistry(seed=0, protocol="packed", max_unique=6)
+    registry.add_label(0, "a")
+    registry._run.widen_blocks(2)  # a small block, so the batch below must widen it
+    placeholders = registry.add_labels(1, ["a", "b", "c", "d"], [1] * 4)
+    assert placeholders == [registry.result.client_maps[1][label] for label in "abcd"]
+    assert placeholders[0] == registry.result.client_maps[0]["a"]
+    assert sorted(placeholders) == [0, 1, 2, 3] and registry._run.block_size >= 4
+    before = registry.result
+    with pytest.raises(RegistryError, match="bound"):
+        registry.add_labels(2, ["a", "e", "f", "g"], [1] * 4)
+    assert registry.result is before
+    with pytest.raises(RegistryError, match="distinct"):
+        registry.add_labels(2, ["a", "a"], [1, 1])

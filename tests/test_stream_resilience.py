@@ -382,7 +382,9 @@ def test_the_periodic_fedavg_baseline_runs_from_the_command_line(tmp_path):
 
 
 def scaled_stream(count: int, spike_at: int | None = None, scale: float = 1000) -> list[str]:
-    """Raw tabular events, one feature ``scale`` times the others; optionally a spike."""
+    """Raw tabular events, one feature ``scale`` times the others; optionally a spike, in
+    the rarest class (the majority class's samples wait longer in the buffers to be
+    trained: the schedule gives every class the same steps)."""
     rng = np.random.default_rng(11)
     lines = []
     for number in range(1, count + 1):
@@ -391,7 +393,7 @@ def scaled_stream(count: int, spike_at: int | None = None, scale: float = 1000) 
         x[label + 1] += 2.0
         x[0] = scale * (x[0] + label)
         if number == spike_at:
-            x[:] = 1e30
+            x[:], label = 1e30, 2
         lines.append(json.dumps({"client": f"c{number % 4}", "label": label, "x": x.tolist()}))
     return lines
 

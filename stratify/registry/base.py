@@ -206,26 +206,69 @@ class LabelRegistry(ABC):
             a label that cannot be encoded or exceeds the bound on unique labels; the
             registry is then unchanged.
         """
+        return self.add_labels(client, [label], [count], defer_count=defer_count)[0]
+
+    def add_labels(
+        self,
+        client: int,
+        labels: Sequence[Any],
+        counts: Sequence[int],
+        *,
+        defer_count: bool = False,
+    ) -> list[int]:
+        """Client ``client`` registers several labels it did not hold, in one discovery
+        round where the protocol allows (the packed CKKS layout compares them all with
+        ``U`` in one ciphertext: docs/architecture.md, "Streaming"); otherwise as many
+        :meth:`add_label` calls.
+
+        Parameters
+        ----------
+        client : int
+            As :meth:`add_label`.
+        labels : sequence of hashable
+            Distinct labels, each new to ``client``.
+        counts : sequence of int
+            Samples of each label.
+        defer_count : bool
+            As :meth:`add_label`.
+
+        Returns
+        -------
+        list of int
+            The placeholder of each label.
+
+        Raises
+        ------
+        RegistryError
+            As :meth:`add_label`, or a label given twice; the registry is then unchanged.
+        """
         previous = self.result if self.result is not None else EMPTY_RESULT
-        self.check_new_label(previous, client, label, count)
-        index = self._discover(client, label)
-        if index == len(self.placeholder_of_index):
-            self.placeholder_of_index.append(index)
-        placeholder = self.placeholder_of_index[index]
+        if len(set(labels)) != len(labels) or len(labels) != len(counts):
+            raise RegistryError(
+                f"client {client}: add_labels takes distinct labels, one count each"
+            )
+        for label, count in zip(labels, counts):
+            self.check_new_label(previous, client, label, count)
+        indices = self._discover_many(client, list(labels))
+        for index in indices:
+            if index == len(self.placeholder_of_index):
+                self.placeholder_of_index.append(index)
+        placeholders = [self.placeholder_of_index[index] for index in indices]
         num_placeholders = len(self.placeholder_of_index)
-        if defer_count:
-            global_counts = np.zeros(num_placeholders, dtype=np.int64)
-            global_counts[: len(previous.global_counts)] = previous.global_counts
-            held = self.pending_counts.setdefault(client, {})
-            held[placeholder] = held.get(placeholder, 0) + int(count)
-        else:
-            global_counts = self._count(client, placeholder, int(count), previous.global_counts)
+        global_counts = np.zeros(num_placeholders, dtype=np.int64)
+        global_counts[: len(previous.global_counts)] = previous.global_counts
+        for placeholder, count in zip(placeholders, counts):
+            if defer_count:
+                held = self.pending_counts.setdefault(client, {})
+                held[placeholder] = held.get(placeholder, 0) + int(count)
+            else:
+                global_counts = self._count(client, placeholder, int(count), global_counts)
         client_maps = [dict(mapping) for mapping in previous.client_maps]
         if client == len(client_maps):
             client_maps.append({})
-        client_maps[client][label] = placeholder
+        client_maps[client].update(zip(labels, placeholders))
         self.result = RegistryResult(num_placeholders, client_maps, global_counts)
-        return placeholder
+        return placeholders
 
     def flush_counts(self) -> RegistryResult | None:
         """Aggregate the counts :meth:`add_label` deferred into :attr:`result`'s global
@@ -253,6 +296,11 @@ class LabelRegistry(ABC):
 
         Raises before changing anything when ``label`` cannot be registered.
         """
+
+    def _discover_many(self, client: int, labels: list[Any]) -> list[int]:
+        """:meth:`_discover` of each of ``client``'s new ``labels``; a registry that can
+        discover them in one round overrides it (raising before changing anything)."""
+        return [self._discover(client, label) for label in labels]
 
     @abstractmethod
     def _count(

@@ -40,6 +40,9 @@ class ClientBuffers:
     ----------
     x, y : torch.Tensor
         Every slot's features and class target (a row of the classifier).
+    x_array, y_array : numpy.ndarray or None
+        On CPU, NumPy views of ``x`` and ``y`` (the same memory), which the per-event
+        work reads and writes: a NumPy access costs a fraction of a torch call.
     occupied : numpy.ndarray
         Whether a slot holds a sample.
     placeholder, uses, arrival, sample_id : numpy.ndarray
@@ -77,6 +80,13 @@ class ClientBuffers:
         self.arrivals = 0
         self.evicted_full = 0
         self.evicted_used = 0
+        self.follow_storage()
+
+    def follow_storage(self) -> None:
+        """Take the NumPy views of :attr:`x` and :attr:`y` (after they were replaced)."""
+        on_cpu = self.device.type == "cpu"
+        self.x_array: np.ndarray | None = self.x.numpy() if on_cpu else None
+        self.y_array: np.ndarray | None = self.y.numpy() if on_cpu else None
 
     # -- clients and placeholders ---------------------------------------------------------
 
@@ -99,6 +109,7 @@ class ClientBuffers:
         for name in ("placeholder", "uses", "arrival", "sample_id"):
             values = getattr(self, name)
             setattr(self, name, np.concatenate([values, np.zeros(extra, dtype=np.int64)]))
+        self.follow_storage()
 
     def add_placeholder(self, placeholder: int) -> None:
         """Make room in :attr:`counts` for placeholders up to ``placeholder``."""
@@ -113,6 +124,7 @@ class ClientBuffers:
         grown[:, : self.sample_shape[0]] = self.x
         self.x = grown
         self.sample_shape = tuple(sample_shape)
+        self.follow_storage()
 
     def region(self, client: int) -> slice:
         """The slots of ``client``'s buffer."""
@@ -121,9 +133,15 @@ class ClientBuffers:
     # -- samples --------------------------------------------------------------------------
 
     def insert(
-        self, client: int, x: torch.Tensor, target: int, placeholder: int, sample_id: int
+        self,
+        client: int,
+        x: torch.Tensor | np.ndarray,
+        target: int,
+        placeholder: int,
+        sample_id: int,
     ) -> int:
-        """Store a sample in ``client``'s buffer, evicting its oldest sample when full.
+        """Store a sample in ``client``'s buffer, evicting its oldest sample when full;
+        ``placeholder`` ``-1``: its label is not registered yet (:meth:`assign`).
 
         Returns
         -------
@@ -139,16 +157,34 @@ class ClientBuffers:
             slot = region.start + oldest
         else:
             slot = region.start + int(np.argmin(occupied))
-        self.x[slot].copy_(x.reshape(self.sample_shape))
-        self.y[slot] = target
+        if self.x_array is not None and self.y_array is not None:
+            values = x.numpy() if isinstance(x, torch.Tensor) else x
+            self.x_array[slot] = values.reshape(self.sample_shape)
+            self.y_array[slot] = target
+        else:
+            self.x[slot].copy_(torch.as_tensor(x).reshape(self.sample_shape))
+            self.y[slot] = target
         self.occupied[slot] = True
         self.placeholder[slot] = placeholder
         self.uses[slot] = 0
         self.arrival[slot] = self.arrivals
         self.sample_id[slot] = sample_id
-        self.counts[client, placeholder] += 1
+        if placeholder >= 0:
+            self.counts[client, placeholder] += 1
         self.arrivals += 1
         return slot
+
+    def assign(self, client: int, target: int, placeholder: int) -> None:
+        """Give ``client``'s buffered samples of class ``target`` that wait for their
+        label's registration (placeholder ``-1``) their ``placeholder``: the schedule sees
+        them from now on."""
+        region = self.region(client)
+        targets = self.y_array if self.y_array is not None else self.y.cpu().numpy()
+        waiting = (
+            self.occupied[region] & (self.placeholder[region] < 0) & (targets[region] == target)
+        )
+        self.placeholder[region][waiting] = placeholder
+        self.counts[client, placeholder] += int(waiting.sum())
 
     def pick(self, client: int, placeholder: int) -> int:
         """The slot of ``client``'s sample of ``placeholder`` to train next: the least used,
@@ -163,7 +199,7 @@ class ClientBuffers:
 
     def target(self, slot: int) -> int:
         """The class target (classifier row) of the sample in ``slot``."""
-        return int(self.y[slot])
+        return int(self.y[slot] if self.y_array is None else self.y_array[slot])
 
     def use(self, slot: int, times: int = 1) -> bool:
         """Count ``times`` training uses of ``slot``; returns whether that evicted it."""
@@ -177,9 +213,13 @@ class ClientBuffers:
     def evict(self, slot: int) -> None:
         """Remove the sample in ``slot`` and zero its storage."""
         client = slot // self.capacity
-        self.counts[client, self.placeholder[slot]] -= 1
+        if self.placeholder[slot] >= 0:
+            self.counts[client, self.placeholder[slot]] -= 1
         self.occupied[slot] = False
-        self.x[slot].zero_()
+        if self.x_array is not None:
+            self.x_array[slot] = 0.0
+        else:
+            self.x[slot].zero_()
 
     def client_slots(self, client: int) -> np.ndarray:
         """``client``'s occupied slots, oldest first."""
@@ -237,3 +277,4 @@ class ClientBuffers:
         self.counts = state["counts"].numpy().astype(np.int64)
         for name in COUNTERS:
             setattr(self, name, int(state[name]))
+        self.follow_storage()

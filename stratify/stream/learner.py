@@ -5,10 +5,13 @@ For every arriving labeled event (:meth:`StreamLearner.ingest`):
 1. check it (features, client, label) without changing anything; a refused event
    raises :class:`~stratify.stream.events.EventError` and leaves the learner as it was;
 2. predict its label with the current model (test-then-train, :mod:`.prequential`);
-3. if its client holds this label for the first time, the client registers the label
-   (:meth:`~stratify.registry.base.LabelRegistry.add_label`, plain or CKKS) and gets its
-   placeholder; a label new to the whole federation also gets a classifier row
-   (:mod:`.classifier`);
+3. if its client holds this label for the first time: a label new to the whole
+   federation is registered now (:meth:`~stratify.registry.base.LabelRegistry.add_label`,
+   plain or CKKS) and gets a classifier row (:mod:`.classifier`); a label the federation
+   knows waits at the client, its samples buffered but not scheduled, until the client
+   registers all such labels of its own in one round (at once for a scarce class:
+   :meth:`scarce`)
+   (:meth:`~stratify.registry.base.LabelRegistry.add_labels`, :meth:`register_held`);
 4. add it to the running feature statistics (:mod:`.scaling`) and buffer it at its
    client (:mod:`.buffers`), evicting that client's oldest sample when the buffer is full;
 5. let the training policy train (:mod:`.policies`; by default single-sample Stratify
@@ -77,6 +80,16 @@ PENDING_LOSSES = 1024
 #: round for all of them rather than one per new (client, label): docs/architecture.md,
 #: "Streaming")
 COUNT_ROUND_EVENTS = 1000
+#: events a client receives after a label the federation already knows arrived there for
+#: the first time before it registers it: its new labels are then registered together, one
+#: encrypted comparison for all of them (docs/architecture.md, "Streaming"); at most half
+#: its buffer's capacity, so the sample that brought the label is still there. A label new
+#: to the federation is registered at once.
+REGISTRATION_ARRIVALS = 20
+
+
+#: the placeholder of a buffered sample whose label its client has not registered yet
+UNREGISTERED = -1
 
 
 class DivergenceError(TrainingError):
@@ -169,7 +182,7 @@ class Prediction:
     def probability(self, row: int | None) -> float:
         if row is None or row >= len(self.probabilities):
             return 0.0
-        return float(self.probabilities[row])
+        return float(self.probabilities.numpy()[row])
 
 
 def make_stream_registry(config: StreamConfig) -> LabelRegistry:
@@ -248,6 +261,10 @@ class StreamLearner:
         self.stats = StreamStats()
         #: (client, label) in the order the clients registered them
         self.registrations: list[tuple[int, Identifier]] = []
+        #: client -> labels it holds and has not registered yet (:data:`REGISTRATION_ARRIVALS`)
+        self.unregistered: dict[int, list[Identifier]] = {}
+        #: client -> events it received since the first of them
+        self.waiting: dict[int, int] = {}
         self.model: nn.Module = model  # type: ignore[assignment]  # set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
         self.scaler: RunningScaler | None = None
@@ -259,6 +276,7 @@ class StreamLearner:
         #: the model's parameters, detached: walking its modules for them every event
         #: would cost as much as a small model's step
         self.weights: list[torch.Tensor] = []
+        self._context: StreamContext | None = None
         #: named features already warned about as missing (``--missing zero``)
         self.warned_missing: set[str] = set()
         #: the event at which training diverged (``--on-diverge stop``); learning is over
@@ -278,8 +296,13 @@ class StreamLearner:
         return classifier_head(self.model).out_features
 
     def context(self) -> StreamContext:
-        """What the policy sees (:class:`~stratify.stream.policies.StreamContext`)."""
-        return StreamContext(self.model, self.buffers, self.rows, self.training_features)
+        """What the policy sees (:class:`~stratify.stream.policies.StreamContext`); made
+        again only when the model changed (:meth:`follow_model`)."""
+        if self._context is None or self._context.buffers is not self.buffers:
+            self._context = StreamContext(
+                self.model, self.buffers, self.rows, self.training_features, self.array_features
+            )
+        return self._context
 
     def start(self, input_shape: tuple[int, ...], rows: int | None = None) -> None:
         """Build the model (unless given), the buffers, the scaler and the policy for
@@ -340,6 +363,7 @@ class StreamLearner:
         """Take the model's parameters now (after it was built or its classifier grew)."""
         self.arrays = MLPArrays.of(self.model)
         self.weights = [parameter.detach() for parameter in self.model.parameters()]
+        self._context = None
 
     # -- features -------------------------------------------------------------------------
 
@@ -464,6 +488,10 @@ class StreamLearner:
         """Buffered features as the model sees them in training (the same statistics)."""
         return self.model_features(x)
 
+    def array_features(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`model_features` of a NumPy sample (the CPU path of an MLP)."""
+        return x if self.scaler is None else self.scaler.transform_array(x)
+
     # -- one event ------------------------------------------------------------------------
 
     def ingest(self, event: Event, prediction: Prediction | None = None) -> bool:
@@ -520,7 +548,7 @@ class StreamLearner:
         features = self.features(x, fix_shape=False)
         if features is None or not self.classes:
             return None
-        return self._predict(self.model_features(features))
+        return self._predict(features)
 
     def predict_one(self, x: object) -> Identifier | None:
         """The label predicted for one sample (``None`` before the first labeled event)."""
@@ -581,15 +609,25 @@ class StreamLearner:
                     f"--num-classes {self.config.num_classes}"
                 )
         if test and prediction is None and self.classes:
-            prediction = self._predict(self.model_features(raw))
+            prediction = self._predict(raw)
         is_new_client = client == len(self.clients)
-        placeholder = self.placeholder_of(client, label, is_new_client)
+        # a label new to the federation is registered now (the learner must know its
+        # placeholder to train it, and only such a label can be refused); a known one new
+        # to this client waits for the next batch of registrations
+        if row is None:
+            placeholder = self.placeholder_of(client, label)
+        else:
+            placeholder = self.known(client, label)
         # everything is checked: from here on the event is ingested
         if is_new_client:
             self.clients.append(client_id)
             self.client_of[client_id] = client
             self.buffers.add_client()
-        self.buffers.add_placeholder(placeholder)
+        if placeholder == UNREGISTERED and label not in self.unregistered.get(client, ()):
+            self.waiting.setdefault(client, 0)
+            self.unregistered.setdefault(client, []).append(label)
+        if placeholder != UNREGISTERED:
+            self.buffers.add_placeholder(placeholder)
         if row is None:
             row = self.add_class(label)
         correct = prediction is not None and prediction.row == row
@@ -600,10 +638,17 @@ class StreamLearner:
                 predicted=prediction.row if prediction is not None else -1,
                 probability=prediction.probability(row) if prediction is not None else 0.0,
             )
+        # one sample's values as NumPy on CPU: the scaler and the buffers take them there
+        values = raw.numpy() if self.device.type == "cpu" else raw
         if self.scaler is not None:
-            self.scaler.update(raw)
-        self.buffers.insert(client, raw, row, placeholder, line)
+            self.scaler.update(values)
+        self.buffers.insert(client, values, row, placeholder, line)
         self.stats.events += 1
+        if client in self.waiting:
+            self.waiting[client] += 1
+            limit = min(REGISTRATION_ARRIVALS, self.config.capacity // 2)
+            if self.waiting[client] >= limit or (placeholder == UNREGISTERED and self.scarce(row)):
+                self.register_held([client])
         if self.stats.events % COUNT_ROUND_EVENTS == 0:
             self.registry.flush_counts()
         self.train(line)
@@ -641,18 +686,50 @@ class StreamLearner:
 
     def finite(self, done: Training) -> bool:
         """Whether the losses of ``done`` and every weight are finite (one device sync)."""
+        if self.arrays is not None and not done.losses:
+            # the squared norms of the MLP's own memory, in float32 as torch's norm: a NaN
+            # or an infinity in a weight, or weights beyond ~1e19 (their square
+            # overflows), make it non-finite
+            squares = 0.0
+            with quiet():
+                for array in self.arrays.arrays:
+                    flat = array.reshape(-1)
+                    squares += float(np.dot(flat, flat))
+            return math.isfinite(squares) and math.isfinite(done.loss_sum)
         total = torch.stack(torch._foreach_norm(self.weights)).sum()
         if done.losses:
             total = total + torch.stack(done.losses).sum()
         return math.isfinite(float(total)) and math.isfinite(done.loss_sum)
 
-    def placeholder_of(self, client: int, label: Identifier, is_new_client: bool) -> int:
-        """The placeholder of ``label`` at ``client``, registering it if it is new there."""
-        if not is_new_client:
-            assert self.registry.result is not None  # a known client registered its labels
-            known = self.registry.result.client_maps[client].get(label)
-            if known is not None:
-                return known
+    def scarce(self, row: int) -> bool:
+        """Whether the clients buffer fewer samples of class ``row`` than half a class's
+        share of all they buffer: a class that appeared late, whose every sample should
+        be trained at once (its client then registers it without waiting)."""
+        held = np.bincount(
+            self.buffers.y.cpu().numpy()[self.buffers.occupied], minlength=len(self.classes)
+        )
+        return 2 * len(self.classes) * int(held[row]) < int(held.sum())
+
+    def known(self, client: int, label: Identifier) -> int:
+        """The placeholder ``client`` registered for ``label``, or :data:`UNREGISTERED`."""
+        maps = self.registry.result.client_maps if self.registry.result is not None else []
+        if client < len(maps):
+            return maps[client].get(label, UNREGISTERED)
+        return UNREGISTERED
+
+    def placeholder_of(self, client: int, label: Identifier) -> int:
+        """The placeholder of ``label``, new to the federation, at ``client``: the labels
+        the clients hold unregistered are registered first (clients join the registry in
+        their order), then this one.
+
+        Raises
+        ------
+        EventError
+            The registry refuses ``label`` (too many classes, a hash collision); the
+            learner is unchanged but for the labels registered first.
+        """
+        joined = len(self.registry.result.client_maps) if self.registry.result else 0
+        self.register_held(range(joined, client))  # clients join the registry in order
         try:
             # the count waits for the next flush_counts (one round for many labels)
             placeholder = self.registry.add_label(client, label, 1, defer_count=True)
@@ -660,6 +737,26 @@ class StreamLearner:
             raise EventError(f"the registry refused it: {error}") from None
         self.registrations.append((client, label))
         return placeholder
+
+    def register_held(self, clients: Sequence[int] | range) -> None:
+        """Register the labels ``clients`` hold unregistered: each client all of its own
+        in one round (:meth:`~stratify.registry.base.LabelRegistry.add_labels`), and make
+        their buffered samples available to the schedule. A client that has not joined
+        the registry has every client before it join first."""
+        joined = len(self.registry.result.client_maps) if self.registry.result else 0
+        wanted = set(clients)
+        if wanted and max(wanted) >= joined:
+            wanted.update(range(joined, max(wanted)))
+        for client in sorted(wanted & set(self.unregistered)):
+            labels = self.unregistered.pop(client)
+            del self.waiting[client]
+            placeholders = self.registry.add_labels(
+                client, labels, [1] * len(labels), defer_count=True
+            )
+            for label, placeholder in zip(labels, placeholders):
+                self.registrations.append((client, label))
+                self.buffers.add_placeholder(placeholder)
+                self.buffers.assign(client, self.class_of[label], placeholder)
 
     def add_class(self, label: Identifier) -> int:
         """Give ``label`` the next classifier row, widening the classifier if needed."""
@@ -673,18 +770,20 @@ class StreamLearner:
         return row
 
     @torch.no_grad()
-    def _predict(self, x: torch.Tensor) -> Prediction:
-        """The prediction for one sample as the model sees it."""
+    def _predict(self, raw: torch.Tensor) -> Prediction:
+        """The prediction for one sample of raw features (:meth:`features`)."""
         known = max(1, len(self.classes))
         if self.arrays is not None:
-            logits = self.arrays.logits(x.reshape(-1).numpy())[:known]
+            x = self.array_features(raw.numpy()).reshape(-1)
+            logits = self.arrays.logits(x)[:known]
             with quiet():
                 exp = np.exp(logits - logits.max())
                 probabilities = exp / exp.sum()
             return Prediction(int(probabilities.argmax()), torch.from_numpy(probabilities))
+        x_model = self.model_features(raw)
         if self.mode_matters:
             self.model.eval()
-        output = self.model(x.unsqueeze(0))[0, :known]
+        output = self.model(x_model.unsqueeze(0))[0, :known]
         if self.mode_matters:
             self.model.train()
         probabilities_tensor = torch.softmax(output.float(), dim=0)
@@ -755,6 +854,10 @@ class StreamLearner:
             "clients": list(self.clients),
             "schema": list(self.schema.names) if self.schema is not None else None,
             "registrations": [[client, label] for client, label in self.registrations],
+            "unregistered": [
+                [client, label] for client, labels in self.unregistered.items() for label in labels
+            ],
+            "waiting": [[client, events] for client, events in self.waiting.items()],
             "buffers": self.buffers.state_dict() if self.started else {},
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "policy": self.policy.state_dict() if self.started else {},
@@ -770,11 +873,15 @@ class StreamLearner:
         ValueError, KeyError, TypeError, RuntimeError
             A state that does not fit this configuration.
         """
-        if self.started or self.registrations or self.clients:
+        if self.started or self.registrations or self.clients or self.unregistered:
             raise ValueError("only a fresh learner can load a stream's state")
         for client, label in state["registrations"]:
             self.registry.add_label(int(client), label, 1)
             self.registrations.append((int(client), label))
+        # a checkpoint of an earlier version registered every label at once
+        for client, label in state.get("unregistered", []):
+            self.unregistered.setdefault(int(client), []).append(label)
+        self.waiting = {int(client): int(events) for client, events in state.get("waiting", [])}
         self.classes = list(state["classes"])
         self.class_of = {label: row for row, label in enumerate(self.classes)}
         self.clients = list(state["clients"])

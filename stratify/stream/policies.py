@@ -54,12 +54,15 @@ class StreamContext:
         Rows of the classifier now.
     transform : callable
         Features as the model sees them (the running standardisation, or identity).
+    transform_array : callable
+        The same on a NumPy sample (the CPU path of an MLP, :mod:`.step`).
     """
 
     model: nn.Module
     buffers: ClientBuffers
     rows: int
     transform: Callable[[torch.Tensor], torch.Tensor]
+    transform_array: Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass
@@ -183,9 +186,12 @@ class SingleSampleUpdates(StreamPolicy):
             if client < 0:
                 break
             slot = buffers.pick(client, placeholder)
-            loss = self.step.step(
-                context.transform(buffers.x[slot : slot + 1]), buffers.target(slot)
-            )
+            if self.step.arrays is not None and buffers.x_array is not None:
+                x = context.transform_array(buffers.x_array[slot]).reshape(-1)
+                loss: float | torch.Tensor = self.step.step_array(x, buffers.target(slot))
+            else:
+                x_slot = context.transform(buffers.x[slot : slot + 1])
+                loss = self.step.step(x_slot, buffers.target(slot))
             if isinstance(loss, float):
                 done.loss_sum += loss
                 done.loss_count += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 #: what ``--scale`` may be
@@ -27,67 +28,95 @@ EPSILON = 1e-8
 class RunningScaler:
     """Per-feature running mean and variance, and the standardisation they give.
 
+    The statistics are NumPy arrays whatever the model's device: an update is a few
+    element-wise operations on a few dozen numbers, which NumPy does in microseconds and
+    a torch call per operation would multiply (docs/architecture.md, "Streaming").
+
     Parameters
     ----------
     shape : tuple of int
         Shape of one sample.
     device : torch.device
-        Where the statistics live (the model's device).
+        Where the standardisation of a tensor happens (the model's device).
     """
 
     def __init__(self, shape: tuple[int, ...], device: torch.device) -> None:
+        self.device = device
         self.count = 0
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
-        self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.mean = np.zeros(shape, dtype=np.float64)
+        self.m2 = np.zeros(shape, dtype=np.float64)
         # the standardisation as float32 shift and factor, refreshed by every update, so a
         # transform (two per event: the prediction and the training step) is three
         # element-wise operations
-        self.shift = torch.zeros(shape, device=device)
-        self.factor = torch.ones(shape, device=device)
+        self.shift = np.zeros(shape, dtype=np.float32)
+        self.factor = np.ones(shape, dtype=np.float32)
+        #: ``shift`` and ``factor`` as tensors on ``device``, made when first asked for
+        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: np.ndarray | torch.Tensor) -> None:
         """Add one sample to the statistics."""
-        x = x.to(torch.float64)
+        values = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+        values = values.astype(np.float64).reshape(self.mean.shape)
         self.count += 1
-        delta = x - self.mean
+        delta = values - self.mean
         self.mean += delta / self.count
-        self.m2 += delta * (x - self.mean)
+        self.m2 += delta * (values - self.mean)
         self.refresh()
 
     def refresh(self) -> None:
         """Recompute the float32 shift and factor from the statistics."""
-        self.shift = self.mean.to(torch.float32)
-        self.factor = (self.m2 / self.count + EPSILON).rsqrt_().to(torch.float32)
+        self.shift = self.mean.astype(np.float32)
+        self.factor = (1.0 / np.sqrt(self.m2 / self.count + EPSILON)).astype(np.float32)
+        self._tensors = None
 
     def widen(self, shape: tuple[int]) -> None:
         """Statistics for samples of the flat ``shape``, at least as long as now; the new
         features count as 0 in every sample so far (mean and squared deviations 0)."""
         for name in ("mean", "m2"):
             old = getattr(self, name)
-            grown = old.new_zeros(shape)
-            grown[: old.numel()] = old.reshape(-1)
+            grown = np.zeros(shape, dtype=np.float64)
+            grown[: old.size] = old.reshape(-1)
             setattr(self, name, grown)
-        self.shift = self.mean.new_zeros(shape, dtype=torch.float32)
-        self.factor = self.mean.new_ones(shape, dtype=torch.float32)
+        self.shift = np.zeros(shape, dtype=np.float32)
+        self.factor = np.ones(shape, dtype=np.float32)
+        self._tensors = None
         if self.count:
             self.refresh()
+
+    def transform_array(self, x: np.ndarray) -> np.ndarray:
+        """A NumPy sample (or batch) standardised, clipped to ``[-10, 10]``, float32;
+        returned as it is before any update."""
+        if self.count == 0:
+            return x
+        out = (x - self.shift) * self.factor
+        return np.clip(out, -CLIP, CLIP, out=out)
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (one sample or a batch) standardised, clipped to ``[-10, 10]``, float32.
         Before any update it is returned as it is."""
         if self.count == 0:
             return x
-        return ((x - self.shift) * self.factor).clamp_(-CLIP, CLIP)
+        if self._tensors is None:
+            self._tensors = (
+                torch.from_numpy(self.shift).to(self.device),
+                torch.from_numpy(self.factor).to(self.device),
+            )
+        shift, factor = self._tensors
+        return ((x - shift) * factor).clamp_(-CLIP, CLIP)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "mean": self.mean.cpu(), "m2": self.m2.cpu()}
+        return {
+            "count": self.count,
+            "mean": torch.from_numpy(self.mean.copy()),
+            "m2": torch.from_numpy(self.m2.copy()),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mean, m2 = state["mean"], state["m2"]
-        if tuple(mean.shape) != tuple(self.mean.shape) or tuple(m2.shape) != tuple(self.m2.shape):
+        if tuple(mean.shape) != self.mean.shape or tuple(m2.shape) != self.m2.shape:
             raise ValueError(f"scaler statistics of shape {tuple(mean.shape)} do not fit")
         self.count = int(state["count"])
-        self.mean = mean.to(self.mean.device, torch.float64).clone()
-        self.m2 = m2.to(self.m2.device, torch.float64).clone()
+        self.mean = mean.to(torch.float64).numpy().copy()
+        self.m2 = m2.to(torch.float64).numpy().copy()
         if self.count:
             self.refresh()

@@ -8,8 +8,9 @@ first gradient), without ``torch.optim``: creating a torch optimizer imports
 costs more than a small model's step.
 
 For the MLPs of :mod:`stratify.nn.models` on CPU (the default model of tabular streams),
-forward and backward are written out in NumPy over views of the model's own parameters
-(:class:`MLPArrays`): a batch-of-one step of torch's eager autograd costs tens of
+forward, backward and the update are written out in NumPy over views of the model's own
+parameters and of the velocity (:class:`MLPArrays`, :meth:`SingleSampleStep.step_array`):
+a batch-of-one step of torch's eager autograd costs tens of
 dispatcher calls of a few microseconds each, while the arithmetic of a 200-200 MLP on one
 sample takes about as long as one of them. Any other model, or any model on a GPU, steps
 with ``torch.autograd.grad`` and fused ``_foreach`` updates.
@@ -56,6 +57,10 @@ class MLPArrays:
         ]
         self.weights = [layer.weight.detach().numpy() for layer in linears]
         self.biases = [layer.bias.detach().numpy() for layer in linears]
+        #: every array in :attr:`parameters` order (weight, bias of each layer)
+        self.arrays = [a for pair in zip(self.weights, self.biases) for a in pair]
+        #: one array of each weight's shape, for :meth:`outer`
+        self.scratch = [np.empty_like(weight) for weight in self.weights]
 
     @classmethod
     def of(cls, model: nn.Module) -> MLPArrays | None:
@@ -88,13 +93,14 @@ class MLPArrays:
         with quiet():
             return self.activations(x)[-1]
 
-    def gradients(self, x: np.ndarray, target: int) -> tuple[float, list[np.ndarray]]:
-        """The cross-entropy loss of one sample and its gradient, one array per parameter
-        in :attr:`parameters` order (weight, bias of each layer)."""
-        with quiet():
-            return self._gradients(x, target)
-
-    def _gradients(self, x: np.ndarray, target: int) -> tuple[float, list[np.ndarray]]:
+    def backward(
+        self, x: np.ndarray, target: int
+    ) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
+        """The cross-entropy loss of one sample and its gradient as factors: per layer,
+        ``(delta, input)``, whose outer product is the weight's gradient and ``delta``
+        the bias's (call under :func:`quiet`). A weight's gradient is never built apart:
+        :meth:`SingleSampleStep.step_array` adds it straight into the weight (or the
+        velocity) through :attr:`scratch`."""
         values = self.activations(x)
         logits = values[-1]
         top = float(logits.max())
@@ -103,14 +109,21 @@ class MLPArrays:
         loss = math.log(total) + top - float(logits[target])
         delta = exp / total
         delta[target] -= 1.0
-        gradients: list[np.ndarray] = [delta] * (2 * len(self.weights))
+        factors: list[tuple[np.ndarray, np.ndarray]] = []
         for index in range(len(self.weights) - 1, -1, -1):
-            gradients[2 * index] = np.outer(delta, values[index])
-            gradients[2 * index + 1] = delta
+            factors.append((delta, values[index]))
             if index:
                 delta = self.weights[index].T @ delta
                 delta *= values[index] > 0  # ReLU's gradient: 0 where it cut
-        return loss, gradients
+        factors.reverse()
+        return loss, factors
+
+    def outer(self, layer: int, delta: np.ndarray, x: np.ndarray, scale: float) -> np.ndarray:
+        """``scale · outer(delta, x)`` in layer ``layer``'s scratch array (reused every
+        step: a fresh array of a 200×200 layer costs as much as the product)."""
+        out = self.scratch[layer]
+        np.multiply((delta * np.float32(scale))[:, None], x, out=out)
+        return out
 
 
 class SingleSampleStep:
@@ -129,9 +142,22 @@ class SingleSampleStep:
     def __init__(self, model: nn.Module, lr: float, momentum: float) -> None:
         self.lr = lr
         self.momentum = momentum
-        #: one per parameter once a step was taken (with momentum), else ``None``
-        self.velocity: list[torch.Tensor] | None = None
+        self.arrays: MLPArrays | None = None
+        self.velocity = None
         self.follow(model)
+
+    @property
+    def velocity(self) -> list[torch.Tensor] | None:
+        """One tensor per parameter once a step was taken (with momentum), else ``None``."""
+        return self._velocity
+
+    @velocity.setter
+    def velocity(self, value: list[torch.Tensor] | None) -> None:
+        self._velocity = value
+        #: NumPy views of the velocity, for :meth:`step_array`
+        self.velocity_arrays = (
+            [v.numpy() for v in value] if value is not None and self.arrays is not None else []
+        )
 
     def follow(self, model: nn.Module, replaced: dict[int, torch.Tensor] | None = None) -> None:
         """Step ``model``'s parameters now, carrying every velocity over; a replaced
@@ -166,9 +192,7 @@ class SingleSampleStep:
         """One SGD step on ``x``, a batch of one sample of class row ``target``; returns
         the loss before the step (a float, or a tensor left on the device)."""
         if self.arrays is not None:
-            loss, gradients = self.arrays.gradients(x.reshape(-1).numpy(), target)
-            self._update([torch.from_numpy(g) for g in gradients])
-            return loss
+            return self.step_array(x.reshape(-1).numpy(), target)
         output = self.model(x)
         targets = torch.tensor([target], device=output.device)
         loss_tensor = functional.cross_entropy(output, targets)
@@ -176,6 +200,35 @@ class SingleSampleStep:
         with torch.no_grad():
             self._update(list(grads))
         return loss_tensor.detach()
+
+    def step_array(self, x: np.ndarray, target: int) -> float:
+        """One SGD step of an MLP on CPU (:attr:`arrays` set) on the flat sample ``x``,
+        all in NumPy over the model's own memory; returns the loss before the step."""
+        arrays = self.arrays
+        assert arrays is not None
+        lr, momentum = self.lr, self.momentum
+        with quiet():
+            loss, factors = arrays.backward(x, target)
+            if momentum == 0:
+                for layer, (delta, inputs) in enumerate(factors):
+                    arrays.weights[layer] += arrays.outer(layer, delta, inputs, -lr)
+                    arrays.biases[layer] -= lr * delta
+                return loss
+            if self.velocity is None:
+                self.velocity = [torch.zeros_like(p) for p in self.parameters]
+                momentum = 0.0  # torch's first velocity is the gradient itself
+            velocity = self.velocity_arrays
+            for layer, (delta, inputs) in enumerate(factors):
+                weight_velocity, bias_velocity = velocity[2 * layer], velocity[2 * layer + 1]
+                weight_velocity *= momentum
+                weight_velocity += arrays.outer(layer, delta, inputs, 1.0)
+                bias_velocity *= momentum
+                bias_velocity += delta
+                arrays.weights[layer] -= np.multiply(
+                    weight_velocity, np.float32(lr), out=arrays.scratch[layer]
+                )
+                arrays.biases[layer] -= lr * bias_velocity
+        return loss
 
     def _update(self, gradients: list[torch.Tensor]) -> None:
         with torch.no_grad():

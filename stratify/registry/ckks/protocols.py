@@ -187,6 +187,11 @@ class _ProtocolRun:
         """Index of ``client``'s new label (``code``) in ``U``, or ``None``."""
         raise NotImplementedError
 
+    def add_labels(self, client: int, codes: list[int], labels: list[Hashable]) -> list[int]:
+        """:meth:`add_label` of several labels ``client`` starts to hold; a layout that
+        compares them with ``U`` together overrides it. Returns their indices in ``U``."""
+        return [self.add_label(client, code, label) for code, label in zip(codes, labels)]
+
     def prepare_append(self, client: int, label: Hashable) -> None:
         """Make room in ``U`` for one more label (packed: a wider block), or raise."""
 
@@ -472,17 +477,56 @@ class _PackedRun(_ProtocolRun):
             )
         return int(hits[0]) if len(hits) else None
 
-    def prepare_append(self, client: int, label: Hashable) -> None:
-        if self.num_unique < self.block_size:
+    def prepare_append(self, client: int, label: Hashable, extra: int = 1) -> None:
+        """Make room in a block for ``extra`` more labels (``label`` the first of them)."""
+        if self.num_unique + extra <= self.block_size:
             return
         slots = self.key_holder.data_slots
-        if self.block_size >= slots:
+        if self.num_unique + extra > slots:
             raise RegistryError(
                 f"client {client}: label {label!r} would be unique label number "
                 f"{self.num_unique + 1}, more than the {slots} slots of a packed ciphertext; "
                 "use the naive protocol"
             )
-        self.widen_blocks(min(2 * self.block_size, slots))
+        block_size = self.block_size
+        while self.num_unique + extra > block_size:
+            block_size = min(2 * block_size, slots)
+        self.widen_blocks(block_size)
+
+    def add_labels(self, client: int, codes: list[int], labels: list[Hashable]) -> list[int]:
+        # one vector of the new codes (code j over block j) against all of U: one
+        # comparison and one decryption for the lot, and one append for the new ones
+        if self.unique_tile is None or not 1 < len(codes) <= self.labels_per_vector:
+            return super().add_labels(client, codes, labels)
+        values = np.zeros(self.vector_size, dtype=np.int64)
+        values[: len(codes) * self.block_size] = np.repeat(codes, self.block_size)
+        blob = self.key_holder.encrypt(values, self.stats)
+        vector = self.server.receive(blob, f"client {client}", self.vector_size)
+        rows = np.abs(self.compare_with_unique(client, vector, len(codes))) < MATCH_THRESHOLD
+        found: list[int | None] = []
+        for row in rows:
+            hits = np.flatnonzero(row)
+            if len(hits) > 1:  # U entries are distinct codes, so only tampering does this
+                raise RegistryError(
+                    f"client {client}: a new label matches {len(hits)} unique labels at once"
+                )
+            found.append(int(hits[0]) if len(hits) else None)
+        new = [position for position, index in enumerate(found) if index is None]
+        if new:
+            self.check_unique_limit(client, [labels[position] for position in new])
+            self.prepare_append(client, labels[new[0]], len(new))
+        if client == len(self.codes):
+            self.codes.append([])
+            self.labels.append([])
+        self.codes[client].extend(codes)
+        self.labels[client].extend(labels)
+        self.forget_label_vectors(client)
+        if new:
+            first = self.num_unique
+            self.append_unique(client, [codes[position] for position in new])
+            for offset, position in enumerate(new):
+                found[position] = first + offset
+        return [int(index) for index in found]  # type: ignore[arg-type]
 
     def widen_blocks(self, block_size: int) -> None:
         """Lay ``U`` out in blocks of ``block_size`` slots: the clients re-send its codes.

@@ -245,6 +245,16 @@ class CKKSRegistry(LabelRegistry):
         self.stats = run.stats
         return index
 
+    def _discover_many(self, client: int, labels: list[Any]) -> list[int]:
+        run = self._run if self._run is not None else self._new_run()
+        owner = dict(run.code_owner)  # committed only once the labels are registered
+        codes = [run.key_holder.encode_label(client, label, owner) for label in labels]
+        indices = run.add_labels(client, codes, labels)
+        run.code_owner = owner
+        self._run = run
+        self.stats = run.stats
+        return indices
+
     def check_new_label(self, result: RegistryResult, client: int, label: Any, count: int) -> None:
         super().check_new_label(result, client, label, count)
         if count > COUNT_LIMIT - int(result.global_counts.sum()) - self.pending_total():

@@ -10,7 +10,9 @@ classes, in a shuffled order). Each is replayed twice, in fresh processes:
   and the process's peak resident memory;
 * by :func:`bare_torch_loop`: for each line, ``json.loads``, a prediction, and one SGD
   step of the same MLP (``zero_grad``, forward, cross-entropy, ``backward``, ``step``),
-  on one thread with oneDNN off as the stream runs (docs/architecture.md, "Performance").
+  on one thread with oneDNN off as the stream runs (docs/architecture.md, "Performance");
+* where ``river`` is installed, by :func:`river_loop`: river's OvR logistic regression
+  behind its ``StandardScaler``, test-then-train on the same lines, JSON parsed per line.
 
 The stream's second line has no label, so the command predicts it (``--predictions``) as
 soon as the first event has built the model: that line's appearance is the first
@@ -58,6 +60,10 @@ class StreamFigures:
         Peak resident memory of the ``stratify stream`` process, MiB.
     prequential_accuracy : float or None
         The stream's test-then-train accuracy.
+    river_events_per_s, river_prequential_accuracy : float or None
+        river's OvR logistic regression on the same lines (``None`` without ``river``).
+    river_ratio : float or None
+        ``events_per_s / river_events_per_s``.
     """
 
     name: str
@@ -68,6 +74,9 @@ class StreamFigures:
     first_prediction_s: float
     peak_rss_mb: float
     prequential_accuracy: float | None
+    river_events_per_s: float | None = None
+    river_prequential_accuracy: float | None = None
+    river_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -160,14 +169,52 @@ def bare_torch_loop(source: str) -> float:
     return timed / (time.perf_counter() - start)
 
 
-def run_bare_loop(source: Path) -> float:
-    """:func:`bare_torch_loop` in a fresh process."""
-    code = "import sys; from stratify.stream.bench import bare_torch_loop; "
-    code += "print(bare_torch_loop(sys.argv[1]))"
+def river_loop(source: str) -> tuple[float, float]:
+    """Events per second and prequential accuracy of river's OvR logistic regression
+    (``StandardScaler() | OneVsRestClassifier(LogisticRegression())``, river's defaults)
+    over ``source``'s labeled lines: parse, predict, learn; the first line left out of the
+    time, as :func:`bare_torch_loop` does.
+
+    Parameters
+    ----------
+    source : str
+        A JSON Lines stream as :func:`write_stream` writes.
+    """
+    from river import linear_model, multiclass, preprocessing
+
+    model = preprocessing.StandardScaler() | multiclass.OneVsRestClassifier(
+        linear_model.LogisticRegression()
+    )
+    lines = Path(source).read_text().splitlines()
+    correct, timed, start = 0, 0, 0.0
+    for number, line in enumerate(lines):
+        if number == 1:
+            start = time.perf_counter()
+        event = json.loads(line)
+        if event.get("label") is None:
+            continue
+        x = dict(enumerate(event["x"]))
+        correct += model.predict_one(x) == event["label"]
+        model.learn_one(x, event["label"])
+        timed += number > 0
+    return timed / (time.perf_counter() - start), correct / (timed + 1)
+
+
+def river_installed() -> bool:
+    """Whether ``river`` can be imported (checked without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("river") is not None
+
+
+def run_in_process(function: str, source: Path) -> Any:
+    """``function`` of this module on ``source``, in a fresh process; its result."""
+    code = f"import json, sys; from stratify.bench.stream import {function}; "
+    code += f"print(json.dumps({function}(sys.argv[1])))"
     done = subprocess.run(
         [sys.executable, "-c", code, str(source)], capture_output=True, text=True, check=True
     )
-    return float(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def written(path: Path) -> bool:
@@ -219,7 +266,12 @@ def run_stream_command(source: Path, folder: Path) -> tuple[float, float, float,
 
 
 def stream_bench(
-    events: int = 5000, features: int = 20, classes: int = 5, clients: int = 10, seed: int = 0
+    events: int = 5000,
+    features: int = 20,
+    classes: int = 5,
+    clients: int = 10,
+    seed: int = 0,
+    river: bool | None = None,
 ) -> StreamBench:
     """Measure both streams (module docstring).
 
@@ -230,7 +282,10 @@ def stream_bench(
         classes; ``clients`` for both).
     seed : int
         Seeds both streams.
+    river : bool, optional
+        Measure river's OvR logistic regression too (default: where it is installed).
     """
+    with_river = river_installed() if river is None else river
     streams = {
         "tabular": tabular_events(events, features, classes, clients, seed),
         "digits": digits_events(clients, seed),
@@ -243,8 +298,24 @@ def stream_bench(
             source = folder / "events.jsonl"
             write_stream(source, stream)
             speed, first, rss, accuracy = run_stream_command(source, folder)
-            bare = run_bare_loop(source)
+            bare = float(run_in_process("bare_torch_loop", source))
+            river_speed = river_accuracy = river_ratio = None
+            if with_river:
+                river_speed, river_accuracy = run_in_process("river_loop", source)
+                river_ratio = speed / river_speed
             figures.append(
-                StreamFigures(name, len(stream), speed, bare, speed / bare, first, rss, accuracy)
+                StreamFigures(
+                    name,
+                    len(stream),
+                    speed,
+                    bare,
+                    speed / bare,
+                    first,
+                    rss,
+                    accuracy,
+                    river_speed,
+                    river_accuracy,
+                    river_ratio,
+                )
             )
     return StreamBench(figures, os.getloadavg())
