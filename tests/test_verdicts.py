@@ -61,24 +61,42 @@ ACCURACIES = [0.1, 0.5, 0.8, 0.9, 0.95, 0.96, 0.962, 0.963, 0.963, 0.963]
 
 
 def test_plateau_after_the_first_round_that_gains_less_than_half_a_point():
-    # w = ceil(0.1·r) = 1 up to round 10: round 5 gains 5 points, 6 one point, 7 0.2
-    assert plateau_budget(ACCURACIES, PlateauRule(5, 50)) == PlateauBudget(7, "plateau", 5, 50)
+    # the 10% window alone: w = ceil(0.1·r) = 1 up to round 10: round 5 gains 5 points,
+    # 6 one point, 7 0.2
+    rule = PlateauRule(5, 50, minimum_window=1)
+    assert plateau_budget(ACCURACIES, rule) == PlateauBudget(7, "plateau", 5, 50)
     # R_min 8: not before round 8 (gain 0.1 point)
-    assert plateau_budget(ACCURACIES, PlateauRule(8, 50)) == PlateauBudget(8, "plateau", 8, 50)
+    rule = PlateauRule(8, 50, minimum_window=1)
+    assert plateau_budget(ACCURACIES, rule) == PlateauBudget(8, "plateau", 8, 50)
+    # the default looks back at least 5 rounds: the best gained 6.3 points over round 4's
+    # at round 9 and 1.3 over round 5's at round 10, so the series ends undecided; an
+    # 11th round gains 0.3 over round 6's
+    assert plateau_budget(ACCURACIES, PlateauRule(5, 50)) is None
+    assert plateau_budget([*ACCURACIES, 0.963], PlateauRule(5, 50)).rounds == 11
+
+
+def test_the_minimum_window_keeps_a_noisy_rising_curve_going():
+    # a curve that sets a new best every third round, 2 points at a time (R_min 15): the
+    # 10% window alone (2 rounds) stops it at round 15 between two bests; 5 rounds do not
+    noisy = [0.1 + 0.02 * (r // 3) - (0.03 if r % 3 else 0.0) for r in range(30)]
+    alone = plateau_budget(noisy, PlateauRule(15, 30, minimum_window=1))
+    assert alone == PlateauBudget(15, "plateau", 15, 30)
+    assert plateau_budget(noisy, PlateauRule(15, 30)) == PlateauBudget(30, "cap", 15, 30)
 
 
 def test_a_dip_does_not_count_as_a_plateau_the_best_so_far_does():
     # round 6 falls 30 points, round 7 comes back to 95.4: the best gained 0.4 -> plateau at 7
     dipping = [0.1, 0.5, 0.8, 0.9, 0.95, 0.65, 0.954]
-    assert plateau_budget(dipping, PlateauRule(6, 50)).rounds == 6  # best 95 vs 95: gain 0
-    assert plateau_budget(dipping[:5], PlateauRule(6, 50)) is None  # undecided
+    rule = PlateauRule(6, 50, minimum_window=1)
+    assert plateau_budget(dipping, rule).rounds == 6  # best 95 vs 95: gain 0
+    assert plateau_budget(dipping[:5], rule) is None  # undecided
 
 
 def test_the_window_is_the_last_tenth_of_the_rounds():
     # 0.5 points a round: one round's gain is exactly 0.5 (not < 0.5); from round 11 the
     # window is 2 rounds (1 point): no plateau until the climb stops at round 21
     climbing = [0.5 + 0.005 * r for r in range(20)] + [0.6] * 10
-    rule = PlateauRule(10, 100)
+    rule = PlateauRule(10, 100, minimum_window=1)
     assert rule.window_rounds(10) == 1 and rule.window_rounds(11) == 2
     assert rule.window_rounds(21) == 3
     # round 22: best 0.6 vs the best at round 19 (0.59): 1 point; round 23: vs 0.595

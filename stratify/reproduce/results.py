@@ -685,7 +685,8 @@ def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
         f"±1 point), or inconclusive (the interval holds zero and is wider than ±1 point, or "
         f"both runs are within 5 points of chance). Rounds: those each pair ran over its "
         f"seeds; under a plateau budget (``--plateau``) the comparator ran until its "
-        f"validation accuracy gained under 0.5 points over its last 10% of rounds, and the "
+        f"validation accuracy gained under 0.5 points over its last 10% of rounds (at least "
+        f"5), and the "
         f"method the same rounds.\n",
         markdown_table(PAIRED_HEADER, lines),
         f"Verdicts: {verdict_counts(lines)}.\n",
