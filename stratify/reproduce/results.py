@@ -490,10 +490,18 @@ def signed_points(difference: PairedDifference | None) -> str:
     return text.replace("-", "−")
 
 
+#: the statuses of a run that did not reach its epochs (a diverged run's epochs count)
+UNFINISHED = ("incomplete", "missing", "corrupt", "failed")
+
+
 def seed_values(results: Sequence[CellResult], key: str) -> dict[int, float]:
-    """Seed -> the summary entry ``key`` of each result that has it."""
+    """Seed -> the summary entry ``key`` of each result that has it. A run stopped short
+    of its epochs (a report of a grid stopped part way) is left out: compared with a
+    finished one, it would be a comparison at unequal rounds."""
     values = {}
     for result in results:
+        if result.status in UNFINISHED:
+            continue
         value = result.summary[key] if result.records else None
         if value is not None:
             values[result.cell.seed] = float(value)
@@ -612,11 +620,12 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
 def rounds_text(comparator: Sequence[CellResult]) -> str:
     """The rounds a pair ran over its seeds (``20``, ``23–41``), and under a plateau
     budget how many comparators plateaued before the cap."""
-    rounds = sorted(len(result.records) for result in comparator if result.records)
+    ran = [r for r in comparator if r.records and r.status not in UNFINISHED]
+    rounds = sorted(len(result.records) for result in ran)
     if not rounds:
         return "–"
     text = str(rounds[0]) if rounds[0] == rounds[-1] else f"{rounds[0]}–{rounds[-1]}"
-    watched = [r for r in comparator if r.records and r.cell.config.stop_on_plateau is not None]
+    watched = [r for r in ran if r.cell.config.stop_on_plateau is not None]
     if watched:
         plateaued = sum(len(r.records) < r.cell.config.epochs for r in watched)
         text += f" ({plateaued} of {len(watched)} plateaued, cap {watched[0].cell.config.epochs})"

@@ -40,7 +40,7 @@ from stratify.reproduce.grids import (
     plateau_rounds,
 )
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
-from stratify.reproduce.results import CellResult, csv_text, markdown, read_cell
+from stratify.reproduce.results import UNFINISHED, CellResult, csv_text, markdown, read_cell
 from stratify.reproduce.tuning import (
     Choice,
     Tuning,
@@ -78,11 +78,7 @@ class Report:
     def failed(self) -> list[CellResult]:
         """The cells that did not finish: failed, incomplete, missing (never run: a report
         of a grid stopped part way), or corrupt and kept."""
-        return [
-            result
-            for result in self.results
-            if result.status in ("failed", "incomplete", "missing", "corrupt")
-        ]
+        return [result for result in self.results if result.status in UNFINISHED]
 
 
 def identity(grid: Grid, settings: Settings, tuning: Tuning | None) -> dict[str, Any]:
@@ -271,7 +267,8 @@ def reproduce(
                 )
         tuned = rate_setters(cells)
         tuning_runs = tuning_specs(tuned, tuning, out) if tuning is not None else []
-        check_setups(tuning_runs + cell_specs(cells))
+        if not report_only:  # a report builds no run (the runs may need another machine)
+            check_setups(tuning_runs + cell_specs(cells))
         if new_grid:
             out.mkdir(parents=True, exist_ok=True)
             lock.lock_folder()
