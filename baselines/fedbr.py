@@ -449,6 +449,8 @@ class FedBR(FedAvg):
     # rate against the matched FedAvg (plain SGD) and against FedAvg with the first
     # official commit's momentum 0.9; and at the official rate of its other data sets,
     # 1e-2, as a rate check
+    # its K = 20 iterations of 64 a round, not epochs
+    paired_setting: ClassVar[dict[str, Any]] = {}
     paper_settings: ClassVar[tuple[PaperSetting, ...]] = (
         PaperSetting(
             "rotated-dir-0-1",

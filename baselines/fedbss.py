@@ -208,6 +208,15 @@ class FedBSS(FedAvg):
     # takes about 110 local steps a round as in the paper (600 samples, E = 10, batch 64),
     # 4 of them a round; at its rate and at 10× it, so that stage 2 can start from a warm
     # model well above chance (the summary's warm_test_accuracy tells which did)
+    # the comparison grids train every client each round (its paper samples 10% of 100
+    # clients: one a round of a grid's 10, a tenth of the others' budget) and warm up a
+    # quarter of the rounds, as its paper's 50 of 200: 7 of the Stratify grids' 30
+    grid_options: ClassVar[dict[str, Any]] = {"client_fraction": 1.0, "warmup_rounds": 7}
+    grid_label: ClassVar[str] = "C=1"
+    # E = 10 (with E = 1 its pacing α_1 = 1 trains on every sample and its mechanism could
+    # not act) and one client a round, whose ten local epochs cost no more than the others'
+    # ten clients; a quarter of the paired grid's 20 rounds of warm-up
+    paired_setting: ClassVar[dict[str, Any]] = {"warmup_rounds": 5}
     paper_settings: ClassVar[tuple[PaperSetting, ...]] = tuple(
         PaperSetting(
             f"shards-2-12-clients{suffix}",

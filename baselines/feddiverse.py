@@ -529,6 +529,10 @@ class FedDiverse(FedAvgM):
     # (partition gsc:4; the loader's correlation 0.5 leaves enough images of the minority
     # colours to build it), 9 a round, worst-group accuracy on a test split without the
     # correlation; 100 of its paper's 200 rounds
+    # it selects clients by attributes: its pairs run on colored-mnist (10 digits, the
+    # colour following the label for 90% of the training images, independent of it in
+    # the test split)
+    paired_setting: ClassVar[dict[str, Any]] = {"dataset": "colored-mnist", "local_epochs": 1}
     paper_settings: ClassVar[tuple[PaperSetting, ...]] = (
         PaperSetting(
             "cmnist-gsc",

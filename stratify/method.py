@@ -293,7 +293,8 @@ class Strategy(ABC):
         :meth:`informative_epochs`;
       - *run checks and display*: :meth:`check_epochs`, ``requires_batch_norm``,
         :meth:`epoch_info`, :meth:`summarize`;
-      - *its paper's settings*: ``paper_settings``, the ``seed-papers`` grid's rows.
+      - *its paper's settings*: ``paper_settings``, the ``seed-papers`` grid's rows;
+        *comparison grids*: ``grid_options``, ``grid_label``, ``paired_setting``.
     """
 
     name: ClassVar[str] = "strategy"
@@ -339,6 +340,16 @@ class Strategy(ABC):
     #: the settings of its own paper that the ``seed-papers`` grid runs it in, each beside
     #: its matched comparator (:class:`PaperSetting`); none: the grid leaves it out
     paper_settings: ClassVar[tuple[PaperSetting, ...]] = ()
+    #: what the Stratify paper's comparison grids (``table1``, ``seed-methods``: every
+    #: method trains every client each round for their 30 rounds) set for the method,
+    #: where its defaults would not fit them (FedBSS: all clients, a quarter warm-up);
+    #: its label there carries ``grid_label`` after its own
+    grid_options: ClassVar[dict[str, Any]] = {}
+    grid_label: ClassVar[str] = ""
+    #: what the ``paired`` grid (20 rounds of one local epoch, each method beside its
+    #: comparator) sets for the method: a key of :class:`~stratify.config.TrainConfig`
+    #: (``dataset``: data its mechanism needs) or one of its options
+    paired_setting: ClassVar[dict[str, Any]] = {"local_epochs": 1}
 
     def __init__(self, options: StrategyOptions | None = None, **values: Any) -> None:
         if options is not None and values:

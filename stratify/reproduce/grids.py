@@ -40,7 +40,8 @@ from stratify.validation import (
 BASELINES = ("fedavg", "fedprox", "scaffold", "sfl")
 #: clients of a cell when neither the command nor the grid sets them
 DEFAULT_CLIENTS = 10
-SEED_METHODS = ("fedbss", "fedbr", "feddiverse", "lfd")
+#: the methods that declare settings of their own papers (the seed-paper methods)
+SEED_METHODS = tuple(name for name in ALGORITHMS if strategy_class(name).paper_settings)
 RESNETS = ("resnet9", "resnet18", "resnet20")
 
 
@@ -132,31 +133,32 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def grid_label(algorithm: str, *notes: str) -> str:
+    """``FedBSS (batch, C=1)``: the method's label with ``notes`` and its declared
+    :attr:`~stratify.method.Strategy.grid_label`."""
+    notes = (*notes, strategy_class(algorithm).grid_label)
+    shown = ", ".join(note for note in notes if note)
+    return method_label(algorithm) + (f" ({shown})" if shown else "")
+
+
 def method_column(algorithm: str, **options: Any) -> Column:
-    return Column(algorithm, method_label(algorithm), {"algorithm": algorithm}, options)
+    """A method in a comparison grid, with the options it declares for them
+    (:attr:`~stratify.method.Strategy.grid_options`) and ``options`` over them."""
+    return Column(
+        algorithm,
+        grid_label(algorithm),
+        {"algorithm": algorithm},
+        {**strategy_class(algorithm).grid_options, **options},
+    )
 
 
 def batch_column(algorithm: str) -> Column:
     """A batch-only method in a single-sample table: run in batch mode, labelled so."""
     return Column(
         algorithm,
-        f"{method_label(algorithm)} (batch)",
+        grid_label(algorithm, "batch"),
         {"algorithm": algorithm, "mode": "batch"},
-    )
-
-
-def fedbss_column(label_suffix: str = " (C=1)", warmup: int = 7, **values: Any) -> Column:
-    """FedBSS training every client each round, like the other columns, warming up for
-    ``warmup`` rounds (7: a quarter of the grids' 30, as the paper's 50 of 200).
-
-    Its paper samples 10% of 100 clients; of a grid's 10 clients that would be one a
-    round, a tenth of the other methods' training budget.
-    """
-    return Column(
-        "fedbss",
-        f"FedBSS{label_suffix}",
-        {"algorithm": "fedbss", **values},
-        {"client_fraction": 1.0, "warmup_rounds": warmup},
+        dict(strategy_class(algorithm).grid_options),
     )
 
 
@@ -234,13 +236,10 @@ def paired_column(algorithm: str, label: str | None = None, **values: Any) -> Co
 
 
 #: The paired grid's budget, chosen to fit a few hours on two shared CPU cores: 20
-#: rounds of one local epoch (E = 1) for the methods that train every client each round
-#: (FedBR keeps its K = 20 iterations of 64; FedBSS its E = 10, since with E = 1 its pacing
-#: α_1 = 1 trains on every sample and its mechanism could not act, and its one client a
-#: round costs no more than the others' ten), each method's own optimizer, batch and
-#: clients per round.
+#: rounds (``--plateau`` runs each pair to its comparator's plateau instead), with the
+#: local work each method declares for it (``paired_setting``: one local epoch unless the
+#: method says otherwise), each method's own optimizer, batch and clients per round.
 PAIRED_ROUNDS = 20
-PAIRED_EPOCHS = 1
 PAIRED_ROWS = (
     partition_row("classes:1", "#C=1"),
     partition_row("classes:3", "#C=3"),
@@ -248,23 +247,22 @@ PAIRED_ROWS = (
     partition_row("dirichlet:0.5", "Dir(0.5)"),
     partition_row("iid", "IID"),
 )
-PAIRED_COLUMNS = (
-    paired_column("fedprox", local_epochs=PAIRED_EPOCHS),
-    paired_column("scaffold", local_epochs=PAIRED_EPOCHS),
-    paired_column("fedavgm", local_epochs=PAIRED_EPOCHS),
-    paired_column("fedbss", warmup_rounds=PAIRED_ROUNDS // 4),
-    paired_column("fedbr"),
-    # FedDiverse selects by attributes: its pairs run on colored-mnist (10 digits, colour
-    # following the label for 90% of the training images, independent of it in the test
-    # split)
-    paired_column(
-        "feddiverse",
-        "FedDiverse (colored-mnist)",
-        dataset="colored-mnist",
-        local_epochs=PAIRED_EPOCHS,
-    ),
-    paired_column("lfd", local_epochs=PAIRED_EPOCHS),
-    paired_column("fedtan", local_epochs=PAIRED_EPOCHS),
+
+
+def paired_grid_column(algorithm: str) -> Column:
+    """``algorithm``'s column of the ``paired`` grid, with the setting it declares for it
+    (:attr:`~stratify.method.Strategy.paired_setting`; a data set of its own is named in
+    its label); one without a comparator is left out with a note when paired."""
+    cls = strategy_class(algorithm)
+    if cls.comparator is None:
+        return paired_column(algorithm)
+    setting = cls.paired_setting
+    label = f"{method_label(algorithm)} ({setting['dataset']})" if "dataset" in setting else None
+    return paired_column(algorithm, label, **setting)
+
+
+PAIRED_COLUMNS = tuple(
+    paired_grid_column(name) for name in ALGORITHMS if strategy_class(name).comparator is not None
 )
 
 
@@ -366,8 +364,7 @@ GRIDS: dict[str, Grid] = {
             {"dataset": "mnist-10k", "mode": "single-sample", "epochs": 30},
             LABEL_SKEW_ROWS,
             tuple(method_column(name) for name in (*BASELINES, "fedavgm"))
-            + (fedbss_column(" (batch, C=1)", mode="batch"),)
-            + tuple(batch_column(name) for name in SEED_METHODS[1:])
+            + tuple(batch_column(name) for name in SEED_METHODS)
             + (method_column("stratify"),),
             plots=("curves", "accuracy-vs-c"),
             paper=TABLE1_PAPER,
@@ -477,8 +474,8 @@ GRIDS: dict[str, Grid] = {
                 partition_row("dirichlet:0.5", "Dirichlet(0.5)"),
                 partition_row("classes:2", "#C=2"),
             ),
-            (method_column("fedavg"), fedbss_column())
-            + tuple(method_column(name) for name in (*SEED_METHODS[1:], "stratify")),
+            (method_column("fedavg"),)
+            + tuple(method_column(name) for name in (*SEED_METHODS, "stratify")),
         ),
         Grid(
             "paired",
@@ -692,7 +689,7 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
                 f"--methods: {', '.join(unknown)} not in grid {grid.name}; "
                 f"its methods are {', '.join(sorted(known))}"
             )
-        extra = [paired_column(name) for name in settings.methods if name not in known]
+        extra = [paired_grid_column(name) for name in settings.methods if name not in known]
         columns = [column for column in columns if column.algorithm in settings.methods]
         columns += extra if grid.paired else []
     if not settings.seeds:
