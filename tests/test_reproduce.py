@@ -648,3 +648,21 @@ def test_defaults_grid_runs_every_method_and_mode_at_every_candidate_rate(tmp_pa
     assert all(cell.config.options == {} for cell in cells)
     assert planned["fedbss", "batch"] == 52 and planned["fedavg", "batch"] == 5
     assert planned["fedavg", "single-sample"] == 10
+
+
+def test_calibration_runs_cut_a_default_warm_up_too():
+    """A FedBSS column at its defaults (50 warm-up rounds) is calibrated with a one-round
+    warm-up, as one that gives the option: a 3-epoch run with 50 would be refused."""
+    from stratify.config import TrainConfig
+    from stratify.reproduce.estimate import calibration_options
+
+    fedbss = TrainConfig(algorithm="fedbss", mode="batch", epochs=52, secure=False)
+    assert calibration_options(fedbss) == {"warmup_rounds": 1}
+    given = TrainConfig(
+        algorithm="fedbss", mode="batch", epochs=52, secure=False, options={"warmup_rounds": 7}
+    )
+    assert calibration_options(given) == {"warmup_rounds": 1}
+    fedavg = TrainConfig(
+        algorithm="fedavg", mode="batch", secure=False, options={"local_epochs": 1}
+    )
+    assert calibration_options(fedavg) == {"local_epochs": 1}

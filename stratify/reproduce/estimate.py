@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stratify.algorithms import build_strategy
+from stratify.config import TrainConfig
 from stratify.errors import CorruptRunError, OutputError
 from stratify.files import file_kind
 from stratify.parallel import (
@@ -94,13 +96,14 @@ def group_sizes(cells: Sequence[Cell], vectorize: int | None) -> dict[str, int]:
     return sizes
 
 
-def calibration_options(options: dict) -> dict:
-    """A cell's options for its short calibration runs: a warm-up (FedBSS's) cut to one
-    round, so that the run is accepted and its later epochs time the method's main stage,
-    which is most of a full run."""
-    if options.get("warmup_rounds", 0) > 1:
-        return {**options, "warmup_rounds": 1}
-    return options
+def calibration_options(config: TrainConfig) -> dict:
+    """A cell's options for its short calibration runs: a warm-up (FedBSS's, given or its
+    default) cut to one round, so that the run is accepted and its later epochs time the
+    method's main stage, which is most of a full run."""
+    resolved = build_strategy(config.algorithm, config.options, config.mode).options
+    if getattr(resolved, "warmup_rounds", 0) > 1:
+        return {**config.options, "warmup_rounds": 1}
+    return config.options
 
 
 def calibration_specs(
@@ -120,7 +123,7 @@ def calibration_specs(
                     cell.config,
                     seed=seed,
                     epochs=CALIBRATION_EPOCHS,
-                    options=calibration_options(cell.config.options),
+                    options=calibration_options(cell.config),
                     out=str(out / "calibration" / slug(kind) / f"seed-{seed}"),
                 ),
                 policy="overwrite",
