@@ -75,3 +75,24 @@ def test_the_command_checks_and_writes(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
         main(["tables", "nope", "--root", str(tmp_path)])
     assert done.value.code == 2 and "unknown table nope" in capsys.readouterr().err
+
+
+def test_a_table_registered_with_a_file_and_a_marker_shows_the_file_s_columns(tmp_path):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "pairs.csv").write_text("split,verdict,n\nIID,level,3\n")
+    document = tmp_path / "docs" / "results.md"
+    document.write_text("x\n<!-- table: pairs -->\n<!-- /table: pairs -->\ny\n")
+    table = Table(
+        "pairs", "docs/results.md", "docs/results/pairs.csv", "cmd", columns=("verdict", "split")
+    )
+    TABLES["pairs"] = table
+    try:
+        assert write_tables(tmp_path, ["pairs"]) == ["pairs"]
+    finally:
+        del TABLES["pairs"]
+    text = document.read_text()
+    assert "[pairs.csv](results/pairs.csv), the results of `cmd`" in text
+    assert "| verdict | split |\n|---|---|\n| level | IID |\n" in text
+    assert text.startswith("x\n") and text.endswith("<!-- /table: pairs -->\ny\n")
+    with pytest.raises(ConfigError, match="no column nope"):
+        Table("p", "d", "r", "c", columns=("nope",)).table([{"verdict": "level"}])
