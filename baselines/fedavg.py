@@ -116,6 +116,8 @@ class FedAvg(Strategy):
     """
 
     name = "fedavg"
+    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
+    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
     description = "broadcast, E local epochs of SGD per client, weighted model average"
     options_class = FedAvgOptions
     label = "FedAvg"
@@ -126,12 +128,6 @@ class FedAvg(Strategy):
     benchmark_local = True
     step_size_options: ClassVar[tuple[str, ...]] = ("local_momentum",)
     options: FedAvgOptions
-    # single-sample clients on the 8x8 digits at the dataset's 0.01 (Stratify's rate) end
-    # 10 rounds at 50% validation accuracy; 0.05 was best of 0.01-0.2 on a validation
-    # split, for SCAFFOLD too (docs/results/defaults-digits.md). FedProx and FedAvgM
-    # inherit it unmeasured.
-    #: chosen by the `defaults` grid (docs/results/defaults-digits.csv)
-    own_lrs = {("digits", "single-sample"): 0.05}
 
     # -- set-up ---------------------------------------------------------------------------
 

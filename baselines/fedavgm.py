@@ -65,8 +65,8 @@ class FedAvgM(FedAvg):
     """
 
     name = "fedavgm"
-    #: chosen by the `defaults` grid (docs/results/defaults-digits.csv)
-    own_lrs = {("digits", "single-sample"): 0.05}
+    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
+    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
     description = "FedAvg + server momentum: v ← βv + (x − avg), x ← x − η·v"
     options_class = FedAvgMOptions
     label = "FedAvgM"

@@ -195,6 +195,8 @@ class FedBSS(FedAvg):
     """
 
     name = "fedbss"
+    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
+    own_lrs = {("digits", "batch"): 0.1}
     description = "FedAvg warm-up, then per-client loss-sorted samples paced by uncertainty split"
     modes = ("batch",)
     options_class = FedBSSOptions

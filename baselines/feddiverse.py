@@ -510,6 +510,8 @@ class FedDiverse(FedAvgM):
     """
 
     name = "feddiverse"
+    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
+    own_lrs = {("digits", "batch"): 0.03}
     description = (
         "FedAvgM (β 0.95, equal weights) picking clients by their (CI, AI, SC) "
         "heterogeneity triplets"

@@ -66,8 +66,8 @@ class FedProx(FedAvg):
     """
 
     name = "fedprox"
-    #: chosen by the `defaults` grid (docs/results/defaults-digits.csv)
-    own_lrs = {("digits", "single-sample"): 0.05}
+    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
+    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
     description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
     options_class = FedProxOptions
     label = "FedProx"

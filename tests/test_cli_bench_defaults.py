@@ -9,7 +9,7 @@ import click
 from stratify.cli.bench import bench
 from stratify.cli.bench_privacy import privacy
 from stratify.cli.main import main
-from stratify.config import TrainConfig
+from stratify.config import TrainConfig, resolve_lr
 from stratify.options import option_default
 from stratify.stratify import StratifyOptions
 
@@ -83,12 +83,15 @@ def test_bench_privacy_offers_the_registry_s_protocols():
 
 
 def test_batch_bench_without_lr_trains_at_the_library_s_rate_for_the_dataset(tmp_path, capsys):
-    # digits' rate is 0.05 (config.DEFAULT_LR), not the 0.01 the bench used to hard-code
+    # the rate a batch-mode Stratify run on the digits resolves (its own, from the defaults
+    # grid), not the 0.01 the bench used to hard-code
+    rate = resolve_lr(TrainConfig(algorithm="stratify", mode="batch", secure=False))
+    assert rate != 0.01
     path = tmp_path / "batch.json"
     main(["bench", "batch", "--repeat", "1", "--json", str(path)])
     result = json.loads(path.read_text())
-    assert result["lr"] == 0.05
-    assert "lr 0.05" in capsys.readouterr().out
+    assert result["lr"] == rate
+    assert f"lr {rate:g}" in capsys.readouterr().out
     main(["bench", "batch", "--repeat", "1", "--lr", "0.02", "--json", str(path)])
     assert json.loads(path.read_text())["lr"] == 0.02
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stratify.algorithms import strategy_class
 from stratify.cli.main import main
 from stratify.parallel import LocalBackend, RunOutcome
 from stratify.reproduce.grids import GRIDS, Grid, Settings, method_column, partition_row
@@ -180,6 +181,7 @@ def test_grid_outputs_that_are_folders_are_refused_before_anything_runs(tiny, tm
 # -- values refused before the folder is stamped ---------------------------------------
 
 
+FEDAVG_DIGITS_LR = strategy_class("fedavg").own_rates()["digits", "single-sample"]
 BAD_GRID_VALUES = [
     (["--model", "vgg"], "unknown --model 'vgg'"),
     (["--dataset", "synthetic", "--model", "resnet9"], "model 'resnet9' needs image inputs"),
@@ -187,8 +189,11 @@ BAD_GRID_VALUES = [
     (["--clients", "3"], "are held by no client under classes:1 with 3 clients"),
     (["--dataset", "mnist-10k", "--data-dir", "{tmp}/nowhere"], "mnist-10k: missing"),
     (["--dataset", "synthetic", "-o", "n_train=5"], "10 clients but only 5 training samples"),
-    # the first tuning cell: 0.3 × FedAvg's own rate on the digits in single-sample mode (0.05)
-    (["--tune", "--validation", "0.999"], "tune/classes-3/fedavg/lr-0.015: client 3 received"),
+    # the first tuning cell: 0.3 × FedAvg's own rate on the digits in single-sample mode
+    (
+        ["--tune", "--validation", "0.999"],
+        f"tune/classes-3/fedavg/lr-{0.3 * FEDAVG_DIGITS_LR:.6g}: client 3 received",
+    ),
 ]
 if not torch.cuda.is_available():
     BAD_GRID_VALUES.append((["--device", "cuda"], "--device cuda asked for"))

@@ -2,14 +2,54 @@
 split by the committed ``defaults`` grids (docs/results/defaults-*.csv) and declared on
 the method's own class."""
 
+from pathlib import Path
+
 import pytest
 
 from stratify.algorithms import strategy_class
 from stratify.config import TrainConfig, default_lr, resolve_lr
 from stratify.errors import ConfigError
-from stratify.reproduce.defaults import TOLERANCE, default_choices
+from stratify.reproduce.defaults import TOLERANCE, Candidate, default_choices, read_results
+from stratify.reproduce.grids import GRIDS, Settings, plan_cells
 
 FedAvg = strategy_class("fedavg")
+RESULTS = sorted((Path(__file__).resolve().parents[1] / "docs" / "results").glob("defaults-*.csv"))
+
+
+def committed_choices():
+    return [choice for path in RESULTS for choice in default_choices(read_results(path))]
+
+
+def test_each_method_s_default_is_within_the_tolerance_of_its_best_candidate():
+    choices = committed_choices()
+    assert choices, "no committed defaults results"
+    for choice in choices:
+        declared = choice.declared_lr
+        found = choice.candidate(declared)
+        assert found is not None, f"{choice.algorithm} {choice.mode}: {declared} not tried"
+        assert choice.within_tolerance(declared), (
+            f"{choice.algorithm} ({choice.family}, {choice.mode}): its default {declared} "
+            f"scores {100 * found.score:.1f}%, the best ({choice.best.lr}) "
+            f"{100 * choice.best.score:.1f}%"
+        )
+
+
+def test_each_method_declares_the_rate_the_rule_chooses():
+    for choice in committed_choices():
+        assert choice.declared_lr == choice.rule_lr, (choice.algorithm, choice.mode)
+        assert strategy_class(choice.algorithm).own_rates()[choice.family, choice.mode] == (
+            choice.rule_lr
+        )
+
+
+def test_the_digits_file_covers_every_method_and_mode_of_the_grid(tmp_path):
+    cells, notes = plan_cells(GRIDS["defaults"], Settings(seeds=(0,)), tmp_path)
+    planned = {(cell.config.algorithm, cell.config.mode) for cell in cells}
+    digits = [path for path in RESULTS if path.name == "defaults-digits.csv"]
+    measured = {(c.algorithm, c.mode) for c in default_choices(read_results(digits[0]))}
+    assert measured == planned
+    # FedTAN alone is left out: it needs BatchNorm layers, which the simple CNN has none of
+    assert [note.split(":")[0] for note in notes] == ["FedTAN (batch)"]
 
 
 def rows(algorithm, scores, paper_status="finished"):
@@ -44,8 +84,18 @@ def test_a_paper_s_rate_stays_only_within_the_tolerance_of_the_best():
 
 
 def test_a_results_file_without_validation_is_refused():
+    row = {"algorithm": "fedavg", "status": "finished", "last_mean_validation_accuracy": ""}
     with pytest.raises(ConfigError, match="no validation accuracy"):
-        default_choices([{"algorithm": "fedavg", "last_mean_validation_accuracy": ""}])
+        default_choices([row])
+
+
+def test_a_run_stopped_in_its_first_epoch_scores_nothing():
+    grid = rows("fedavg", {0.001: 0.5, 0.3: 0.9})
+    for row in grid[2:]:  # rate 0.3: no epoch finished, nothing measured
+        row.update(status="diverged", last_mean_validation_accuracy="", last_mean_accuracy="")
+    choice = default_choices(grid)[0]
+    assert choice.candidate(0.3) == Candidate(0.3, (0.0, 0.0), (0.0, 0.0), False)
+    assert choice.best.lr == 0.001
 
 
 def test_a_rate_chosen_for_a_method_is_not_inherited_by_its_variants():

@@ -264,6 +264,13 @@ def test_successive_halving_keeps_the_better_half_and_decides_at_the_full_epochs
     assert rungs(1, 7) == [(1, 7)]
 
 
+@pytest.fixture
+def fedavg_at_005(monkeypatch):
+    """FedAvg's own rate on the digits in batch mode pinned to 0.05, so the candidates
+    below do not follow the committed defaults grid."""
+    monkeypatch.setattr(strategy_class("fedavg"), "own_lrs", {("digits", "batch"): 0.05})
+
+
 def fake_trial(folder: Path, accuracies: list[float]) -> None:
     """A tuning run's folder holding these epochs' validation accuracies."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -275,8 +282,8 @@ def fake_trial(folder: Path, accuracies: list[float]) -> None:
     (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
-def test_halving_and_widening_are_read_back_from_the_tuning_folders(tiny, tmp_path):
-    """FedAvg's default rate on digits is 0.05: candidates 0.025, 0.05, 0.1 race 2 epochs,
+def test_halving_and_widening_are_read_back_from_the_tuning_folders(tiny, tmp_path, fedavg_at_005):
+    """FedAvg's rate on digits pinned to 0.05: candidates 0.025, 0.05, 0.1 race 2 epochs,
     the better two go on to 4; the best of those, 0.1, is at the top edge, so 0.2 is tried
     for 4 epochs, wins, and 0.4 (widen=2) is tried and loses. Each step asks only for the
     runs its decision needs, and the same folders give the same choice again."""
@@ -316,9 +323,11 @@ def test_halving_and_widening_are_read_back_from_the_tuning_folders(tiny, tmp_pa
     assert asked(plain) == [("lr-0.025", 4)]
 
 
-def test_the_lowest_rate_can_win_the_tuning_and_the_grid_widens_downwards(tiny, tmp_path):
-    """FedAvg's default 0.05 on digits: of 0.025, 0.05 and 0.1 the lowest wins, so 0.0125
-    is tried, wins too, and 0.00625 (widen=2) is tried and loses: 0.0125 is chosen."""
+def test_the_lowest_rate_can_win_the_tuning_and_the_grid_widens_downwards(
+    tiny, tmp_path, fedavg_at_005
+):
+    """FedAvg's rate on digits pinned to 0.05: of 0.025, 0.05 and 0.1 the lowest wins, so
+    0.0125 is tried, wins too, and 0.00625 (widen=2) is tried and loses: 0.0125 is chosen."""
     cells, _ = plan_cells(tiny, Settings(seeds=(0,), epochs=2), tmp_path)
     cells = [cell for cell in cells if cell.column.key == "fedavg"]
     tuning = Tuning(factors=(0.5, 1, 2), epochs=2, widen=2)
@@ -369,7 +378,9 @@ def test_every_halving_rung_trains_past_the_methods_warm_up(tmp_path):
     assert rungs_seen == [(3, 5), (2, 6)]
 
 
-def test_a_tie_reports_the_first_epoch_that_reached_the_best_accuracy(tiny, tmp_path):
+def test_a_tie_reports_the_first_epoch_that_reached_the_best_accuracy(
+    tiny, tmp_path, fedavg_at_005
+):
     records = [
         {"epoch": 1, "validation_accuracy": 0.5},
         {"epoch": 2, "validation_accuracy": 0.8},

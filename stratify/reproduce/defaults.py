@@ -101,10 +101,16 @@ class DefaultChoice:
     def declared_lr(self) -> float:
         """The rate a run of the method takes here without ``--lr`` (its class's
         declarations, :func:`~stratify.config.resolve_lr`)."""
+        strategy = build_strategy(self.algorithm, {}, self.mode)
+        # as long a run as the method can make (FedBSS refuses one shorter than its warm-up)
         config = TrainConfig(
-            algorithm=self.algorithm, dataset=self.dataset, mode=self.mode, secure=False
+            algorithm=self.algorithm,
+            dataset=self.dataset,
+            mode=self.mode,
+            epochs=strategy.informative_epochs(),
+            secure=False,
         )
-        return resolve_lr(config)
+        return resolve_lr(config, strategy)
 
 
 def read_results(path: str | Path) -> list[dict[str, str]]:
@@ -122,6 +128,11 @@ def read_results(path: str | Path) -> list[dict[str, str]]:
         raise ConfigError(f"cannot read results file {path}: {error.strerror}") from None
 
 
+def score(run: Mapping[str, str], key: str) -> float:
+    """``run``'s accuracy ``key``; 0 for a run stopped before its first epoch ended."""
+    return float(run[key]) if run[key] else 0.0
+
+
 def default_choices(rows: Iterable[Mapping[str, str]]) -> list[DefaultChoice]:
     """One :class:`DefaultChoice` per method and mode of a ``defaults`` grid's rows, in the
     order they first appear.
@@ -129,14 +140,14 @@ def default_choices(rows: Iterable[Mapping[str, str]]) -> list[DefaultChoice]:
     Raises
     ------
     ConfigError
-        A row without a validation accuracy (a grid run without a validation split, or
-        a file that is not a ``defaults`` grid's).
+        A finished run without a validation accuracy (a grid run without a validation
+        split, or a file that is not a ``defaults`` grid's).
     """
     runs: dict[tuple[str, str, str], dict[float, list[Mapping[str, str]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for row in rows:
-        if not row.get("last_mean_validation_accuracy"):
+        if row.get("status") == "finished" and not row.get("last_mean_validation_accuracy"):
             raise ConfigError(
                 f"run {row.get('run_dir', '?')}: no validation accuracy; the defaults are "
                 "chosen from a defaults grid's results.csv"
@@ -148,8 +159,8 @@ def default_choices(rows: Iterable[Mapping[str, str]]) -> list[DefaultChoice]:
         candidates = tuple(
             Candidate(
                 lr,
-                tuple(float(run["last_mean_validation_accuracy"]) for run in seeds),
-                tuple(float(run["last_mean_accuracy"]) for run in seeds),
+                tuple(score(run, "last_mean_validation_accuracy") for run in seeds),
+                tuple(score(run, "last_mean_accuracy") for run in seeds),
                 all(run["status"] == "finished" for run in seeds),
             )
             for lr, seeds in sorted(by_lr.items())

@@ -180,7 +180,8 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
         "mode": config.mode,
         "seed": config.seed,
         "epochs": len(result.records),
-        "lr": result.lr,
+        # a run stopped before it resolved its rate ran at its cell's, where one is set
+        "lr": result.lr if result.lr is not None else config.lr,
         "tuned": tuned,
         "status": result.status,
         "last_mean_accuracy": summary["last_mean_accuracy"],
@@ -417,6 +418,8 @@ def describe(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int], tuning: Tu
             + (f", {tuning.epochs} epoch{'s' * (tuning.epochs != 1)}" if tuning.epochs else "")
             + "), never the test set"
         )
+    elif any("lr" in row.values for row in grid.rows):
+        text += "; each row's learning rate"
     else:
         text += "; each method at its default learning rate"
     return text + "."

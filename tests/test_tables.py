@@ -1,0 +1,98 @@
+"""The docs' result tables are generated from the committed results files
+(`stratify tables`, :mod:`stratify.reproduce.tables`)."""
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stratify.cli.main import main
+from stratify.errors import ConfigError
+from stratify.reproduce.tables import TABLES, Table, stale_tables, write_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_table_in_the_docs_is_what_its_committed_results_file_gives():
+    assert TABLES
+    assert stale_tables(ROOT) == [], "run `stratify tables` and commit the documents"
+
+
+def copy(tmp_path: Path, table: Table) -> Path:
+    for name in (table.document, table.results):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path / table.document
+
+
+def test_a_number_edited_by_hand_is_found_and_regenerated(tmp_path):
+    table = TABLES["defaults-digits"]
+    document = copy(tmp_path, table)
+    committed = document.read_text()
+    block = committed.split(f"<!-- table: {table.name} -->")[1]
+    number = next(word for word in block.split() if word.replace(".", "").isdigit())
+    document.write_text(committed.replace(block, block.replace(number, "99.9", 1)))
+    assert stale_tables(tmp_path, [table.name]) == [table.name]
+    assert write_tables(tmp_path, [table.name]) == [table.name]
+    assert document.read_text() == committed
+    assert write_tables(tmp_path, [table.name]) == []
+
+
+def test_a_changed_results_file_changes_the_table(tmp_path):
+    table = TABLES["defaults-digits"]
+    copy(tmp_path, table)
+    results = tmp_path / table.results
+    rows = list(csv.DictReader(results.open(newline="")))
+    rows[0]["last_mean_validation_accuracy"] = "1.0"  # a candidate's mean moves
+    with results.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert stale_tables(tmp_path, [table.name]) == [table.name]
+
+
+def test_a_document_without_its_markers_is_refused(tmp_path):
+    table = TABLES["defaults-digits"]
+    document = copy(tmp_path, table)
+    document.write_text("no markers here\n")
+    with pytest.raises(ConfigError, match="expected one"):
+        stale_tables(tmp_path, [table.name])
+
+
+def test_the_command_checks_and_writes(tmp_path, capsys):
+    table = TABLES["defaults-digits"]
+    document = copy(tmp_path, table)
+    with pytest.raises(SystemExit) as done:
+        main(["tables", table.name, "--check", "--root", str(tmp_path)])
+    assert done.value.code == 0
+    document.write_text(document.read_text().replace("| method |", "| methods |", 1))
+    with pytest.raises(SystemExit) as done:
+        main(["tables", table.name, "--check", "--root", str(tmp_path)])
+    assert done.value.code == 1 and "defaults-digits: differs" in capsys.readouterr().err
+    main(["tables", table.name, "--root", str(tmp_path)])
+    assert "defaults-digits: rewritten" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["tables", "nope", "--root", str(tmp_path)])
+    assert done.value.code == 2 and "unknown table nope" in capsys.readouterr().err
+
+
+def test_a_table_registered_with_a_file_and_a_marker_shows_the_file_s_columns(tmp_path):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "pairs.csv").write_text("split,verdict,n\nIID,level,3\n")
+    document = tmp_path / "docs" / "results.md"
+    document.write_text("x\n<!-- table: pairs -->\n<!-- /table: pairs -->\ny\n")
+    table = Table(
+        "pairs", "docs/results.md", "docs/results/pairs.csv", "cmd", columns=("verdict", "split")
+    )
+    TABLES["pairs"] = table
+    try:
+        assert write_tables(tmp_path, ["pairs"]) == ["pairs"]
+    finally:
+        del TABLES["pairs"]
+    text = document.read_text()
+    assert "[pairs.csv](results/pairs.csv), the results of `cmd`" in text
+    assert "| verdict | split |\n|---|---|\n| level | IID |\n" in text
+    assert text.startswith("x\n") and text.endswith("<!-- /table: pairs -->\ny\n")
+    with pytest.raises(ConfigError, match="no column nope"):
+        Table("p", "d", "r", "c", columns=("nope",)).table([{"verdict": "level"}])
