@@ -110,7 +110,8 @@ def accuracy_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     last_groups = last_rounds(known) if len(known) == len(groups) else None
     choice = best_on_validation(records)
     validation = [record.get("validation_accuracy") for record in records]
-    last_validation = None if None in validation else last_rounds(validation)
+    measured = [float(value) for value in validation if value is not None]
+    last_validation = last_rounds(measured) if len(measured) == len(validation) else None
     return {
         "best_accuracy": None if best is None else best["test_accuracy"],
         "best_epoch": None if best is None else best["epoch"],
