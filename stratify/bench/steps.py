@@ -135,6 +135,23 @@ def bench_samples(engine: Engine, steps: int) -> np.ndarray:
     return np.resize(plan.samples, steps)
 
 
+def eager_reference(
+    model: nn.Module, default: BackendSettings, x_train, y_train, lr: float
+) -> Callable[[State, np.ndarray], State]:
+    """``reference_from(state, samples)``: the parameters after the eager loop over
+    ``samples`` from ``state``, on a copy of ``model`` with torch's own ``default``
+    settings (the reference a check compares the engine or the lanes with)."""
+    scratch = copy.deepcopy(model)
+
+    def reference_from(state: State, part: np.ndarray) -> State:
+        load_into(scratch, state)
+        default.apply()
+        eager_loop(scratch, x_train, y_train, part, lr)
+        return parameters_of(scratch)
+
+    return reference_from
+
+
 def parameters_of(model: nn.Module) -> State:
     return clone_state(dict(model.named_parameters()))
 
@@ -261,13 +278,7 @@ def checked_comparison(
         tuned,
         lambda part: strategy.execute_single_sample(context, part),
     )
-    scratch = copy.deepcopy(engine.model)
-
-    def reference_from(state: State, part: np.ndarray) -> State:
-        load_into(scratch, state)
-        default.apply()
-        eager_loop(scratch, x_train, y_train, part, lr)
-        return parameters_of(scratch)
+    reference_from = eager_reference(engine.model, default, x_train, y_train, lr)
 
     # warm-up on copies (and the engine's compile), then every loop starts from `initial`
     warm = samples[: max(64, 4 * strategy.steps_per_call)]
@@ -332,13 +343,7 @@ def vectorised_comparison(
     lane_models = [copy.deepcopy(first.model)] + [engine.model for engine in engines[1:]]
     data = TrainingData([(engine.context.x_train, engine.context.y_train) for engine in engines])
     initial = parameters_of(first.model)
-    scratch = copy.deepcopy(first.model)
-
-    def reference_from(state: State, part: np.ndarray) -> State:
-        load_into(scratch, state)
-        default.apply()
-        eager_loop(scratch, x_train, y_train, part, lr)
-        return parameters_of(scratch)
+    reference_from = eager_reference(first.model, default, x_train, y_train, lr)
 
     tuned.apply()
     warm = [lane_samples[: 4 * runner.steps_per_call] for lane_samples in samples]
