@@ -322,3 +322,15 @@ def test_report_only_tables_a_grid_stopped_part_way_and_runs_nothing(monkeypatch
     assert len(read_records(lost)) == 1
     partial = (tmp_path / "results.md").read_text()
     assert partial != full and "(1 of 2 seeds)" in partial
+
+
+def test_a_plateau_dry_run_calibrates_on_runs_that_never_stop_early(capsys, tmp_path):
+    # the calibration runs time CALIBRATION_EPOCHS epochs: with the plateau rule kept,
+    # their cap (3) fell below R_min and the dry run refused its own calibration runs
+    from stratify.cli.main import main
+
+    command = ["reproduce", "paired", "--out", str(tmp_path), "--dataset", "digits"]
+    command += ["--methods", "fedprox", "--seeds", "0", "--plateau", "5", "--epochs", "10"]
+    main(command + ["--dry-run", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert "estimated" in err and "error" not in err

@@ -123,6 +123,8 @@ def calibration_specs(
                     cell.config,
                     seed=seed,
                     epochs=CALIBRATION_EPOCHS,
+                    # a calibration run times its epochs and never stops early
+                    stop_on_plateau=None,
                     options=calibration_options(cell.config),
                     out=str(out / "calibration" / slug(kind) / f"seed-{seed}"),
                 ),
