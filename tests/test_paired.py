@@ -196,6 +196,8 @@ def test_paired_dry_run_lists_every_pair_with_equal_budgets(capsys, tmp_path):
     assert len(pairs) == 5 * 7  # five splits, seven methods (FedTAN needs BatchNorm)
     assert all("sample-gradients per round each" in line for line in pairs)
     assert "UNEQUAL" not in err
+    # --dataset replaces FedDiverse's own colored-mnist too: its label says so
+    assert "FedDiverse (digits) vs" in err and "colored-mnist" not in err
 
 
 UNEQUAL_PAIRED = Grid(

@@ -668,6 +668,16 @@ def cell_values(grid: Grid, row: Row, column: Column, settings: Settings) -> dic
     return values
 
 
+def relabelled(column: Column, dataset: str) -> Column:
+    """``column`` as it runs under ``--dataset``: a label naming the column's own data set
+    (a paired column's, "FedDiverse (colored-mnist)") names the one that replaced it."""
+    own = column.values.get("dataset")
+    suffix = f" ({own})"
+    if own is None or own == dataset or not column.label.endswith(suffix):
+        return column
+    return dataclasses.replace(column, label=f"{column.label[: -len(suffix)]} ({dataset})")
+
+
 def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Cell], list[str]]:
     """Every cell of ``grid`` under ``settings``, with run folders under ``out/cells``,
     and notes on the columns left out (a method missing from this build or not running
@@ -705,6 +715,8 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
             left_out.add(reason)
             notes.append(reason)
 
+    if settings.dataset is not None:
+        columns = [relabelled(column, settings.dataset) for column in columns]
     for row in grid.rows:
         for column in columns:
             if row.columns is not None and column.key not in row.columns:
