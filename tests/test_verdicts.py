@@ -129,12 +129,28 @@ def cell_results(row: str, method: str, ours: list[float], theirs: list[float], 
     results = []
     for seed, (a, b) in enumerate(zip(ours, theirs)):
         for cell, accuracy in (
-            (Cell(split, column, seed, config, comparator="base"), a),
-            (Cell(split, base, seed, config), b),
+            (Cell(split, column, seed, located(config, row, method, seed), comparator="base"), a),
+            (Cell(split, base, seed, located(config, row, "base", seed)), b),
         ):
-            record = {"epoch": 1, "test_accuracy": accuracy, "transfers": 2}
+            record = {"epoch": 1, "test_accuracy": accuracy, "transfers": 2, "wall_seconds": 1}
             results.append(CellResult(cell, "finished", (record,), 0.01, classes=classes))
     return results
+
+
+def located(config, row: str, column: str, seed: int):
+    """``config`` of the seed, with a grid's run folder for its row, column and seed."""
+    from dataclasses import replace
+
+    return replace(config, seed=seed, out=f"grid/cells/{row}/{column}/seed-{seed}")
+
+
+def csv_rows(results):
+    """``results`` as a paired grid's results.csv holds them."""
+    from stratify.reproduce.grids import Column, Grid
+    from stratify.reproduce.results import csv_runs
+
+    grid = Grid("paired", "a paired grid", {}, (), (Column("m", "m", paired=True),))
+    return csv_runs(grid, results, False)
 
 
 def test_the_paired_table_has_a_verdict_per_row_and_counts_them():
@@ -146,7 +162,7 @@ def test_the_paired_table_has_a_verdict_per_row_and_counts_them():
         *cell_results("#C=1", "FedProx", [0.10, 0.11, 0.10], [0.10, 0.10, 0.12], 10),
         *cell_results("IID", "FedProx", [0.50, 0.60, 0.70], [0.55, 0.55, 0.55], 10),
     ]
-    lines = paired_lines(results, 3, "last_mean_accuracy")
+    lines = paired_lines(csv_rows(results), 3, "last_mean_accuracy")
     column = PAIRED_HEADER.index("verdict")
     assert [(line[0], line[column]) for line in lines] == [
         ("Dir(0.5)", "ahead"),

@@ -14,9 +14,9 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from stratify.algorithms import method_label, strategy_class
@@ -71,6 +71,16 @@ CSV_FIELDS = (
     "comparator",
     "wall_seconds",
     "run_dir",
+    # what a paired table reads of each run besides its accuracies (PAIRED_HEADER)
+    "best_worst_group_accuracy",
+    "classes",
+    "clients",
+    "cap",
+    "plateau",
+    "warm_accuracy",
+    "biased_share",
+    "blocked_by",
+    "attribute_free",
 )
 
 
@@ -204,6 +214,30 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
         "comparator": result.cell.comparator,
         "wall_seconds": round(sum(record["wall_seconds"] for record in result.records), 2),
         "run_dir": str(config.out),
+        "best_worst_group_accuracy": summary["best_worst_group_accuracy"],
+        "classes": result.classes,
+        "clients": config.clients,
+        "cap": config.epochs,
+        "plateau": config.stop_on_plateau,
+        **mechanism(result.records),
+    }
+
+
+def mechanism(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a run's records say about whether its method's mechanism acted: the test
+    accuracy of the warm model entering stage 2 (FedBSS), the mean biased-set share, why
+    its selection could not act, and whether a diverse selection found no attribute."""
+    infos = [record.get("info") or {} for record in records]
+    stages = [info.get("stage") for info in infos]
+    warm = records[stages.index(2) - 1]["test_accuracy"] if 2 in stages[1:] else None
+    shares = [info["biased_share"] for info in infos if "biased_share" in info]
+    blocked = sorted({info["blocked_by"] for info in infos if "blocked_by" in info})
+    diverse = any(info.get("selection") == "diverse" for info in infos)
+    return {
+        "warm_accuracy": warm,
+        "biased_share": statistics.fmean(shares) if shares else None,
+        "blocked_by": "; ".join(blocked) or None,
+        "attribute_free": diverse and not any(info.get("attribute") for info in infos),
     }
 
 
@@ -223,6 +257,11 @@ def csv_text(grid: Grid, results: Sequence[CellResult], tuned: bool) -> bytes:
         row = csv_row(grid, result, tuned)
         writer.writerow({key: "" if value is None else value for key, value in row.items()})
     return buffer.getvalue().encode()
+
+
+def csv_runs(grid: Grid, results: Sequence[CellResult], tuned: bool) -> list[dict[str, str]]:
+    """The rows of ``results.csv`` as read back from the file (every value text)."""
+    return list(csv.DictReader(io.StringIO(csv_text(grid, results, tuned).decode())))
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -437,7 +476,8 @@ def markdown(
     """``results.md``: the accuracy table, the paper's beside it, transfers, tuning."""
     parts = [f"# {grid.name}\n", describe(grid, cells, seeds, tuning) + "\n"]
     if grid.paired:
-        parts += paired_tables(results, len(seeds))
+        # rendered from results.csv's rows, as the docs render a committed copy of it
+        parts += paired_tables(csv_runs(grid, results, tuning is not None), len(seeds))
     else:
         parts.append(
             f"Test accuracy: the mean over each run's last rounds ({LAST_ROUNDS_TEXT}), "
@@ -493,21 +533,24 @@ def signed_points(difference: PairedDifference | None) -> str:
     return text.replace("-", "−")
 
 
-#: the statuses of a run that did not reach its epochs (a diverged run's epochs count)
-UNFINISHED = ("incomplete", "missing", "corrupt", "failed")
+Run = Mapping[str, str]
 
 
-def seed_values(results: Sequence[CellResult], key: str) -> dict[int, float]:
-    """Seed -> the summary entry ``key`` of each result that has it. A run stopped short
-    of its epochs (a report of a grid stopped part way) is left out: compared with a
-    finished one, it would be a comparison at unequal rounds."""
+def number(run: Run, field: str) -> float | None:
+    """``run``'s ``field`` as a number; ``None`` where the file has none (or no column)."""
+    text = run.get(field) or ""
+    return float(text) if text else None
+
+
+def seed_values(runs: Sequence[Run], field: str) -> dict[int, float]:
+    """Seed -> ``field`` of each run that has it. A run stopped short of its epochs (a
+    report of a grid stopped part way) is left out: compared with a finished one, it
+    would be a comparison at unequal rounds."""
     values = {}
-    for result in results:
-        if result.status in UNFINISHED:
-            continue
-        value = result.summary[key] if result.records else None
-        if value is not None:
-            values[result.cell.seed] = float(value)
+    for run in runs:
+        value = number(run, field)
+        if run["status"] not in UNFINISHED and value is not None:
+            values[int(run["seed"])] = value
     return values
 
 
@@ -519,92 +562,77 @@ def mean_text(values: dict[int, float]) -> str:
     return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if len(values) > 1 else "")
 
 
-def budget_text(method: Sequence[CellResult], comparator: Sequence[CellResult], key: str) -> str:
-    """``method / comparator`` means of a per-epoch count (bytes in MB)."""
-
-    def mean(results: Sequence[CellResult]) -> float | None:
-        values = [v for r in results if (v := r.per_epoch(key)) is not None]
-        return statistics.fmean(values) if values else None
-
+def budget_text(method: Sequence[Run], comparator: Sequence[Run], field: str) -> str:
+    """``method / comparator`` means of a per-round count (bytes in MB)."""
     shown = []
-    for value in (mean(method), mean(comparator)):
-        if value is None:
+    for runs in (method, comparator):
+        values = [value for run in runs if (value := number(run, field)) is not None]
+        if not values:
             shown.append("–")
-        elif key == "bytes_sent":
-            shown.append(f"{value / 1e6:.2f}")
+        elif field == "bytes_per_round":
+            shown.append(f"{statistics.fmean(values) / 1e6:.2f}")
         else:
-            shown.append(f"{value:,.0f}")
+            shown.append(f"{statistics.fmean(values):,.0f}")
     return " / ".join(shown)
 
 
-def method_notes(results: Sequence[CellResult]) -> str:
+def method_notes(runs: Sequence[Run]) -> str:
     """What a paired method's runs say about whether its mechanism acted."""
     notes = []
-    infos = [record.get("info") or {} for r in results for record in r.records]
-    warm, shares = [], []
-    for result in results:
-        stages = [(record.get("info") or {}).get("stage") for record in result.records]
-        if 2 in stages and stages.index(2) > 0:
-            warm.append(result.records[stages.index(2) - 1]["test_accuracy"])
-        shares += [
-            info["biased_share"]
-            for record in result.records
-            if "biased_share" in (info := record.get("info") or {})
-        ]
+    warm = [value for run in runs if (value := number(run, "warm_accuracy")) is not None]
     if warm:
         notes.append(f"warm model {100 * statistics.fmean(warm):.1f}%")
+    shares = [value for run in runs if (value := number(run, "biased_share")) is not None]
     if shares:
         notes.append(f"biased share {100 * statistics.fmean(shares):.0f}%")
-    blocked = sorted({info["blocked_by"] for info in infos if "blocked_by" in info})
-    if blocked:
-        notes.append("selection cannot act: " + "; ".join(blocked))
-    if any(info.get("selection") == "diverse" for info in infos) and not any(
-        info.get("attribute") for info in infos
-    ):
+    blocked = sorted({part for run in runs for part in (run.get("blocked_by") or "").split("; ")})
+    if any(blocked):
+        notes.append("selection cannot act: " + "; ".join(part for part in blocked if part))
+    if any(run.get("attribute_free") == "True" for run in runs):
         notes.append("no attribute in the data: triplets carry class imbalance only")
-    distinct = [r.distinct_clients for r in results if r.distinct_clients is not None]
-    clients = {r.cell.config.clients for r in results}
-    if distinct and any(d < max(clients) for d in distinct):
+    distinct = [int(value) for run in runs if (value := number(run, "distinct_clients"))]
+    clients = [int(value) for run in runs if (value := number(run, "clients"))]
+    if distinct and clients and min(distinct) < max(clients):
         notes.append(f"{min(distinct)}–{max(distinct)} distinct clients trained")
-    diverged = sum(r.status == "diverged" for r in results)
+    diverged = sum(run["status"] == "diverged" for run in runs)
     if diverged:
         notes.append(f"{diverged} diverged")
     return "; ".join(notes)
 
 
-def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[list[str]]:
-    """One table line per row and paired method, on the summary entry ``key``."""
-    methods: dict[tuple[str, str], list[CellResult]] = {}
-    comparators: dict[tuple[str, str], list[CellResult]] = {}
-    rows: dict[str, Row] = {}
-    for result in results:
-        cell = result.cell
-        rows.setdefault(cell.row.key, cell.row)
-        if cell.comparator is not None:
-            methods.setdefault((cell.row.key, cell.column.key), []).append(result)
-        else:
-            comparators.setdefault((cell.row.key, cell.column.key), []).append(result)
+def column_key(run: Run) -> str:
+    """The key of ``run``'s column: the folder above its seed's (``cells/ROW/COLUMN/seed-N``),
+    which a method's ``comparator`` names."""
+    return PurePath(run["run_dir"]).parent.name
+
+
+def paired_lines(runs: Sequence[Run], seeds: int, field: str) -> list[list[str]]:
+    """One table line per row and paired method, on ``field`` of a grid's ``results.csv``
+    rows (``runs``); ``seeds`` the seeds asked for."""
+    methods: dict[tuple[str, str], list[Run]] = {}
+    comparators: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        group = methods if run["role"] == "method" else comparators
+        group.setdefault((run["row"], column_key(run)), []).append(run)
     lines = []
-    for (row_key, _), method in methods.items():
-        comparator = comparators.get((row_key, method[0].cell.comparator or ""), [])
-        ours, theirs = seed_values(method, key), seed_values(comparator, key)
+    for (row, _), method in methods.items():
+        comparator = comparators.get((row, method[0]["comparator"]), [])
+        ours, theirs = seed_values(method, field), seed_values(comparator, field)
         if not ours and not theirs:
             continue
         missing = seeds - len(set(ours) & set(theirs))
-        best_ours, best_theirs = (
-            seed_values(method, "best_accuracy"),
-            seed_values(comparator, "best_accuracy"),
-        )
+        best_ours = seed_values(method, "best_accuracy")
+        best_theirs = seed_values(comparator, "best_accuracy")
         base = (
-            comparator[0].cell.config.algorithm
+            comparator[0]["algorithm"]
             if comparator
-            else str(strategy_class(method[0].cell.config.algorithm).comparator)
+            else str(strategy_class(method[0]["algorithm"]).comparator)
         )
         difference = paired_difference(ours, theirs)
         lines.append(
             [
-                rows[row_key].label,
-                method[0].cell.column.label,
+                row,
+                method[0]["column"],
                 mean_text(ours),
                 f"{method_label(base)}: {mean_text(theirs)}",
                 signed_points(difference)
@@ -612,26 +640,26 @@ def paired_lines(results: Sequence[CellResult], seeds: int, key: str) -> list[li
                 str(pair_verdict(difference, ours, theirs, method + comparator)),
                 rounds_text(comparator),
                 f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
-                budget_text(method, comparator, "sample_gradients"),
-                budget_text(method, comparator, "bytes_sent"),
+                budget_text(method, comparator, "sample_gradients_per_round"),
+                budget_text(method, comparator, "bytes_per_round"),
                 method_notes(method),
             ]
         )
     return lines
 
 
-def rounds_text(comparator: Sequence[CellResult]) -> str:
+def rounds_text(comparator: Sequence[Run]) -> str:
     """The rounds a pair ran over its seeds (``20``, ``23–41``), and under a plateau
     budget how many comparators plateaued before the cap."""
-    ran = [r for r in comparator if r.records and r.status not in UNFINISHED]
-    rounds = sorted(len(result.records) for result in ran)
+    ran = [run for run in comparator if int(run["epochs"]) and run["status"] not in UNFINISHED]
+    rounds = sorted(int(run["epochs"]) for run in ran)
     if not rounds:
         return "–"
     text = str(rounds[0]) if rounds[0] == rounds[-1] else f"{rounds[0]}–{rounds[-1]}"
-    watched = [r for r in ran if r.cell.config.stop_on_plateau is not None]
+    watched = [run for run in ran if run.get("plateau")]
     if watched:
-        plateaued = sum(len(r.records) < r.cell.config.epochs for r in watched)
-        text += f" ({plateaued} of {len(watched)} plateaued, cap {watched[0].cell.config.epochs})"
+        plateaued = sum(int(run["epochs"]) < int(run["cap"]) for run in watched)
+        text += f" ({plateaued} of {len(watched)} plateaued, cap {watched[0]['cap']})"
     return text
 
 
@@ -639,11 +667,11 @@ def pair_verdict(
     difference: PairedDifference | None,
     ours: dict[int, float],
     theirs: dict[int, float],
-    results: Sequence[CellResult],
+    runs: Sequence[Run],
 ) -> Verdict:
     """:func:`~stratify.reproduce.paired.verdict` on a pair's per-seed accuracies, with the
     chance level of the data its runs recorded."""
-    classes = next((r.classes for r in results if r.classes is not None), None)
+    classes = next((int(value) for run in runs if (value := number(run, "classes"))), None)
     return verdict(
         difference,
         statistics.fmean(ours.values()) if ours else None,
@@ -682,10 +710,11 @@ PAIRED_HEADER = (
 BEST_COLUMN = PAIRED_HEADER.index("best (chosen on test), %: method / comparator")
 
 
-def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
-    """The paired grid's tables: test accuracy, and worst-group accuracy where the data
-    has attributes, each method beside its matched comparator, with the verdicts."""
-    lines = paired_lines(results, seeds, "last_mean_accuracy")
+def paired_tables(runs: Sequence[Run], seeds: int) -> list[str]:
+    """The paired grid's tables from its ``results.csv`` rows (``runs``; ``seeds`` the
+    seeds asked for): test accuracy, and worst-group accuracy where the data has
+    attributes, each method beside its matched comparator, with the verdicts."""
+    lines = paired_lines(runs, seeds, "last_mean_accuracy")
     parts = [
         f"Each method against its matched comparator (the same local optimizer, local work, "
         f"clients per round, weighting, rounds and seeds). Test accuracy in %: the mean over "
@@ -696,14 +725,14 @@ def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
         f"round. Verdict: ahead or behind (the interval above or below zero), level (inside "
         f"±1 point), or inconclusive (the interval holds zero and is wider than ±1 point, or "
         f"both runs are within 5 points of chance). Rounds: those each pair ran over its "
-        f"seeds; under a plateau budget (``--plateau``) the comparator ran until its "
+        f"seeds; under a plateau budget (`--plateau`) the comparator ran until its "
         f"validation accuracy gained under 0.5 points over its last 10% of rounds (at least "
         f"5), and the "
         f"method the same rounds.\n",
         markdown_table(PAIRED_HEADER, lines),
         f"Verdicts: {verdict_counts(lines)}.\n",
     ]
-    groups = paired_lines(results, seeds, "last_mean_worst_group_accuracy")
+    groups = paired_lines(runs, seeds, "last_mean_worst_group_accuracy")
     if groups:
         parts.append(
             "Worst-group accuracy in % (the lowest accuracy over the test set's (label, "
@@ -711,18 +740,17 @@ def paired_tables(results: Sequence[CellResult], seeds: int) -> list[str]:
         )
         header = list(PAIRED_HEADER)
         header[BEST_COLUMN] = "best worst group (chosen on test), %: method / comparator"
-        worst = paired_lines_worst(results, seeds)
+        worst = paired_lines_worst(runs, seeds)
         parts.append(markdown_table(header, worst))
         parts.append(f"Verdicts on the worst group: {verdict_counts(worst)}.\n")
     return parts
 
 
-def paired_lines_worst(results: Sequence[CellResult], seeds: int) -> list[list[str]]:
+def paired_lines_worst(runs: Sequence[Run], seeds: int) -> list[list[str]]:
     """:func:`paired_lines` on the worst-group accuracy."""
-    lines = paired_lines(results, seeds, "last_mean_worst_group_accuracy")
+    lines = paired_lines(runs, seeds, "last_mean_worst_group_accuracy")
     best = {
-        (line[0], line[1]): line
-        for line in paired_lines(results, seeds, "best_worst_group_accuracy")
+        (line[0], line[1]): line for line in paired_lines(runs, seeds, "best_worst_group_accuracy")
     }
     for line in lines:
         other = best.get((line[0], line[1]))

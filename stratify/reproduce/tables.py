@@ -26,7 +26,7 @@ from pathlib import Path
 
 from stratify.errors import ConfigError
 from stratify.reproduce.defaults import defaults_table, read_results
-from stratify.reproduce.results import markdown_table
+from stratify.reproduce.results import markdown_table, paired_tables
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,19 @@ def runs_table(rows: Sequence[Mapping[str, str]]) -> str:
     return markdown_table([*header, "training s"], lines)
 
 
+def paired_report(rows: Sequence[Mapping[str, str]]) -> str:
+    """A paired grid's tables, as its ``results.md`` gives them, from its ``results.csv``
+    rows: each method beside its matched comparator, the verdicts and their counts.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        The rows of the grid's ``results.csv``.
+    """
+    seeds = len({row["seed"] for row in rows})
+    return "\n".join(part.strip("\n") + "\n" for part in paired_tables(rows, seeds))
+
+
 TABLES: dict[str, Table] = {
     table.name: table
     for table in (
@@ -132,6 +145,13 @@ TABLES: dict[str, Table] = {
             "docs/results/real-data.csv",
             "stratify reproduce real-data --out OUT --data-dir DIR --seeds 0,1 --workers 1",
             runs_table,
+        ),
+        Table(
+            "seed-papers-lfd",
+            "docs/results.md",
+            "docs/results/seed-papers-lfd.csv",
+            "stratify reproduce seed-papers --out OUT --data-dir DIR --seeds 0,1,2 --methods lfd",
+            paired_report,
         ),
     )
 }
