@@ -84,6 +84,10 @@ CSV_FIELDS = (
 )
 
 
+#: a row of ``results.csv`` as read back (every value text)
+Run = Mapping[str, str]
+
+
 @dataclass(frozen=True)
 class CellResult:
     """What one cell's run folder holds, up to the epochs asked for.
@@ -330,14 +334,6 @@ def format_accuracy(
     return text
 
 
-def last_of(result: CellResult) -> tuple[float, float] | None:
-    """``(last-rounds mean, its std over the rounds)`` of a result, ``None`` without epochs."""
-    summary = result.summary
-    if summary["last_mean_accuracy"] is None:
-        return None
-    return summary["last_mean_accuracy"], summary["last_std_accuracy"]
-
-
 def present(grid: Grid, results: Sequence[CellResult]) -> tuple[list[Row], list[Column]]:
     """The grid's rows and columns that have cells, in the grid's order."""
     rows = {result.cell.row.key for result in results}
@@ -361,48 +357,79 @@ def markdown_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str
     return "\n".join(rows) + "\n"
 
 
-def accuracy_table(
-    grid: Grid, results: Sequence[CellResult], seeds: int, chosen: dict[str, Choice] | None
-) -> str:
-    rows, columns = present(grid, results)
-    groups = by_group(results)
-    corner = "Partitioning" if all("partition" in row.values for row in rows) else "Setting"
+def groups_of(runs: Sequence[Run]) -> tuple[list[str], list[str], dict[tuple[str, str], list[Run]]]:
+    """The row and column labels of a grid's ``results.csv`` rows in the order they first
+    appear (the grid's), and the runs of each (row, column)."""
+    rows: dict[str, None] = {}
+    columns: dict[str, None] = {}
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        rows.setdefault(run["row"])
+        columns.setdefault(run["column"])
+        groups.setdefault((run["row"], run["column"]), []).append(run)
+    return list(rows), list(columns), groups
+
+
+def accuracy_table(runs: Sequence[Run], seeds: int) -> str:
+    """The accuracy table of a grid's ``results.csv`` rows (``runs``; ``seeds`` the seeds
+    asked for): a line per row, a cell per column (:func:`format_accuracy`), a tuned
+    rate shown beside its cell.
+
+    Parameters
+    ----------
+    runs : sequence of mapping
+        The rows of the grid's ``results.csv``.
+    seeds : int
+        The seeds asked for: a cell with fewer says so.
+    """
+    rows, columns, groups = groups_of(runs)
+    partitions = {run["partition"] for run in runs}
+    corner = "Partitioning" if len(partitions) == len(rows) else "Setting"
     lines = []
     for row in rows:
-        line = [row.label]
+        line = [row]
         for column in columns:
-            measured = [r for r in groups.get((row.key, column.key), []) if r.records]
-            best = [r.best for r in measured]
-            choice = chosen.get(f"{row.key}/{column.key}") if chosen else None
+            measured = [run for run in groups.get((row, column), []) if int(run["epochs"])]
+            best = [
+                (float(run["best_accuracy"]), int(run["best_epoch"]))
+                for run in measured
+                if run["best_accuracy"]
+            ]
+            last = [
+                (float(run["last_mean_accuracy"]), float(run["last_std_accuracy"]))
+                for run in measured
+                if run["last_mean_accuracy"]
+            ]
+            tuned = [float(run["lr"]) for run in measured if run["tuned"] == "True" and run["lr"]]
             line.append(
                 format_accuracy(
-                    [accuracy for accuracy, _ in best if accuracy is not None],
-                    [epoch for _, epoch in best if epoch is not None],
+                    [accuracy for accuracy, _ in best],
+                    [epoch for _, epoch in best],
                     expected=seeds,
-                    diverged=sum(r.status == "diverged" for r in measured),
-                    lr=choice.lr if choice else None,
-                    last=[value for r in measured if (value := last_of(r)) is not None],
+                    diverged=sum(run["status"] == "diverged" for run in measured),
+                    lr=tuned[0] if tuned else None,
+                    last=last,
                 )
             )
         lines.append(line)
-    return markdown_table([corner, *(column.label for column in columns)], lines)
+    return markdown_table([corner, *columns], lines)
 
 
-def transfers_table(grid: Grid, results: Sequence[CellResult]) -> str:
-    rows, columns = present(grid, results)
-    groups = by_group(results)
+def transfers_table(runs: Sequence[Run]) -> str:
+    """Model transfers per epoch of a grid's ``results.csv`` rows, mean over the seeds."""
+    rows, columns, groups = groups_of(runs)
     lines = []
     for row in rows:
-        line = [row.label]
+        line = [row]
         for column in columns:
             values = [
                 value
-                for r in groups.get((row.key, column.key), [])
-                if (value := r.transfers_per_epoch) is not None
+                for run in groups.get((row, column), [])
+                if (value := number(run, "transfers_per_epoch")) is not None
             ]
             line.append(f"{statistics.fmean(values):,.1f}" if values else "–")
         lines.append(line)
-    return markdown_table(["Setting", *(column.label for column in columns)], lines)
+    return markdown_table(["Setting", *columns], lines)
 
 
 def paper_table(grid: Grid, results: Sequence[CellResult]) -> str:
@@ -492,13 +519,13 @@ def markdown(
             + " — chosen on the test set, so optimistic. A diverged run counts with its "
             "epochs before the loss became non-finite.\n"
         )
-        parts.append(accuracy_table(grid, results, len(seeds), chosen))
+        parts.append(accuracy_table(csv_runs(grid, results, tuning is not None), len(seeds)))
     if grid.paper and cells[0].config.dataset in grid.paper_datasets:
         parts.append(f"{grid.paper_source}:")
         parts.append(paper_table(grid, results))
     if grid.transfers:
         parts.append("Model transfers per epoch (mean over seeds and epochs):")
-        parts.append(transfers_table(grid, results))
+        parts.append(transfers_table(csv_runs(grid, results, tuning is not None)))
     if chosen:
         parts.append("Learning-rate tuning (best validation accuracy of each candidate):")
         parts.append(tuning_table(chosen))
@@ -531,9 +558,6 @@ def signed_points(difference: PairedDifference | None) -> str:
         low, high = difference.interval
         text += f" [{100 * low:+.2f}, {100 * high:+.2f}]"
     return text.replace("-", "−")
-
-
-Run = Mapping[str, str]
 
 
 def number(run: Run, field: str) -> float | None:

@@ -26,7 +26,12 @@ from pathlib import Path
 
 from stratify.errors import ConfigError
 from stratify.reproduce.defaults import defaults_table, read_results
-from stratify.reproduce.results import markdown_table, paired_tables
+from stratify.reproduce.results import (
+    accuracy_table,
+    markdown_table,
+    paired_tables,
+    transfers_table,
+)
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,34 @@ def paired_report(rows: Sequence[Mapping[str, str]]) -> str:
     rows : sequence of mapping
         The rows of the grid's ``results.csv``.
     """
-    seeds = len({row["seed"] for row in rows})
-    return "\n".join(part.strip("\n") + "\n" for part in paired_tables(rows, seeds))
+    return "\n".join(part.strip("\n") + "\n" for part in paired_tables(rows, seeds_of(rows)))
+
+
+def seeds_of(rows: Sequence[Mapping[str, str]]) -> int:
+    return len({row["seed"] for row in rows})
+
+
+def accuracy_report(rows: Sequence[Mapping[str, str]]) -> str:
+    """A grid's accuracy table, as its ``results.md`` gives it, from its ``results.csv``
+    rows: the last-rounds mean ± std over the seeds, the best (chosen on test) beside it.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        The rows of the grid's ``results.csv``.
+    """
+    return accuracy_table(rows, seeds_of(rows))
+
+
+def accuracy_and_transfers_report(rows: Sequence[Mapping[str, str]]) -> str:
+    """:func:`accuracy_report`, then the model transfers per epoch (mean over the seeds).
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        The rows of the grid's ``results.csv``.
+    """
+    return f"{accuracy_report(rows)}\nTransfers per epoch:\n\n{transfers_table(rows)}"
 
 
 TABLES: dict[str, Table] = {
