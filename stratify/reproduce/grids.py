@@ -487,6 +487,34 @@ GRIDS: dict[str, Grid] = {
             PAIRED_COLUMNS,
         ),
         Grid(
+            "fedtan-digits",
+            "FedTAN on digits with ResNet-20 against FedAvg with exactly its local SGD (each "
+            "client's own BatchNorm statistics) and Stratify's batch mode with the sum-based "
+            "BatchNorm (docs/methods.md)",
+            {"dataset": "digits", "mode": "batch", "epochs": 30, "model": "resnet20", "lr": 0.05},
+            (partition_row("classes:1", "#C=1"), partition_row("dirichlet:0.5", "Dir(0.5)")),
+            (
+                Column("fedtan", "FedTAN", {"algorithm": "fedtan", "norm": "bn"}),
+                Column(
+                    "fedavg",
+                    "FedAvg, FedTAN's local SGD",
+                    {"algorithm": "fedavg", "norm": "bn"},
+                    {
+                        "local_epochs": 1,
+                        "local_batch_size": 128,
+                        "local_momentum": 0.9,
+                        "local_weight_decay": 1e-4,
+                    },
+                ),
+                Column(
+                    "stratify",
+                    "Stratify (sum-based BN)",
+                    {"algorithm": "stratify", "norm": "sumbn"},
+                ),
+            ),
+            transfers=True,
+        ),
+        Grid(
             "seed-papers",
             "FedBSS, FedBR, FedDiverse and LfD each in its own paper's setting, as far as "
             "the data at hand allows, against its matched comparator",
