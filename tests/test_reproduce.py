@@ -38,10 +38,10 @@ from stratify.reproduce.tuning import (
     Trial,
     Tuning,
     TuningPlan,
-    best_validation,
     candidates,
     choose,
     rungs,
+    validation_score,
 )
 from stratify.run import EpochRecord, Run
 from stratify.runfiles import read_records
@@ -311,12 +311,13 @@ def test_halving_and_widening_are_read_back_from_the_tuning_folders(tiny, tmp_pa
     assert asked(plan) == []
     (choice,) = plan.choices().values()
     assert choice.lr == 0.2
+    # each scored by its mean over the last rounds (2 of 2, 3 of 4)
     assert [(t.lr, t.accuracy, t.epochs) for t in choice.trials] == [
-        (0.025, 0.6, 2),
-        (0.05, 0.74, 4),
-        (0.1, 0.8, 4),
-        (0.2, 0.9, 4),
-        (0.4, 0.1, 4),
+        (0.025, pytest.approx(0.55), 2),
+        (0.05, pytest.approx(0.72), 4),
+        (0.1, pytest.approx(2.2 / 3), 4),
+        (0.2, pytest.approx(0.85), 4),
+        (0.4, pytest.approx(0.1), 4),
     ]
     # without halving and widening: every candidate for all 4 epochs, nothing more
     plain = TuningPlan(cells, Tuning(factors=(0.5, 1, 2), epochs=4, widen=0), tmp_path)
@@ -378,7 +379,7 @@ def test_every_halving_rung_trains_past_the_methods_warm_up(tmp_path):
     assert rungs_seen == [(3, 5), (2, 6)]
 
 
-def test_a_tie_reports_the_first_epoch_that_reached_the_best_accuracy(
+def test_a_trial_scores_its_mean_validation_accuracy_over_its_last_rounds(
     tiny, tmp_path, fedavg_at_005
 ):
     records = [
@@ -387,7 +388,8 @@ def test_a_tie_reports_the_first_epoch_that_reached_the_best_accuracy(
         {"epoch": 3, "validation_accuracy": 0.8},
         {"epoch": 4, "validation_accuracy": 0.7},
     ]
-    assert best_validation(records) == (0.8, 2)
+    # the last 3 of 4 rounds (docs/architecture.md: the last-rounds window), and the last epoch
+    assert validation_score(records) == (pytest.approx((0.8 + 0.8 + 0.7) / 3), 4)
     # and so does the tuning trial read back from a run's folder
     cells, _ = plan_cells(tiny, Settings(seeds=(0,), epochs=4), tmp_path)
     cells = [cell for cell in cells if cell.column.key == "fedavg"]
@@ -396,7 +398,25 @@ def test_a_tie_reports_the_first_epoch_that_reached_the_best_accuracy(
     plan = TuningPlan(cells, tuning, tmp_path)
     assert plan.next_specs() == []
     (choice,) = plan.choices().values()
-    assert [(t.accuracy, t.epoch) for t in choice.trials] == [(0.8, 2)]
+    assert [(t.accuracy, t.epoch) for t in choice.trials] == [(pytest.approx(0.7667, abs=1e-4), 4)]
+
+
+def test_a_rate_that_swings_loses_to_a_steady_one_whatever_its_best_round():
+    # peak validation 0.9 but ending low: the best-round score chose such rates, whose
+    # final runs then ended far below the steady rate's
+    swinging = [
+        {"epoch": e + 1, "validation_accuracy": a}
+        for e, a in enumerate([0.2, 0.9, 0.2, 0.9, 0.2, 0.3])
+    ]
+    steady = [
+        {"epoch": e + 1, "validation_accuracy": a}
+        for e, a in enumerate([0.5, 0.6, 0.7, 0.7, 0.7, 0.7])
+    ]
+    trials = [
+        Trial(0.3, *validation_score(swinging), "finished"),
+        Trial(0.03, *validation_score(steady), "finished"),
+    ]
+    assert choose(trials, 0.1) == 0.03
 
 
 def test_a_grid_tuned_by_halving_runs_and_resumes_to_the_same_choice(tiny, tmp_path):
@@ -547,9 +567,9 @@ def test_tuning_reads_the_validation_accuracy_never_the_test_accuracy():
         {"epoch": 1, "validation_accuracy": 0.5, "test_accuracy": 0.99},
         {"epoch": 2, "validation_accuracy": 0.7, "test_accuracy": 0.10},
     ]
-    assert best_validation(records) == (0.7, 2)
+    assert validation_score(records) == (pytest.approx(0.6), 2)
     # a folder of a version whose tuning runs measured the split as test_accuracy
-    assert best_validation([{"epoch": 1, "test_accuracy": 0.4}]) == (0.4, 1)
+    assert validation_score([{"epoch": 1, "test_accuracy": 0.4}]) == (0.4, 1)
 
 
 def test_a_folder_of_another_grid_setting_is_refused(tiny, tmp_path):

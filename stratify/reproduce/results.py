@@ -453,7 +453,7 @@ def tuning_table(chosen: dict[str, Choice]) -> str:
         )
         lines.append([choice.group, f"{choice.default:g}", trials, f"**{choice.lr:g}**"])
     return markdown_table(
-        ["row/column", "default lr", "validation accuracy per lr", "chosen"], lines
+        ["row/column", "default lr", "last-rounds validation accuracy per lr", "chosen"], lines
     )
 
 
@@ -527,7 +527,9 @@ def markdown(
         parts.append("Model transfers per epoch (mean over seeds and epochs):")
         parts.append(transfers_table(csv_runs(grid, results, tuning is not None)))
     if chosen:
-        parts.append("Learning-rate tuning (best validation accuracy of each candidate):")
+        parts.append(
+            "Learning-rate tuning (each candidate's validation accuracy over its last rounds):"
+        )
         parts.append(tuning_table(chosen))
     missing = [r for r in results if r.status in UNFINISHED]
     rerun = [r for r in results if r.corrupt and r.status != "corrupt"]

@@ -2,8 +2,9 @@
 
 For each row and column of a grid, the first seed's cell is run once per candidate rate
 (the method's default times each factor) on a validation split held out of the training
-samples (``TrainConfig.validation``); the rate with the best validation accuracy is then
-used by that row and column's cells of every seed. Only the validation accuracy is read:
+samples (``TrainConfig.validation``); the rate with the best validation accuracy over its
+last rounds (:func:`validation_score`) is then used by that row and column's cells of
+every seed. Only the validation accuracy is read:
 a tuning run also records its test accuracy, like every run, but the choice never looks
 at it. A tuning run is at least as long as the method needs for its own mechanism to act
 (:meth:`~stratify.method.Strategy.informative_epochs`: FedBSS's warm-up + 2), and runs
@@ -28,6 +29,7 @@ from pathlib import Path
 from stratify.algorithms import build_strategy
 from stratify.config import TrainConfig, resolve_lr
 from stratify.errors import ConfigError, CorruptRunError
+from stratify.measures import last_rounds
 from stratify.parallel import COMPLETE, RunOutcome, RunSpec
 from stratify.reproduce.grids import Cell
 from stratify.runfiles import read_records
@@ -114,19 +116,22 @@ class Choice:
     trials: tuple[Trial, ...]
 
 
-def best_validation(records: Sequence[dict]) -> tuple[float | None, int | None]:
-    """The best validation accuracy of a tuning run's records and its epoch (the first, on
-    ties). Records written before runs kept their test set measured the validation split
-    as ``test_accuracy`` and have no ``validation_accuracy``: that value is read then."""
+def validation_score(records: Sequence[dict]) -> tuple[float | None, int | None]:
+    """A tuning run's score: its mean validation accuracy over its last rounds (the
+    window of :func:`~stratify.measures.last_rounds`, the measure the tables lead with),
+    and the last epoch scored. Not the best epoch's: a rate whose accuracy swings from
+    round to round would win on a lucky round and then end its runs low. Records written
+    before runs kept their test set measured the validation split as ``test_accuracy``
+    and have no ``validation_accuracy``: that value is read then."""
     scored = [
         (record.get("validation_accuracy", record.get("test_accuracy")), record["epoch"])
         for record in records
     ]
     scored = [(accuracy, epoch) for accuracy, epoch in scored if accuracy is not None]
-    if not scored:
+    window = last_rounds([accuracy for accuracy, _ in scored])
+    if window is None:
         return None, None
-    accuracy, epoch = max(scored, key=lambda entry: (entry[0], -entry[1]))
-    return accuracy, epoch
+    return window.mean, scored[-1][1]
 
 
 def informative_epochs(config: TrainConfig) -> int:
@@ -169,7 +174,7 @@ def ranked(trials: Sequence[Trial], default: float) -> list[Trial]:
 
 
 def choose(trials: Sequence[Trial], default: float) -> float:
-    """The rate of the best validation accuracy (the first of :func:`ranked`).
+    """The rate of the best validation score (the first of :func:`ranked`).
 
     Trials that finished every epoch come first; only when none did, the diverged ones
     count with their best epoch before diverging. Ties go to the rate nearest the
@@ -266,7 +271,7 @@ class TuningPlan:
             records = read_records(str(config.out))[:epochs]
         except CorruptRunError:
             records = []  # run again from epoch 1, unless kept (its outcome says corrupt)
-        accuracy, epoch = best_validation(records)
+        accuracy, epoch = validation_score(records)
         if len(records) >= epochs:
             status = "finished"
         elif status not in ("diverged", "failed", "corrupt"):  # ran this session and stopped
