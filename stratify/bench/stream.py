@@ -14,6 +14,11 @@ classes, in a shuffled order). Each is replayed twice, in fresh processes:
 * where ``river`` is installed, by :func:`river_loop`: river's OvR logistic regression
   behind its ``StandardScaler``, test-then-train on the same lines, JSON parsed per line.
 
+And a class that appears late (:func:`late_class`): on tabular streams whose fifth class
+comes only halfway, how many of its first 5 and first 20 examples the stream learner
+(defaults, plain registry, through the Python API) and river's OvR logistic regression
+predict right, test-then-train.
+
 The stream's second line has no label, so the command predicts it (``--predictions``) as
 soon as the first event has built the model: that line's appearance is the first
 prediction.
@@ -80,11 +85,35 @@ class StreamFigures:
 
 
 @dataclass(frozen=True)
+class LateClassFigures:
+    """How soon a class that appears late is predicted (:func:`late_class`).
+
+    Attributes
+    ----------
+    seeds : int
+        Streams measured (seeds ``0 … seeds − 1``).
+    first_5, first_20 : float
+        The share of the late class's first 5 (20) examples the stream learner predicted
+        right, over every stream (the first example can never be right: 0.8 at most).
+    river_first_5, river_first_20 : float or None
+        The same for river's OvR logistic regression (``None`` without ``river``).
+    """
+
+    seeds: int
+    first_5: float
+    first_20: float
+    river_first_5: float | None = None
+    river_first_20: float | None = None
+
+
+@dataclass(frozen=True)
 class StreamBench:
-    """Every stream's figures, and the machine's load when they were taken."""
+    """Every stream's figures, the late class's, and the machine's load when they were
+    taken."""
 
     streams: list[StreamFigures]
     load_average: tuple[float, float, float]
+    late_class: LateClassFigures | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +134,83 @@ def tabular_events(
         {"client": f"c{int(k)}", "label": int(y), "x": np.round(row, 5).tolist()}
         for k, y, row in zip(owners, labels, x)
     ]
+
+
+def late_class_stream(
+    seed: int, events: int = 3000, late_from: int = 1500, clients: int = 10
+) -> list[tuple[dict[str, float], int]]:
+    """``(x, y)`` pairs of the tabular stream (:func:`tabular_events`: 5 classes, 20
+    named features of different scales) with class 4 left out until event ``late_from``."""
+    stream: list[tuple[dict[str, float], int]] = []
+    for event in tabular_events(2 * events, 20, 5, clients, seed):
+        if event["label"] == 4 and len(stream) < late_from:
+            continue
+        stream.append(({f"f{i}": v for i, v in enumerate(event["x"])}, event["label"]))
+        if len(stream) == events:
+            break
+    return stream
+
+
+def new_class_hits(
+    model: Any, stream: list[tuple[dict[str, float], int]], new: int = 4, clients: int = 10
+) -> list[bool]:
+    """Whether each example of class ``new`` was predicted right, test-then-train by
+    ``model`` (``predict_one``/``learn_one``: a river model, or a stream learner, which
+    gets client ``i mod clients`` for the ``i``-th event)."""
+    from stratify.stream import StreamLearner
+
+    hits = []
+    for number, (x, y) in enumerate(stream):
+        predicted = model.predict_one(x)
+        if isinstance(model, StreamLearner):
+            model.learn_one(x, y, client=number % clients)
+        else:
+            model.learn_one(x, y)
+        if y == new:
+            hits.append(predicted == y)
+    return hits
+
+
+def late_class(seeds: int = 5, river: bool | None = None, **settings: Any) -> LateClassFigures:
+    """The late class's figures over the streams of seeds ``0 … seeds − 1``.
+
+    Parameters
+    ----------
+    seeds : int
+        Streams to measure.
+    river : bool, optional
+        Measure river's OvR logistic regression too (default: where it is installed).
+    **settings
+        :class:`~stratify.stream.StreamConfig` fields other than the defaults (the
+        registry is plain, the device the CPU, the seed the stream's).
+    """
+    from stratify.stream import StreamConfig, StreamLearner
+
+    with_river = river_installed() if river is None else river
+    ours: list[list[bool]] = []
+    theirs: list[list[bool]] = []
+    for seed in range(seeds):
+        stream = late_class_stream(seed)
+        config = StreamConfig(**{"secure": False, "device": "cpu", "seed": seed, **settings})
+        ours.append(new_class_hits(StreamLearner(config), stream))
+        if with_river:
+            from river import linear_model, multiclass, preprocessing
+
+            model = preprocessing.StandardScaler() | multiclass.OneVsRestClassifier(
+                linear_model.LogisticRegression()
+            )
+            theirs.append(new_class_hits(model, stream))
+
+    def share(hits: list[list[bool]], first: int) -> float:
+        return sum(sum(h[:first]) for h in hits) / (first * len(hits))
+
+    return LateClassFigures(
+        seeds,
+        share(ours, 5),
+        share(ours, 20),
+        share(theirs, 5) if with_river else None,
+        share(theirs, 20) if with_river else None,
+    )
 
 
 def digits_events(clients: int, seed: int) -> list[dict[str, Any]]:
@@ -272,6 +378,7 @@ def stream_bench(
     clients: int = 10,
     seed: int = 0,
     river: bool | None = None,
+    late_seeds: int = 5,
 ) -> StreamBench:
     """Measure both streams (module docstring).
 
@@ -284,6 +391,8 @@ def stream_bench(
         Seeds both streams.
     river : bool, optional
         Measure river's OvR logistic regression too (default: where it is installed).
+    late_seeds : int
+        Streams of :func:`late_class` (0: not measured).
     """
     with_river = river_installed() if river is None else river
     streams = {
@@ -318,4 +427,5 @@ def stream_bench(
                     river_ratio,
                 )
             )
-    return StreamBench(figures, os.getloadavg())
+    late = late_class(late_seeds, river=with_river) if late_seeds else None
+    return StreamBench(figures, os.getloadavg(), late)

@@ -701,8 +701,7 @@ class StreamLearner:
             # overflows), make it non-finite
             squares = 0.0
             with quiet():
-                for array in self.arrays.arrays:
-                    flat = array.reshape(-1)
+                for flat in self.arrays.flat:
                     squares += float(np.dot(flat, flat))
             return math.isfinite(squares) and math.isfinite(done.loss_sum)
         total = torch.stack(torch._foreach_norm(self.weights)).sum()
@@ -792,24 +791,26 @@ class StreamLearner:
         embedding = head_input(self.model, self.training_features(raw).unsqueeze(0))[0]
         imprint_row(classifier_head(self.model), row, embedding)
 
-    @torch.no_grad()
     def _predict(self, raw: torch.Tensor) -> Prediction:
         """The prediction for one sample of raw features (:meth:`features`)."""
         known = max(1, len(self.classes))
         if self.arrays is not None:
+            # NumPy only, under one errstate: torch's no_grad and a second errstate cost
+            # as much as the softmax (docs/architecture.md, "Streaming")
             x = self.array_features(raw.numpy()).reshape(-1)
-            logits = self.arrays.logits(x)[:known]
             with quiet():
+                logits = self.arrays.activations(x)[-1][:known]
                 exp = np.exp(logits - logits.max())
                 probabilities = exp / exp.sum()
             return Prediction(int(probabilities.argmax()), torch.from_numpy(probabilities))
-        x_model = self.model_features(raw)
-        if self.mode_matters:
-            self.model.eval()
-        output = self.model(x_model.unsqueeze(0))[0, :known]
-        if self.mode_matters:
-            self.model.train()
-        probabilities_tensor = torch.softmax(output.float(), dim=0)
+        with torch.no_grad():
+            x_model = self.model_features(raw)
+            if self.mode_matters:
+                self.model.eval()
+            output = self.model(x_model.unsqueeze(0))[0, :known]
+            if self.mode_matters:
+                self.model.train()
+            probabilities_tensor = torch.softmax(output.float(), dim=0)
         return Prediction(int(probabilities_tensor.argmax()), probabilities_tensor.cpu())
 
     @torch.no_grad()
