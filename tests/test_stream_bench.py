@@ -85,7 +85,8 @@ def test_bench_stream_writes_its_figures(tmp_path):
     output = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-c", "from stratify.cli.main import main; main()", "bench", "stream",
-         "--events", "300", "--features", "6", "--classes", "3", "--json", str(output)],
+         "--events", "300", "--features", "6", "--classes", "3", "--repeat", "2",
+         "--json", str(output)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -98,6 +99,7 @@ def test_bench_stream_writes_its_figures(tmp_path):
             row["events_per_s"] / row["bare_torch_events_per_s"]
         )
     assert figures["streams"][0]["events"] == 300
+    assert [row["repeats"] for row in figures["streams"]] == [2, 2]
     river = importlib.util.find_spec("river") is not None
     late = figures["late_class"]
     assert late["seeds"] == 5 and 0 <= late["first_5"] <= 0.8
