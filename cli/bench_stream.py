@@ -16,7 +16,13 @@ from stratify.errors import ConfigError
 from stratify.validation import check_positive_int
 
 #: the most of each size the benchmark accepts (a bench that should take minutes)
-LIMITS = {"--events": 100_000, "--features": 10_000, "--classes": 1_000, "--clients": 100}
+LIMITS = {
+    "--events": 100_000,
+    "--features": 10_000,
+    "--classes": 1_000,
+    "--clients": 100,
+    "--repeat": 10,
+}
 
 
 def check_size(value: object, flag: str) -> int:
@@ -33,18 +39,35 @@ def check_size(value: object, flag: str) -> int:
 @click.option("--classes", default=5, show_default=True, type=int, callback=checked(check_size))
 @click.option("--clients", default=10, show_default=True, type=int, callback=checked(check_size))
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--repeat",
+    default=1,
+    show_default=True,
+    type=int,
+    callback=checked(check_size),
+    help="Runs of the command, the bare loop and river per stream, alternating; each "
+    "keeps its best events/s.",
+)
 @JSON_OUTPUT
 def stream(
-    events: int, features: int, classes: int, clients: int, seed: int, json_path: str | None
+    events: int,
+    features: int,
+    classes: int,
+    clients: int,
+    seed: int,
+    repeat: int,
+    json_path: str | None,
 ) -> None:
     """Events/s of `stratify stream` (defaults) against a bare eager PyTorch loop (parse,
     predict, one SGD step of the same MLP) and, where river is installed, river's OvR
     logistic regression, seconds to the first prediction and peak memory, on a tabular
     stream (EVENTS events, FEATURES features, CLASSES classes, CLIENTS clients) and on
-    scikit-learn's digits."""
-    result = stream_bench(events, features, classes, clients, seed)
+    scikit-learn's digits; and how many of the first 5 and 20 examples of a class that
+    appears late are predicted right (5 tabular streams)."""
+    result = stream_bench(events, features, classes, clients, seed, repeat=repeat)
     # two tables, so each fits 80 columns (a log, a pipe)
-    table = Table(title="stratify stream against a bare eager PyTorch loop")
+    best = f", best of {repeat}" if repeat > 1 else ""
+    table = Table(title=f"stratify stream against a bare eager PyTorch loop{best}")
     columns = ["stream", "events", "events/s", "bare torch/s", "ratio", "1st pred. s", "RSS MB"]
     for column in [*columns, "accuracy"]:
         table.add_column(column, justify="right")
@@ -74,6 +97,17 @@ def stream(
     console.print(table)
     if river.row_count:
         console.print(river)
+    late = result.late_class
+    if late is not None:
+        lateness = Table(title=f"a class that appears late ({late.seeds} streams)")
+        for column in ("learner", "first 5 right", "first 20 right"):
+            lateness.add_column(column, justify="right")
+        lateness.add_row("stratify stream", f"{late.first_5:.0%}", f"{late.first_20:.0%}")
+        if late.river_first_5 is not None and late.river_first_20 is not None:
+            lateness.add_row(
+                "river OvR LR", f"{late.river_first_5:.0%}", f"{late.river_first_20:.0%}"
+            )
+        console.print(lateness)
     load = ", ".join(f"{value:.2f}" for value in result.load_average)
     console.print(f"load average while measured: {load}", markup=False, highlight=False)
     if json_path:

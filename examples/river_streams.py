@@ -124,59 +124,19 @@ def compare(names: list[str], folder: Path) -> list[str]:
     return rows
 
 
-def late_class_stream(seed: int, events: int = 3000, late_from: int = 1500) -> list[Any]:
-    """``(x, y)`` of a stream of 5 Gaussian classes in 20 named features of different
-    scales (the bench's tabular stream), class 4 only from event ``late_from`` on."""
-    from stratify.bench.stream import tabular_events
-
-    stream = []
-    for event in tabular_events(2 * events, 20, 5, CLIENTS, seed):
-        if event["label"] == 4 and len(stream) < late_from:
-            continue
-        stream.append(({f"f{i}": v for i, v in enumerate(event["x"])}, event["label"]))
-        if len(stream) == events:
-            break
-    return stream
-
-
-def new_class_hits(model: Any, stream: list[Any], new: int = 4) -> list[bool]:
-    """Whether each example of class ``new`` was predicted right (test-then-train); a
-    StreamLearner gets client ``i mod 10`` for the i-th event."""
-    from stratify.stream import StreamLearner
-
-    hits = []
-    for number, (x, y) in enumerate(stream):
-        predicted = model.predict_one(x)
-        if isinstance(model, StreamLearner):
-            model.learn_one(x, y, client=number % CLIENTS)
-        else:
-            model.learn_one(x, y)
-        if y == new:
-            hits.append(predicted == y)
-    return hits
-
-
 def late(seeds: int) -> list[str]:
     """Accuracy on the first 5 and 20 examples of a class that appears mid-stream:
     Stratify's learner (defaults, plain registry) against river's OvR logistic
-    regression, the same streams."""
-    from river import linear_model, multiclass, preprocessing
+    regression, the same streams (``stratify bench stream`` measures the same)."""
+    from stratify.bench.stream import late_class
 
-    from stratify.stream import StreamConfig, StreamLearner
-
-    results: dict[str, list[list[bool]]] = {"Stratify (defaults)": [], "river OvR LR": []}
-    for seed in range(seeds):
-        stream = late_class_stream(seed)
-        learner = StreamLearner(StreamConfig(secure=False, device="cpu", seed=seed))
-        river = preprocessing.StandardScaler() | multiclass.OneVsRestClassifier(
-            linear_model.LogisticRegression()
-        )
-        results["Stratify (defaults)"].append(new_class_hits(learner, stream))
-        results["river OvR LR"].append(new_class_hits(river, stream))
+    figures = late_class(seeds, river=True)
     rows = ["| learner | first 5 of the new class | first 20 |", "|---|---|---|"]
-    for name, hits in results.items():
-        first5 = sum(sum(h[:5]) for h in hits) / (5 * len(hits))
-        first20 = sum(sum(h[:20]) for h in hits) / (20 * len(hits))
+    for name, first5, first20 in (
+        ("Stratify (defaults)", figures.first_5, figures.first_20),
+        ("river OvR LR", figures.river_first_5, figures.river_first_20),
+    ):
+        assert first5 is not None and first20 is not None
         rows.append(f"| {name} | {100 * first5:.0f}% | {100 * first20:.0f}% |")
         print(rows[-1], flush=True)
     return rows

@@ -65,12 +65,28 @@ def test_predictions_are_the_eager_models(model):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_the_late_class_figures_count_its_first_examples_and_see_imprinting():
+    from stratify.bench.stream import late_class, late_class_stream
+
+    stream = late_class_stream(0)
+    labels = [y for _, y in stream]
+    assert len(stream) == 3000 and 4 not in labels[:1500] and labels[1500:].count(4) > 100
+    imprinted = late_class(1, river=False)
+    drawn = late_class(1, river=False, new_class="random")
+    assert imprinted.river_first_5 is None and imprinted.seeds == 1
+    assert 0 <= drawn.first_5 <= drawn.first_20 <= 1
+    assert imprinted.first_5 <= 0.8  # its first example cannot be right
+    assert imprinted.first_5 >= drawn.first_5 + 0.4
+    assert imprinted.first_20 > drawn.first_20
+
+
 @pytest.mark.slow
 def test_bench_stream_writes_its_figures(tmp_path):
     output = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-c", "from stratify.cli.main import main; main()", "bench", "stream",
-         "--events", "300", "--features", "6", "--classes", "3", "--json", str(output)],
+         "--events", "300", "--features", "6", "--classes", "3", "--repeat", "2",
+         "--json", str(output)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -83,7 +99,11 @@ def test_bench_stream_writes_its_figures(tmp_path):
             row["events_per_s"] / row["bare_torch_events_per_s"]
         )
     assert figures["streams"][0]["events"] == 300
+    assert [row["repeats"] for row in figures["streams"]] == [2, 2]
     river = importlib.util.find_spec("river") is not None
+    late = figures["late_class"]
+    assert late["seeds"] == 5 and 0 <= late["first_5"] <= 0.8
+    assert (late["river_first_5"] is not None) == river
     for row in figures["streams"]:
         assert (row["river_events_per_s"] is not None) == river
         if river:

@@ -185,6 +185,21 @@ def test_an_unreadable_checkpoint_is_one_error(tmp_path):
 # -- resume -------------------------------------------------------------------------------
 
 
+def test_a_checkpoint_from_before_imprinting_resumes_with_random_rows_only(tmp_path):
+    """A checkpoint written before --new-class existed drew new rows at random: it
+    resumes with --new-class random, and the default is refused in one line naming it."""
+    source = tmp_path / "events.jsonl"
+    write_events(source, 120)
+    out = tmp_path / "run"
+    StreamRun(stream_config(source, out, new_class="random")).run()
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    del checkpoint["config"]["new_class"]
+    torch.save(checkpoint, out / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="new_class: checkpoint 'random' vs now 'auto'"):
+        StreamRun(stream_config(source, out), resume=True)
+    StreamRun(stream_config(source, out, new_class="random"), resume=True).run()
+
+
 def test_resume_after_a_crash_continues_exactly_where_the_checkpoint_was(tmp_path, monkeypatch):
     source = tmp_path / "events.jsonl"
     write_events(source, 330, seed=3)

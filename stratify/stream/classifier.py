@@ -5,7 +5,10 @@ Every model is ``head(embed(x))`` with ``head`` a ``nn.Linear`` (:mod:`stratify.
 Growing replaces the head with one of more rows that keeps the old rows exactly, so the
 logits of the known classes do not change; the new rows are initialised as ``nn.Linear``
 initialises its own, from a generator seeded by the run's seed and the row; the step
-carries its momentum over to the new parameters (zero for the new rows).
+carries its momentum over to the new parameters (zero for the new rows). A class's row is
+then *imprinted* from the first sample of the class (:func:`imprint_row`;
+``--new-class``, by default for an MLP: docs/architecture.md "Streaming"), so the class
+is predicted from its second example on instead of after dozens of steps.
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from torch import nn
 
 from stratify.errors import ConfigError
 from stratify.nn.models import MLP
+
+#: how a class new to the stream gets its classifier row (``--new-class``): ``auto``
+#: imprints an MLP's rows and draws other models' at random (docs/architecture.md,
+#: "Streaming", has the measurements behind it)
+NEW_CLASS_ROWS = ("auto", "imprint", "random")
 
 
 def classifier_head(model: nn.Module) -> nn.Linear:
@@ -118,3 +126,56 @@ def widen_input(model: MLP, features: int) -> dict[int, torch.Tensor]:
         replaced[id(first.bias)] = wider.bias
     layers[position] = wider
     return replaced
+
+
+@torch.no_grad()
+def head_input(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What ``model.head`` receives for the batch ``x`` (the features the classifier
+    reads: an MLP's last hidden layer), in eval mode."""
+    seen: list[torch.Tensor] = []
+    head = classifier_head(model)
+    hook = head.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
+    training = model.training
+    model.eval()
+    try:
+        model(x)
+    finally:
+        hook.remove()
+        model.train(training)
+    return seen[0]
+
+
+@torch.no_grad()
+def imprint_row(head: nn.Linear, row: int, embedding: torch.Tensor) -> bool:
+    """Set classifier row ``row`` from one sample of its class (weight imprinting: Qi,
+    Brown and Lowe, "Low-Shot Learning with Imprinted Weights", CVPR 2018).
+
+    The row's weights become ``embedding`` (what the head receives for the sample)
+    rescaled to the mean norm of rows ``0 … row − 1`` (the classes known before it), and
+    its bias their mean bias: on that sample the new logit is at least as large as a
+    known class's of the same norm and bias, and it stays ahead on samples whose
+    embedding points the same way. Nothing changes for the first class, or an embedding
+    that is zero or not finite (a random row stays).
+
+    Parameters
+    ----------
+    head : torch.nn.Linear
+        The classifier, changed in place.
+    row : int
+        The new class's row; the rows before it are the known classes'.
+    embedding : torch.Tensor
+        One sample's input to ``head``, of ``head.in_features`` values.
+
+    Returns
+    -------
+    bool
+        Whether the row was imprinted.
+    """
+    norm = float(embedding.norm())
+    if row == 0 or norm == 0 or not math.isfinite(norm):
+        return False
+    known = head.weight[:row]
+    head.weight[row] = embedding.to(known) * (float(known.norm(dim=1).mean()) / norm)
+    if head.bias is not None:
+        head.bias[row] = head.bias[:row].mean()
+    return True

@@ -21,6 +21,7 @@ from stratify.errors import ConfigError
 from stratify.nn.models import MODELS, build_model
 from stratify.options import RunSettings, option, option_of
 from stratify.stratify import StratifyOptions
+from stratify.stream.classifier import NEW_CLASS_ROWS
 from stratify.stream.events import MISSING
 from stratify.stream.policies import STREAM_ALGORITHMS
 from stratify.stream.scaling import SCALES
@@ -186,6 +187,13 @@ class StreamConfig(RunSettings):
         "Standardise every feature by the running mean and deviation of the events so far "
         "(running), or feed the features as they are (none).",
         choices=SCALES,
+    )
+    new_class: str = option(
+        "auto",
+        "A class new to the stream gets a classifier row set from its first sample's "
+        "last hidden features, scaled to the known classes' rows (imprint), or a random "
+        "row (random); auto: imprint for an MLP, random for other models.",
+        choices=NEW_CLASS_ROWS,
     )
     missing: str = option(
         "error",

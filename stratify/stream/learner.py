@@ -46,7 +46,13 @@ from stratify.nn.norm import has_batch_norm
 from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.stream.buffers import ClientBuffers
-from stratify.stream.classifier import classifier_head, widen_classifier, widen_input
+from stratify.stream.classifier import (
+    classifier_head,
+    head_input,
+    imprint_row,
+    widen_classifier,
+    widen_input,
+)
 from stratify.stream.config import StreamConfig, check_buffer_memory, check_model_memory
 from stratify.stream.events import (
     Event,
@@ -628,6 +634,7 @@ class StreamLearner:
             self.unregistered.setdefault(client, []).append(label)
         if placeholder != UNREGISTERED:
             self.buffers.add_placeholder(placeholder)
+        new_class = row is None
         if row is None:
             row = self.add_class(label)
         correct = prediction is not None and prediction.row == row
@@ -643,6 +650,8 @@ class StreamLearner:
         if self.scaler is not None:
             self.scaler.update(values)
         self.buffers.insert(client, values, row, placeholder, line)
+        if new_class and self.imprints:
+            self.imprint(row, raw)
         self.stats.events += 1
         if client in self.waiting:
             self.waiting[client] += 1
@@ -692,8 +701,7 @@ class StreamLearner:
             # overflows), make it non-finite
             squares = 0.0
             with quiet():
-                for array in self.arrays.arrays:
-                    flat = array.reshape(-1)
+                for flat in self.arrays.flat:
                     squares += float(np.dot(flat, flat))
             return math.isfinite(squares) and math.isfinite(done.loss_sum)
         total = torch.stack(torch._foreach_norm(self.weights)).sum()
@@ -769,24 +777,40 @@ class StreamLearner:
             self.policy.classifier_grown(self.context(), replaced)
         return row
 
-    @torch.no_grad()
+    @property
+    def imprints(self) -> bool:
+        """Whether a new class's row is imprinted (``--new-class``): ``auto`` imprints
+        an MLP's only; a CNN on raw pixels learned worse with it (docs/architecture.md,
+        "Streaming")."""
+        choice = self.config.new_class
+        return choice == "imprint" or (choice == "auto" and isinstance(self.model, MLP))
+
+    def imprint(self, row: int, raw: torch.Tensor) -> None:
+        """Imprint classifier row ``row`` from the sample ``raw`` (raw features) that
+        brought its class, as training sees it (:func:`~.classifier.imprint_row`)."""
+        embedding = head_input(self.model, self.training_features(raw).unsqueeze(0))[0]
+        imprint_row(classifier_head(self.model), row, embedding)
+
     def _predict(self, raw: torch.Tensor) -> Prediction:
         """The prediction for one sample of raw features (:meth:`features`)."""
         known = max(1, len(self.classes))
         if self.arrays is not None:
+            # NumPy only, under one errstate: torch's no_grad and a second errstate cost
+            # as much as the softmax (docs/architecture.md, "Streaming")
             x = self.array_features(raw.numpy()).reshape(-1)
-            logits = self.arrays.logits(x)[:known]
             with quiet():
+                logits = self.arrays.activations(x)[-1][:known]
                 exp = np.exp(logits - logits.max())
                 probabilities = exp / exp.sum()
             return Prediction(int(probabilities.argmax()), torch.from_numpy(probabilities))
-        x_model = self.model_features(raw)
-        if self.mode_matters:
-            self.model.eval()
-        output = self.model(x_model.unsqueeze(0))[0, :known]
-        if self.mode_matters:
-            self.model.train()
-        probabilities_tensor = torch.softmax(output.float(), dim=0)
+        with torch.no_grad():
+            x_model = self.model_features(raw)
+            if self.mode_matters:
+                self.model.eval()
+            output = self.model(x_model.unsqueeze(0))[0, :known]
+            if self.mode_matters:
+                self.model.train()
+            probabilities_tensor = torch.softmax(output.float(), dim=0)
         return Prediction(int(probabilities_tensor.argmax()), probabilities_tensor.cpu())
 
     @torch.no_grad()

@@ -209,9 +209,12 @@ class StreamRun:
                     f"--resume: {path} is not a stream checkpoint of this version; start a "
                     "new run with --overwrite"
                 )
-            check_same_settings(
-                checkpoint.get("config"), config.comparable(), RESUMABLE_STREAM_CHANGES, path
-            )
+            saved = checkpoint.get("config")
+            if isinstance(saved, dict):
+                # a checkpoint of an earlier version drew a new class's row at random: it
+                # resumes with --new-class random
+                saved = {"new_class": "random", **saved}
+            check_same_settings(saved, config.comparable(), RESUMABLE_STREAM_CHANGES, path)
             self.checkpoint_state = checkpoint
         self.test_features: list[Any] = []
         self.test_labels: list[Identifier] = []

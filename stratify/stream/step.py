@@ -59,6 +59,9 @@ class MLPArrays:
         self.biases = [layer.bias.detach().numpy() for layer in linears]
         #: every array in :attr:`parameters` order (weight, bias of each layer)
         self.arrays = [a for pair in zip(self.weights, self.biases) for a in pair]
+        #: :attr:`arrays` flattened (views of the same memory), for the learner's check
+        #: that every weight is finite
+        self.flat = [a.reshape(-1) for a in self.arrays]
         #: one array of each weight's shape, for :meth:`outer`
         self.scratch = [np.empty_like(weight) for weight in self.weights]
 
@@ -87,11 +90,6 @@ class MLPArrays:
                 np.maximum(out, 0.0, out=out)
             values.append(out)
         return values
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """The logits of one flattened sample."""
-        with quiet():
-            return self.activations(x)[-1]
 
     def backward(
         self, x: np.ndarray, target: int
