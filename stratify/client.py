@@ -33,7 +33,7 @@ from stratify.compiled import (
     compiled_steps,
     run_compiled_steps,
 )
-from stratify.nn.norm import has_batch_norm
+from stratify.nn.norm import client_split, has_batch_norm
 
 #: devices where ``torch.optim.SGD(fused=True)`` runs
 FUSED_DEVICES = ("cpu", "cuda")
@@ -236,6 +236,48 @@ def why_not_compiled(
     return None
 
 
+def accumulate_batch_gradient(
+    model: nn.Module,
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    samples: np.ndarray,
+    clients: np.ndarray,
+    fused: bool = True,
+) -> float:
+    """Add ``(1/B) Σ_clients ∇ Σ_{i ∈ client} loss_i`` to the parameters' ``.grad``.
+
+    ``samples`` are grouped by client in contiguous segments. The fused path runs the
+    global batch as one tensor; the explicit path runs each client separately and sums
+    the client gradients. Both give the same gradient, because the gradient of a sum is
+    the sum of gradients. Batch-statistics norms couple the clients through their
+    per-client partial sums, so a model with them always runs the segmented union (one
+    forward, the clients' segments marked by :func:`~stratify.nn.norm.client_split`).
+
+    Returns
+    -------
+    float
+        The summed loss of the batch.
+    """
+    batch_size = len(samples)
+    boundaries = np.flatnonzero(np.diff(clients)) + 1
+    segments = np.split(np.arange(batch_size), boundaries)
+    client_sizes = [len(segment) for segment in segments]
+    index = torch.as_tensor(samples, device=x_train.device)
+    if fused or has_batch_norm(model):
+        with client_split(model, client_sizes):
+            logits = model(x_train[index])
+            loss = F.cross_entropy(logits, y_train[index], reduction="sum")
+        (loss / batch_size).backward()
+        return float(loss.detach())
+    total = 0.0
+    for segment in segments:
+        client_index = index[segment[0] : segment[-1] + 1]
+        loss = F.cross_entropy(model(x_train[client_index]), y_train[client_index], reduction="sum")
+        (loss / batch_size).backward()
+        total += float(loss.detach())
+    return total
+
+
 class LocalTrainer:
     """Mini-batch SGD of a client on its own samples.
 
@@ -258,6 +300,25 @@ class LocalTrainer:
     def receive(global_model: nn.Module) -> nn.Module:
         """A fresh copy of the global model, as a client receives it."""
         return copy.deepcopy(global_model)
+
+    def batch_gradient(
+        self, model: nn.Module, samples: np.ndarray, clients: np.ndarray, fused: bool = True
+    ) -> float:
+        """Add one global batch's gradient to ``model``'s ``.grad``: each client's summed
+        loss gradient over its share, divided by the batch size (Stratify's batch mode,
+        :func:`accumulate_batch_gradient`). Returns the batch's summed loss.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The travelling global model.
+        samples, clients : numpy.ndarray
+            The batch's sample indices and the client holding each, in contiguous
+            per-client segments.
+        fused : bool
+            One forward pass for the whole batch, or one per client (same gradient).
+        """
+        return accumulate_batch_gradient(model, self.x_train, self.y_train, samples, clients, fused)
 
     def epoch_orders(
         self, indices: np.ndarray | Sequence[np.ndarray], epochs: int, rng: np.random.Generator

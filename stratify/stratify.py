@@ -31,7 +31,7 @@ from stratify.compiled import (
 from stratify.errors import ConfigError
 from stratify.federation import SamplePools
 from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
-from stratify.nn.norm import client_split, has_batch_norm
+from stratify.nn.norm import has_batch_norm
 from stratify.options import StrategyOptions, option
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
 from stratify.selection import (
@@ -120,48 +120,6 @@ class StratifyOptions(StrategyOptions):
         choices=COMPILE_MODES,
         modes=("single-sample",),
     )
-
-
-def accumulate_batch_gradient(
-    model: nn.Module,
-    x_train: torch.Tensor,
-    y_train: torch.Tensor,
-    samples: np.ndarray,
-    clients: np.ndarray,
-    fused: bool = True,
-) -> float:
-    """Add ``(1/B) Σ_clients ∇ Σ_{i ∈ client} loss_i`` to the parameters' ``.grad``.
-
-    ``samples`` are grouped by client in contiguous segments. The fused path runs the
-    global batch as one tensor; the explicit path runs each client separately and sums
-    the client gradients. Both give the same gradient, because the gradient of a sum is
-    the sum of gradients. Batch-statistics norms couple the clients through their
-    per-client partial sums, so a model with them always runs the segmented union (one
-    forward, the clients' segments marked by :func:`~stratify.nn.norm.client_split`).
-
-    Returns
-    -------
-    float
-        The summed loss of the batch.
-    """
-    batch_size = len(samples)
-    boundaries = np.flatnonzero(np.diff(clients)) + 1
-    segments = np.split(np.arange(batch_size), boundaries)
-    client_sizes = [len(segment) for segment in segments]
-    index = torch.as_tensor(samples, device=x_train.device)
-    if fused or has_batch_norm(model):
-        with client_split(model, client_sizes):
-            logits = model(x_train[index])
-            loss = F.cross_entropy(logits, y_train[index], reduction="sum")
-        (loss / batch_size).backward()
-        return float(loss.detach())
-    total = 0.0
-    for segment in segments:
-        client_index = index[segment[0] : segment[-1] + 1]
-        loss = F.cross_entropy(model(x_train[client_index]), y_train[client_index], reduction="sum")
-        (loss / batch_size).backward()
-        total += float(loss.detach())
-    return total
 
 
 def single_sample_sgd(
@@ -487,13 +445,8 @@ class Stratify(Strategy):
         for start, stop in zip(starts[:-1].tolist(), starts[1:].tolist()):
             samples = plan.samples[start:stop]
             self.optimizer.zero_grad(set_to_none=False)
-            stats.loss_sum += accumulate_batch_gradient(
-                context.model,
-                context.x_train,
-                context.y_train,
-                samples,
-                plan.clients[start:stop],
-                fused=fused,
+            stats.loss_sum += context.trainer.batch_gradient(
+                context.model, samples, plan.clients[start:stop], fused=fused
             )
             self.optimizer.step()
             stats.steps += 1
