@@ -243,6 +243,7 @@ def accumulate_batch_gradient(
     samples: np.ndarray,
     clients: np.ndarray,
     fused: bool = True,
+    divisor: int | None = None,
 ) -> float:
     """Add ``(1/B) Σ_clients ∇ Σ_{i ∈ client} loss_i`` to the parameters' ``.grad``.
 
@@ -252,15 +253,18 @@ def accumulate_batch_gradient(
     the sum of gradients. Batch-statistics norms couple the clients through their
     per-client partial sums, so a model with them always runs the segmented union (one
     forward, the clients' segments marked by :func:`~stratify.nn.norm.client_split`).
+    ``divisor`` replaces ``B`` (the batch's size by default): a Flower node computes
+    the plain sum over its share (``divisor=1``) and the server divides the clients' sum
+    by ``B`` (docs/flower.md).
 
     Returns
     -------
     float
         The summed loss of the batch.
     """
-    batch_size = len(samples)
+    batch_size = len(samples) if divisor is None else divisor
     boundaries = np.flatnonzero(np.diff(clients)) + 1
-    segments = np.split(np.arange(batch_size), boundaries)
+    segments = np.split(np.arange(len(samples)), boundaries)
     client_sizes = [len(segment) for segment in segments]
     index = torch.as_tensor(samples, device=x_train.device)
     if fused or has_batch_norm(model):
@@ -302,7 +306,12 @@ class LocalTrainer:
         return copy.deepcopy(global_model)
 
     def batch_gradient(
-        self, model: nn.Module, samples: np.ndarray, clients: np.ndarray, fused: bool = True
+        self,
+        model: nn.Module,
+        samples: np.ndarray,
+        clients: np.ndarray,
+        fused: bool = True,
+        divisor: int | None = None,
     ) -> float:
         """Add one global batch's gradient to ``model``'s ``.grad``: each client's summed
         loss gradient over its share, divided by the batch size (Stratify's batch mode,
@@ -317,8 +326,12 @@ class LocalTrainer:
             per-client segments.
         fused : bool
             One forward pass for the whole batch, or one per client (same gradient).
+        divisor : int, optional
+            What the summed losses are divided by (default: the batch's size).
         """
-        return accumulate_batch_gradient(model, self.x_train, self.y_train, samples, clients, fused)
+        return accumulate_batch_gradient(
+            model, self.x_train, self.y_train, samples, clients, fused, divisor
+        )
 
     def epoch_orders(
         self, indices: np.ndarray | Sequence[np.ndarray], epochs: int, rng: np.random.Generator

@@ -1,0 +1,73 @@
+"""What travels between the server app and the nodes: the message types and how a run's
+settings, model states, index arrays and gradients become Flower records
+(docs/flower.md, "What each party sees").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from stratify.config import TrainConfig
+from stratify.errors import ConfigError
+
+#: the server asks a node which client it is and has it load that client's data
+HELLO = "query.hello"
+#: the plain registry's one message: the node's {label: count}
+LABELS = "query.labels"
+#: the node's own label -> placeholder map down, the placeholder of each of its samples up
+PLACEHOLDERS = "query.placeholders"
+#: local training of a copy of the global model (the averaging methods)
+TRAIN = "train"
+#: the summed loss gradient of the node's share of one global batch (Stratify, batch mode)
+GRADIENT = "train.gradient"
+
+
+def config_record(config: TrainConfig) -> ConfigRecord:
+    """The run's settings as one JSON text: every node loads its data from them."""
+    return ConfigRecord({"config": json.dumps(dataclasses.asdict(config))})
+
+
+def read_config(content: RecordDict) -> TrainConfig:
+    """The settings :func:`config_record` sent, checked again as any configuration is."""
+    values = json.loads(str(content.config_records["run"]["config"]))
+    if values.get("mlp_hidden") is not None:
+        values["mlp_hidden"] = tuple(values["mlp_hidden"])
+    return TrainConfig(**values)
+
+
+def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """A model state (or any named tensors) as an :class:`~flwr.app.ArrayRecord`, on the CPU."""
+    return ArrayRecord({key: value.detach().cpu() for key, value in state.items()})
+
+
+def read_state(record: ArrayRecord, device: torch.device) -> dict[str, torch.Tensor]:
+    """The named tensors of :func:`state_record`, on ``device``."""
+    return {key: value.to(device) for key, value in record.to_torch_state_dict().items()}
+
+
+def index_record(**arrays: np.ndarray) -> ArrayRecord:
+    """Integer arrays (sample positions, placeholders) as one record."""
+    return ArrayRecord(
+        {name: Array(np.ascontiguousarray(a, dtype=np.int64)) for name, a in arrays.items()}
+    )
+
+
+def read_indices(record: ArrayRecord, name: str) -> np.ndarray:
+    return np.asarray(record[name].numpy(), dtype=np.int64)
+
+
+def check_flower_config(config: TrainConfig) -> None:
+    """Refuse the settings a Flower run does not carry (docs/flower.md, "Limits")."""
+    if config.secure:
+        raise ConfigError(
+            "the encrypted registry does not run over Flower yet: give secure=False "
+            "(--no-secure); the plain registry's counts travel as Flower messages"
+        )
+    if config.validation:
+        raise ConfigError("a Flower run has no validation split: leave --validation at 0")

@@ -1,0 +1,94 @@
+"""Stratify and its baselines on Flower: a simulated run ends where the in-process run ends.
+
+One Flower simulation (its Ray cluster started once) runs every case one after another
+on three nodes, each holding one client's digits; the same configurations then run
+in-process with one torch thread, as the simulation's nodes compute.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
+)
+
+from stratify.config import TrainConfig  # noqa: E402
+from stratify.errors import ConfigError  # noqa: E402
+from stratify.experiment import build_experiment  # noqa: E402
+from stratify.flower.messages import check_flower_config  # noqa: E402
+from stratify.flower.simulation import simulate  # noqa: E402
+from stratify.method import EpochStats  # noqa: E402
+
+#: every case: digits over three Dirichlet clients, batch mode, the plain registry
+CASES = {
+    "stratify": {"algorithm": "stratify", "epochs": 2, "options": {"batch_labels": 128}},
+    "fedavg": {"algorithm": "fedavg", "epochs": 2, "options": {"local_epochs": 1}},
+    "fedprox": {"algorithm": "fedprox", "epochs": 1, "options": {"local_epochs": 1, "mu": 0.5}},
+    "scaffold": {"algorithm": "scaffold", "epochs": 2, "options": {"local_epochs": 1}},
+}
+#: float32 sums in another order (one forward per client's share): well below what a
+#: wrong sample, step or weight moves (the runs move the weights by 0.03 to 0.5)
+TOLERANCE = 1e-5
+
+
+def config(case: str) -> TrainConfig:
+    return TrainConfig(
+        dataset="digits",
+        clients=3,
+        partition="dirichlet:0.5",
+        mode="batch",
+        secure=False,
+        seed=3,
+        device="cpu",
+        **CASES[case],
+    )
+
+
+def in_process(config: TrainConfig) -> tuple[dict[str, torch.Tensor], list[EpochStats]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        experiment = build_experiment(config)
+        stats = [experiment.engine.run_epoch(epoch) for epoch in range(1, config.epochs + 1)]
+    finally:
+        torch.set_num_threads(threads)
+    return experiment.model.state_dict(), stats
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    configs = [config(case) for case in CASES]
+    return dict(zip(CASES, simulate(configs, timeout=60)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_simulated_run_ends_with_the_in_process_weights(runs: dict, case: str) -> None:
+    state, _ = in_process(config(case))
+    start = build_experiment(config(case)).model.state_dict()
+    flower = runs[case].state
+    assert set(flower) == set(state)
+    moved = max(float((state[key] - start[key]).abs().max()) for key in state)
+    assert moved > 1e-2, "the run must train for the comparison to mean something"
+    difference = max(float((state[key] - flower[key]).abs().max()) for key in state)
+    assert difference < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["stratify", "fedavg", "fedprox"])
+def test_the_messages_carry_the_transfers_the_engine_counts(runs: dict, case: str) -> None:
+    _, stats = in_process(config(case))
+    run = runs[case]
+    assert run.traffic.transfers == sum(epoch.transfers for epoch in stats) > 0
+    assert run.traffic.uploads == sum(epoch.uploads for epoch in stats)
+    assert [epoch.transfers for epoch in run.epochs] == [epoch.transfers for epoch in stats]
+    assert len(run.seconds) == len(run.accuracies) == config(case).epochs
+
+
+def test_a_flower_run_refuses_what_it_cannot_carry() -> None:
+    with pytest.raises(ConfigError, match="encrypted registry"):
+        check_flower_config(TrainConfig(dataset="digits", secure=True))
+    with pytest.raises(ConfigError, match="validation"):
+        check_flower_config(TrainConfig(dataset="digits", secure=False, validation=0.1))
