@@ -5,7 +5,9 @@
   app's loop: the in-process engine whose clients' work travels as Flower messages;
 * :mod:`stratify.flower.simulation`: :func:`~stratify.flower.simulation.simulate`, the
   same in Flower's simulation runtime;
-* :mod:`stratify.flower.apps`: the ``ServerApp`` and ``ClientApp`` a deployment loads.
+* :mod:`stratify.flower.apps`: the ``ServerApp`` and ``ClientApp`` a deployment loads
+  (``examples/flower/``); :mod:`stratify.flower.deploy`: a SuperLink and SuperNodes on
+  this machine.
 
 docs/flower.md says how to run each and what every party sees.
 """

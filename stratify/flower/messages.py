@@ -16,10 +16,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError
 
-#: the server asks a node which client it is and has it load that client's data
+#: the server asks a node which client it is and has it load that client's data; the
+#: reply carries the plain registry's input, the node's {label: count}
 HELLO = "query.hello"
-#: the plain registry's one message: the node's {label: count}
-LABELS = "query.labels"
 #: the node's own label -> placeholder map down, the placeholder of each of its samples up
 PLACEHOLDERS = "query.placeholders"
 #: local training of a copy of the global model (the averaging methods)
@@ -28,17 +27,28 @@ TRAIN = "train"
 GRADIENT = "train.gradient"
 
 
-def config_record(config: TrainConfig) -> ConfigRecord:
-    """The run's settings as one JSON text: every node loads its data from them."""
-    return ConfigRecord({"config": json.dumps(dataclasses.asdict(config))})
+def config_json(config: TrainConfig) -> str:
+    """A run's settings as JSON text (a message's, a deployment's run configuration)."""
+    return json.dumps(dataclasses.asdict(config))
 
 
-def read_config(content: RecordDict) -> TrainConfig:
-    """The settings :func:`config_record` sent, checked again as any configuration is."""
-    values = json.loads(str(content.config_records["run"]["config"]))
+def config_from_json(text: str) -> TrainConfig:
+    """The settings of :func:`config_json` (or any subset of the fields), checked again
+    as any configuration is."""
+    values = json.loads(text)
     if values.get("mlp_hidden") is not None:
         values["mlp_hidden"] = tuple(values["mlp_hidden"])
     return TrainConfig(**values)
+
+
+def config_record(config: TrainConfig) -> ConfigRecord:
+    """The run's settings as one JSON text: every node loads its data from them."""
+    return ConfigRecord({"config": config_json(config)})
+
+
+def read_config(content: RecordDict) -> TrainConfig:
+    """The settings :func:`config_record` sent."""
+    return config_from_json(str(content.config_records["run"]["config"]))
 
 
 def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:

@@ -108,17 +108,14 @@ def reply(message: Message, **records: ArrayRecord | ConfigRecord) -> Message:
 
 
 def hello(message: Message, context: Context) -> Message:
-    node = node_data(message.content, context)
-    return reply(message, node=ConfigRecord({"client": node.client, "size": node.size}))
-
-
-def label_counts(message: Message, context: Context) -> Message:
-    """The plain registry's input: the node's ``{label: count}``, in ascending labels as
+    """The node's client number and sample count, and the plain registry's input: its
+    ``{label: count}``, in ascending labels as
     :meth:`~stratify.federation.Federation.label_counts` lists them in-process."""
     node = node_data(message.content, context)
     counts = Federation([np.arange(node.size)], node.labels).label_counts()[0]
     return reply(
         message,
+        node=ConfigRecord({"client": node.client, "size": node.size}),
         labels=ConfigRecord({"labels": list(counts), "counts": list(counts.values())}),
     )
 
@@ -183,7 +180,6 @@ def client_app() -> ClientApp:
     """The ``ClientApp`` every node runs (simulation and deployment alike)."""
     app = ClientApp()
     app.query("hello")(hello)
-    app.query("labels")(label_counts)
     app.query("placeholders")(placeholders)
     app.train()(train)
     app.train("gradient")(gradient)

@@ -42,7 +42,6 @@ from stratify.federation import Federation
 from stratify.flower.messages import (
     GRADIENT,
     HELLO,
-    LABELS,
     PLACEHOLDERS,
     TRAIN,
     check_flower_config,
@@ -101,12 +100,12 @@ class NodeLink:
         self.traffic = Traffic()
         self.nodes: dict[int, int] = {}
 
-    def connect(self) -> list[int]:
-        """Wait (up to ``timeout``) for the run's clients to be connected; returns each
-        client's number of samples."""
-        sizes: dict[int, int] = {}
+    def connect(self) -> tuple[list[int], list[dict[int, int]]]:
+        """Wait (up to ``timeout``) for the run's clients to answer; returns each client's
+        number of samples and its ``{label: count}`` (the plain registry's input)."""
+        answers: dict[int, RecordDict] = {}
         deadline = time.monotonic() + self.timeout
-        while len(sizes) < self.config.clients:
+        while len(answers) < self.config.clients:
             waiting = [node for node in self.grid.get_node_ids() if node not in self.nodes.values()]
             replies = self.grid.send_and_receive(
                 [self.message(node, HELLO, RecordDict()) for node in waiting],
@@ -118,20 +117,26 @@ class NodeLink:
                         f"node {reply.metadata.src_node_id} could not load its data: "
                         f"{reply.error.reason}"
                     )
-                record = reply.content.config_records["node"]
-                client = int(record["client"])  # type: ignore[arg-type]
+                client = int(reply.content.config_records["node"]["client"])  # type: ignore[arg-type]
                 if client in self.nodes:
                     raise ConfigError(f"two nodes are client {client}: give each its partition-id")
                 self.nodes[client] = reply.metadata.src_node_id
-                sizes[client] = int(record["size"])  # type: ignore[arg-type]
-            if len(sizes) < self.config.clients:
+                answers[client] = reply.content
+            if len(answers) < self.config.clients:
                 if time.monotonic() > deadline:
-                    missing = sorted(set(range(self.config.clients)) - set(sizes))
+                    missing = sorted(set(range(self.config.clients)) - set(answers))
                     raise ClientLostError(
-                        f"clients {missing} never connected within {self.timeout:g} s"
+                        f"clients {missing} did not answer within {self.timeout:g} s "
+                        f"({len(list(self.grid.get_node_ids()))} nodes connected)"
                     )
                 time.sleep(0.2)
-        return [sizes[client] for client in range(self.config.clients)]
+        sizes, counts = [], []
+        for client in range(self.config.clients):
+            records = answers[client].config_records
+            sizes.append(int(records["node"]["size"]))  # type: ignore[arg-type]
+            labels = records["labels"]
+            counts.append(dict(zip(labels["labels"], labels["counts"])))  # type: ignore[arg-type]
+        return sizes, counts
 
     def message(self, node: int, kind: str, content: RecordDict) -> Message:
         content["run"] = self.run_record
@@ -211,17 +216,15 @@ class AgreedRegistry(LabelRegistry):
         raise ConfigError("a Flower run registers its clients once, before training")
 
 
-def register_over_flower(link: NodeLink, config: TrainConfig) -> tuple[RegistryResult, np.ndarray]:
-    """The plain registry as messages: every client sends its ``{label: count}``, the
-    server registers them as :class:`~stratify.registry.plain.PlainRegistry` does
-    in-process, sends each client its own map and gets back the placeholder of each of
-    its sample positions. Returns the result and those placeholders, client after client."""
+def register_over_flower(
+    link: NodeLink, config: TrainConfig, counts: list[dict[int, int]]
+) -> tuple[RegistryResult, np.ndarray]:
+    """The plain registry as messages: the clients' ``{label: count}`` came with their
+    hello; the server registers them as :class:`~stratify.registry.plain.PlainRegistry`
+    does in-process, sends each client its own map and gets back the placeholder of each
+    of its sample positions. Returns the result and those placeholders, client after
+    client."""
     clients = range(config.clients)
-    replies = link.exchange([(client, LABELS, RecordDict()) for client in clients])
-    counts = []
-    for content in replies:
-        record = content.config_records["labels"]
-        counts.append(dict(zip(record["labels"], record["counts"])))  # type: ignore[arg-type]
     result = PlainRegistry(seed=config.seed).register(counts)
     requests = []
     for client in clients:
@@ -434,8 +437,8 @@ def run_on_grid(
     """
     check_flower_config(config)
     link = NodeLink(grid, config, timeout, retries)
-    sizes = link.connect()
-    agreed, placeholders = register_over_flower(link, config)
+    sizes, counts = link.connect()
+    agreed, placeholders = register_over_flower(link, config, counts)
     dataset = server_dataset(config, sizes, placeholders)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     federation = Federation(
