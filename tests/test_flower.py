@@ -7,8 +7,10 @@ in-process with one torch thread, as the simulation's nodes compute.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from engines import FEATURES, bn_mlp
 
 pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
@@ -18,6 +20,7 @@ from stratify.config import TrainConfig  # noqa: E402
 from stratify.errors import ConfigError  # noqa: E402
 from stratify.experiment import build_experiment  # noqa: E402
 from stratify.flower.messages import check_flower_config  # noqa: E402
+from stratify.flower.server import RemoteTrainer  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.method import EpochStats  # noqa: E402
 
@@ -92,3 +95,10 @@ def test_a_flower_run_refuses_what_it_cannot_carry() -> None:
         check_flower_config(TrainConfig(dataset="digits", secure=True))
     with pytest.raises(ConfigError, match="validation"):
         check_flower_config(TrainConfig(dataset="digits", secure=False, validation=0.1))
+
+
+def test_a_global_batch_of_a_model_with_batch_statistics_is_refused() -> None:
+    # the clients' BatchNorm sums are not exchanged: refused before any message is sent
+    trainer = RemoteTrainer(None, [2, 2], torch.zeros(4, FEATURES), torch.zeros(4))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="BatchNorm"):
+        trainer.batch_gradient(bn_mlp(), np.arange(4), np.array([0, 0, 1, 1]))

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from flwr.app import Context
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from stratify.flower.messages import config_from_json
@@ -87,4 +86,4 @@ def server_app() -> ServerApp:
     return app
 
 
-__all__ = ["ClientApp", "client_app", "save_run", "server_app", "server_main"]
+__all__ = ["client_app", "save_run", "server_app", "server_main"]

@@ -139,6 +139,8 @@ class NodeLink:
         return sizes, counts
 
     def message(self, node: int, kind: str, content: RecordDict) -> Message:
+        """A new message to ``node`` (Flower sends a message once), carrying the run's
+        settings beside ``content``."""
         content["run"] = self.run_record
         self.traffic.messages += 1
         return Message(content, dst_node_id=node, message_type=kind)
