@@ -92,9 +92,18 @@ def test_the_messages_carry_the_transfers_the_engine_counts(runs: dict, case: st
 
 def test_a_flower_run_refuses_what_it_cannot_carry() -> None:
     with pytest.raises(ConfigError, match="encrypted registry"):
-        check_flower_config(TrainConfig(dataset="digits", secure=True))
+        check_flower_config(TrainConfig(dataset="digits", mode="batch", secure=True))
     with pytest.raises(ConfigError, match="validation"):
-        check_flower_config(TrainConfig(dataset="digits", secure=False, validation=0.1))
+        check_flower_config(
+            TrainConfig(dataset="digits", mode="batch", secure=False, validation=0.1)
+        )
+    # Stratify's hops read the training data directly: the server would train on nothing
+    with pytest.raises(ConfigError, match="batch only"):
+        check_flower_config(TrainConfig(dataset="digits", mode="single-sample", secure=False))
+    with pytest.raises(ConfigError, match="fedavgm does not run over Flower"):
+        check_flower_config(
+            TrainConfig(dataset="digits", algorithm="fedavgm", mode="batch", secure=False)
+        )
 
 
 def test_a_global_batch_of_a_model_with_batch_statistics_is_refused() -> None:

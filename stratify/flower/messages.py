@@ -72,8 +72,22 @@ def read_indices(record: ArrayRecord, name: str) -> np.ndarray:
     return np.asarray(record[name].numpy(), dtype=np.int64)
 
 
+#: the methods whose every read of the training data goes through the trainer, so that a
+#: :class:`~stratify.flower.server.RemoteTrainer` sends it to the nodes (checked for
+#: equality with the in-process run in batch mode); another method could read the
+#: server's stand-in data and train on nothing
+FLOWER_METHODS = ("stratify", "fedavg", "fedprox", "scaffold")
+
+
 def check_flower_config(config: TrainConfig) -> None:
     """Refuse the settings a Flower run does not carry (docs/flower.md, "Limits")."""
+    if config.algorithm not in FLOWER_METHODS:
+        raise ConfigError(
+            f"--algorithm {config.algorithm} does not run over Flower yet; choose one of "
+            f"{', '.join(FLOWER_METHODS)}"
+        )
+    if config.mode != "batch":
+        raise ConfigError("over Flower the methods run in --mode batch only (for now)")
     if config.secure:
         raise ConfigError(
             "the encrypted registry does not run over Flower yet: give secure=False "
