@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engines import FEATURES, bn_mlp
+from engines import FEATURES, bn_mlp, mlp, tiny_engine
 
 pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
@@ -23,10 +23,20 @@ from stratify.flower.messages import check_flower_config  # noqa: E402
 from stratify.flower.server import RemoteTrainer  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.method import EpochStats  # noqa: E402
+from stratify.stratify import Stratify  # noqa: E402
 
-#: every case: digits over three Dirichlet clients, batch mode, the plain registry
+#: every case: digits over three Dirichlet clients, batch mode unless it says otherwise,
+#: the plain registry
 CASES = {
     "stratify": {"algorithm": "stratify", "epochs": 2, "options": {"batch_labels": 128}},
+    # the model hops from holder to holder, relayed by the server, a chunk at most a hop
+    "stratify-hops": {
+        "algorithm": "stratify",
+        "mode": "single-sample",
+        "epochs": 1,
+        "lr": 0.05,
+        "options": {"chunk": 5, "repeat_count": 6},
+    },
     "fedavg": {"algorithm": "fedavg", "epochs": 2, "options": {"local_epochs": 1}},
     "fedprox": {"algorithm": "fedprox", "epochs": 1, "options": {"local_epochs": 1, "mu": 0.5}},
     "scaffold": {"algorithm": "scaffold", "epochs": 2, "options": {"local_epochs": 1}},
@@ -37,16 +47,16 @@ TOLERANCE = 1e-5
 
 
 def config(case: str) -> TrainConfig:
-    return TrainConfig(
-        dataset="digits",
-        clients=3,
-        partition="dirichlet:0.5",
-        mode="batch",
-        secure=False,
-        seed=3,
-        device="cpu",
-        **CASES[case],
-    )
+    settings = {
+        "dataset": "digits",
+        "clients": 3,
+        "partition": "dirichlet:0.5",
+        "mode": "batch",
+        "secure": False,
+        "seed": 3,
+        "device": "cpu",
+    }
+    return TrainConfig(**{**settings, **CASES[case]})
 
 
 def in_process(config: TrainConfig) -> tuple[dict[str, torch.Tensor], list[EpochStats]]:
@@ -80,7 +90,7 @@ def test_a_simulated_run_ends_with_the_in_process_weights(runs: dict, case: str)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["stratify", "fedavg", "fedprox"])
+@pytest.mark.parametrize("case", ["stratify", "stratify-hops", "fedavg", "fedprox"])
 def test_the_messages_carry_the_transfers_the_engine_counts(runs: dict, case: str) -> None:
     _, stats = in_process(config(case))
     run = runs[case]
@@ -97,9 +107,16 @@ def test_a_flower_run_refuses_what_it_cannot_carry() -> None:
         check_flower_config(
             TrainConfig(dataset="digits", mode="batch", secure=False, validation=0.1)
         )
-    # Stratify's hops read the training data directly: the server would train on nothing
     with pytest.raises(ConfigError, match="batch only"):
-        check_flower_config(TrainConfig(dataset="digits", mode="single-sample", secure=False))
+        check_flower_config(
+            TrainConfig(dataset="digits", algorithm="fedavg", mode="single-sample", secure=False)
+        )
+    with pytest.raises(ConfigError, match="no momentum"):
+        check_flower_config(
+            TrainConfig(
+                dataset="digits", mode="single-sample", secure=False, options={"momentum": 0.5}
+            )
+        )
     with pytest.raises(ConfigError, match="fedavgm does not run over Flower"):
         check_flower_config(
             TrainConfig(dataset="digits", algorithm="fedavgm", mode="batch", secure=False)
@@ -111,3 +128,15 @@ def test_a_global_batch_of_a_model_with_batch_statistics_is_refused() -> None:
     trainer = RemoteTrainer(None, [2, 2], torch.zeros(4, FEATURES), torch.zeros(4))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="BatchNorm"):
         trainer.batch_gradient(bn_mlp(), np.arange(4), np.array([0, 0, 1, 1]))
+
+
+def test_hops_through_a_remote_trainer_never_take_the_compiled_or_vectorised_step() -> None:
+    # both read the samples on the server, which holds only stand-ins
+    engine = tiny_engine(Stratify(compile="on"), mlp(), mode="single-sample")
+    strategy, context = engine.strategy, engine.context
+    assert isinstance(strategy, Stratify) and strategy.uses_compiled_step(context)
+    rounds = strategy.configure_rounds(context, 1, np.random.default_rng(0))
+    assert strategy.local_work(context, list(rounds)[0], np.random.default_rng(0))
+    context.trainer = RemoteTrainer(None, [3, 5], context.x_train, context.y_train)  # type: ignore[arg-type]
+    assert not strategy.uses_compiled_step(context)
+    assert strategy.local_work(context, list(rounds)[0], np.random.default_rng(0)) is None

@@ -25,6 +25,8 @@ PLACEHOLDERS = "query.placeholders"
 TRAIN = "train"
 #: the summed loss gradient of the node's share of one global batch (Stratify, batch mode)
 GRADIENT = "train.gradient"
+#: a hop of the travelling model: one SGD step per sample (Stratify, single-sample mode)
+HOP = "train.hop"
 
 
 def config_json(config: TrainConfig) -> str:
@@ -86,8 +88,17 @@ def check_flower_config(config: TrainConfig) -> None:
             f"--algorithm {config.algorithm} does not run over Flower yet; choose one of "
             f"{', '.join(FLOWER_METHODS)}"
         )
-    if config.mode != "batch":
-        raise ConfigError("over Flower the methods run in --mode batch only (for now)")
+    if config.mode != "batch" and config.algorithm != "stratify":
+        raise ConfigError(
+            f"over Flower --algorithm {config.algorithm} runs in --mode batch only (for now)"
+        )
+    if config.mode == "single-sample":
+        if config.options.get("momentum"):
+            raise ConfigError("over Flower Stratify's hops send no momentum: leave --momentum 0")
+        if config.options.get("hops") == "direct":
+            raise ConfigError(
+                "over Flower the model travels through the server: --hops server, not direct"
+            )
     if config.secure:
         raise ConfigError(
             "the encrypted registry does not run over Flower yet: give secure=False "

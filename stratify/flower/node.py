@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -176,6 +176,22 @@ def gradient(message: Message, context: Context) -> Message:
     return reply(message, gradient=state_record(grads), loss=ConfigRecord({"loss_sum": loss}))
 
 
+def hop(message: Message, context: Context) -> Message:
+    """The travelling model's steps on this node: one plain SGD step per sample, in the
+    order the server's plan gives (Stratify's single-sample mode)."""
+    node = node_data(message.content, context)
+    model = received_model(node, message.content)
+    steps = read_indices(message.content.array_records["steps"], "positions")
+    lr = float(message.content.config_records["hop"]["lr"])  # type: ignore[arg-type]
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = node.trainer.single_sample_steps(model, optimizer, steps.tolist(), lr)
+    return reply(
+        message,
+        model=state_record(model.state_dict()),
+        losses=ArrayRecord({"losses": Array(torch.stack(losses).numpy())}),
+    )
+
+
 def client_app() -> ClientApp:
     """The ``ClientApp`` every node runs (simulation and deployment alike)."""
     app = ClientApp()
@@ -183,4 +199,5 @@ def client_app() -> ClientApp:
     app.query("placeholders")(placeholders)
     app.train()(train)
     app.train("gradient")(gradient)
+    app.train("hop")(hop)
     return app

@@ -42,6 +42,7 @@ from stratify.federation import Federation
 from stratify.flower.messages import (
     GRADIENT,
     HELLO,
+    HOP,
     PLACEHOLDERS,
     TRAIN,
     check_flower_config,
@@ -261,6 +262,9 @@ class RemoteTrainer(LocalTrainer):
         The server's stand-ins (no sample values; placeholders as labels).
     """
 
+    #: the samples stay on the nodes: no compiled or vectorised step reads them here
+    holds_samples = False
+
     def __init__(
         self, link: NodeLink, sizes: Sequence[int], x_train: torch.Tensor, y_train: torch.Tensor
     ) -> None:
@@ -333,6 +337,34 @@ class RemoteTrainer(LocalTrainer):
             float(result["loss_sum"]),  # type: ignore[arg-type]
             int(result["samples"]),  # type: ignore[arg-type]
         )
+
+    def single_sample_steps(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, indices: list[int], lr: float
+    ) -> list[torch.Tensor]:
+        """The travelling model's steps, hop by hop: each run of consecutive samples of one
+        client goes to that client's node with the model, which comes back trained (two
+        transfers a hop, relayed by the server as ``--hops server`` counts them)."""
+        if any(group.get("momentum", 0) for group in optimizer.param_groups):
+            raise ConfigError("over Flower Stratify's hops send no momentum: leave --momentum 0")
+        samples = np.asarray(indices, dtype=np.int64)
+        owners = np.searchsorted(self.offsets, samples, side="right") - 1
+        losses: list[torch.Tensor] = []
+        for run in np.split(np.arange(len(samples)), np.flatnonzero(np.diff(owners)) + 1):
+            if len(run) == 0:
+                continue
+            client = int(owners[run[0]])
+            content = RecordDict(
+                {
+                    "model": state_record(model.state_dict()),
+                    "steps": index_record(positions=samples[run] - self.offsets[client]),
+                    "hop": ConfigRecord({"lr": lr}),
+                }
+            )
+            (answer,) = self.link.exchange([(client, HOP, content)])
+            self.link.traffic.transfers += 2  # the model to the holder and back
+            load_into(model, read_state(answer.array_records["model"], self.x_train.device))
+            losses += torch.as_tensor(answer.array_records["losses"]["losses"].numpy()).unbind()
+        return losses
 
     def batch_gradient(
         self,
