@@ -33,7 +33,7 @@ from stratify.compiled import (
     compiled_steps,
     run_compiled_steps,
 )
-from stratify.nn.norm import has_batch_norm
+from stratify.nn.norm import client_split, has_batch_norm
 
 #: devices where ``torch.optim.SGD(fused=True)`` runs
 FUSED_DEVICES = ("cpu", "cuda")
@@ -236,6 +236,107 @@ def why_not_compiled(
     return None
 
 
+def accumulate_batch_gradient(
+    model: nn.Module,
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    samples: np.ndarray,
+    clients: np.ndarray,
+    fused: bool = True,
+    divisor: int | None = None,
+) -> float:
+    """Add ``(1/B) Σ_clients ∇ Σ_{i ∈ client} loss_i`` to the parameters' ``.grad``.
+
+    ``samples`` are grouped by client in contiguous segments. The fused path runs the
+    global batch as one tensor; the explicit path runs each client separately and sums
+    the client gradients. Both give the same gradient, because the gradient of a sum is
+    the sum of gradients. Batch-statistics norms couple the clients through their
+    per-client partial sums, so a model with them always runs the segmented union (one
+    forward, the clients' segments marked by :func:`~stratify.nn.norm.client_split`).
+    ``divisor`` replaces ``B`` (the batch's size by default): a Flower node computes
+    the plain sum over its share (``divisor=1``) and the server divides the clients' sum
+    by ``B`` (docs/flower.md).
+
+    Returns
+    -------
+    float
+        The summed loss of the batch.
+    """
+    batch_size = len(samples) if divisor is None else divisor
+    boundaries = np.flatnonzero(np.diff(clients)) + 1
+    segments = np.split(np.arange(len(samples)), boundaries)
+    client_sizes = [len(segment) for segment in segments]
+    index = torch.as_tensor(samples, device=x_train.device)
+    if fused or has_batch_norm(model):
+        with client_split(model, client_sizes):
+            logits = model(x_train[index])
+            loss = F.cross_entropy(logits, y_train[index], reduction="sum")
+        (loss / batch_size).backward()
+        return float(loss.detach())
+    total = 0.0
+    for segment in segments:
+        client_index = index[segment[0] : segment[-1] + 1]
+        loss = F.cross_entropy(model(x_train[client_index]), y_train[client_index], reduction="sum")
+        (loss / batch_size).backward()
+        total += float(loss.detach())
+    return total
+
+
+def single_sample_sgd(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    indices: list[int],
+    lr: float,
+) -> list[torch.Tensor]:
+    """One SGD step per index, batch of one: the latency-bound hot loop.
+
+    Inputs are sliced from device-resident tensors by precomputed indices. Without
+    momentum the step is ``torch.autograd.grad`` plus one fused ``_foreach_add_`` (no
+    ``.grad`` zeroing, no optimizer bookkeeping: measured ~20% more steps/s on CPU than
+    ``zero_grad``/``backward``/``step``); with momentum ``optimizer`` steps (its rate must
+    already be ``lr``). Losses stay on the device.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Trained in place.
+    optimizer : torch.optim.Optimizer
+        SGD over all of ``model``'s parameters (the ones stepped); its momentum decides
+        the path.
+    x, y : torch.Tensor
+        Inputs and class targets on the model's device.
+    indices : list of int
+        Rows of ``x``/``y``, one step each, in order.
+    lr : float
+        Learning rate of the plain-SGD path.
+
+    Returns
+    -------
+    list of torch.Tensor
+        The detached loss of every step.
+    """
+    # the optimizer's own list: walking the model's modules for it costs as much as a step
+    parameters: list[torch.Tensor] = [
+        p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
+    ]
+    plain_sgd = all(group.get("momentum", 0) == 0 for group in optimizer.param_groups)
+    losses: list[torch.Tensor] = []
+    for index in indices:
+        loss = F.cross_entropy(model(x[index : index + 1]), y[index : index + 1])
+        gradients = torch.autograd.grad(loss, parameters)
+        if plain_sgd:
+            with torch.no_grad():
+                torch._foreach_add_(parameters, gradients, alpha=-lr)
+        else:
+            for parameter, gradient in zip(parameters, gradients):
+                parameter.grad = gradient
+            optimizer.step()
+        losses.append(loss.detach())
+    return losses
+
+
 class LocalTrainer:
     """Mini-batch SGD of a client on its own samples.
 
@@ -247,6 +348,9 @@ class LocalTrainer:
 
     #: single-sample steps per compiled call (K)
     steps_per_call = STEPS_PER_CALL
+    #: whether :attr:`x_train` holds the samples, so that a compiled or vectorised step
+    #: may read them itself (a trainer that sends the work to the clients' nodes: no)
+    holds_samples = True
 
     def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor) -> None:
         self.x_train = x_train
@@ -258,6 +362,54 @@ class LocalTrainer:
     def receive(global_model: nn.Module) -> nn.Module:
         """A fresh copy of the global model, as a client receives it."""
         return copy.deepcopy(global_model)
+
+    def single_sample_steps(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, indices: list[int], lr: float
+    ) -> list[torch.Tensor]:
+        """One SGD step per sample of ``indices``, batch of one, on the travelling model
+        (Stratify's single-sample hops, :func:`single_sample_sgd`); returns every step's
+        detached loss.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            Trained in place.
+        optimizer : torch.optim.Optimizer
+            The global SGD optimizer (its momentum decides the path).
+        indices : list of int
+            The samples, one step each, in order.
+        lr : float
+            Learning rate of the plain-SGD path.
+        """
+        return single_sample_sgd(model, optimizer, self.x_train, self.y_train, indices, lr)
+
+    def batch_gradient(
+        self,
+        model: nn.Module,
+        samples: np.ndarray,
+        clients: np.ndarray,
+        fused: bool = True,
+        divisor: int | None = None,
+    ) -> float:
+        """Add one global batch's gradient to ``model``'s ``.grad``: each client's summed
+        loss gradient over its share, divided by the batch size (Stratify's batch mode,
+        :func:`accumulate_batch_gradient`). Returns the batch's summed loss.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The travelling global model.
+        samples, clients : numpy.ndarray
+            The batch's sample indices and the client holding each, in contiguous
+            per-client segments.
+        fused : bool
+            One forward pass for the whole batch, or one per client (same gradient).
+        divisor : int, optional
+            What the summed losses are divided by (default: the batch's size).
+        """
+        return accumulate_batch_gradient(
+            model, self.x_train, self.y_train, samples, clients, fused, divisor
+        )
 
     def epoch_orders(
         self, indices: np.ndarray | Sequence[np.ndarray], epochs: int, rng: np.random.Generator

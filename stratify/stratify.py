@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from stratify.client import LocalJob
@@ -31,7 +30,7 @@ from stratify.compiled import (
 from stratify.errors import ConfigError
 from stratify.federation import SamplePools
 from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
-from stratify.nn.norm import client_split, has_batch_norm
+from stratify.nn.norm import has_batch_norm
 from stratify.options import StrategyOptions, option
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
 from stratify.selection import (
@@ -120,103 +119,6 @@ class StratifyOptions(StrategyOptions):
         choices=COMPILE_MODES,
         modes=("single-sample",),
     )
-
-
-def accumulate_batch_gradient(
-    model: nn.Module,
-    x_train: torch.Tensor,
-    y_train: torch.Tensor,
-    samples: np.ndarray,
-    clients: np.ndarray,
-    fused: bool = True,
-) -> float:
-    """Add ``(1/B) Σ_clients ∇ Σ_{i ∈ client} loss_i`` to the parameters' ``.grad``.
-
-    ``samples`` are grouped by client in contiguous segments. The fused path runs the
-    global batch as one tensor; the explicit path runs each client separately and sums
-    the client gradients. Both give the same gradient, because the gradient of a sum is
-    the sum of gradients. Batch-statistics norms couple the clients through their
-    per-client partial sums, so a model with them always runs the segmented union (one
-    forward, the clients' segments marked by :func:`~stratify.nn.norm.client_split`).
-
-    Returns
-    -------
-    float
-        The summed loss of the batch.
-    """
-    batch_size = len(samples)
-    boundaries = np.flatnonzero(np.diff(clients)) + 1
-    segments = np.split(np.arange(batch_size), boundaries)
-    client_sizes = [len(segment) for segment in segments]
-    index = torch.as_tensor(samples, device=x_train.device)
-    if fused or has_batch_norm(model):
-        with client_split(model, client_sizes):
-            logits = model(x_train[index])
-            loss = F.cross_entropy(logits, y_train[index], reduction="sum")
-        (loss / batch_size).backward()
-        return float(loss.detach())
-    total = 0.0
-    for segment in segments:
-        client_index = index[segment[0] : segment[-1] + 1]
-        loss = F.cross_entropy(model(x_train[client_index]), y_train[client_index], reduction="sum")
-        (loss / batch_size).backward()
-        total += float(loss.detach())
-    return total
-
-
-def single_sample_sgd(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    indices: list[int],
-    lr: float,
-) -> list[torch.Tensor]:
-    """One SGD step per index, batch of one: the latency-bound hot loop.
-
-    Inputs are sliced from device-resident tensors by precomputed indices. Without
-    momentum the step is ``torch.autograd.grad`` plus one fused ``_foreach_add_`` (no
-    ``.grad`` zeroing, no optimizer bookkeeping: measured ~20% more steps/s on CPU than
-    ``zero_grad``/``backward``/``step``); with momentum ``optimizer`` steps (its rate must
-    already be ``lr``). Losses stay on the device.
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        Trained in place.
-    optimizer : torch.optim.Optimizer
-        SGD over all of ``model``'s parameters (the ones stepped); its momentum decides
-        the path.
-    x, y : torch.Tensor
-        Inputs and class targets on the model's device.
-    indices : list of int
-        Rows of ``x``/``y``, one step each, in order.
-    lr : float
-        Learning rate of the plain-SGD path.
-
-    Returns
-    -------
-    list of torch.Tensor
-        The detached loss of every step.
-    """
-    # the optimizer's own list: walking the model's modules for it costs as much as a step
-    parameters: list[torch.Tensor] = [
-        p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
-    ]
-    plain_sgd = all(group.get("momentum", 0) == 0 for group in optimizer.param_groups)
-    losses: list[torch.Tensor] = []
-    for index in indices:
-        loss = F.cross_entropy(model(x[index : index + 1]), y[index : index + 1])
-        gradients = torch.autograd.grad(loss, parameters)
-        if plain_sgd:
-            with torch.no_grad():
-                torch._foreach_add_(parameters, gradients, alpha=-lr)
-        else:
-            for parameter, gradient in zip(parameters, gradients):
-                parameter.grad = gradient
-            optimizer.step()
-        losses.append(loss.detach())
-    return losses
 
 
 class Stratify(Strategy):
@@ -360,17 +262,20 @@ class Stratify(Strategy):
         with ``auto`` once the run has made :data:`AUTO_COMPILE_AFTER_STEPS` steps."""
         if not all(parameter.requires_grad for parameter in context.model.parameters()):
             return False  # the compiled step updates every parameter
+        if not context.trainer.holds_samples:
+            return False  # the compiled step reads the samples; a remote trainer sends them
         return self.compile_switch.active()
 
     def execute_eager(self, context: Context, samples: np.ndarray) -> RoundStats:
-        """The eager single-sample loop (:func:`single_sample_sgd`), the reference for the
+        """The eager single-sample loop (the trainer's
+        :meth:`~stratify.client.LocalTrainer.single_sample_steps`), the reference for the
         compiled step, reporting progress every :data:`PROGRESS_EVERY` samples."""
         losses: list[torch.Tensor] = []
         indices = samples.tolist()
         for block_start in range(0, len(indices), PROGRESS_EVERY):
             block = indices[block_start : block_start + PROGRESS_EVERY]
-            losses += single_sample_sgd(
-                context.model, self.optimizer, context.x_train, context.y_train, block, context.lr
+            losses += context.trainer.single_sample_steps(
+                context.model, self.optimizer, block, context.lr
             )
             context.progress(len(block))
         stats = RoundStats(
@@ -393,8 +298,10 @@ class Stratify(Strategy):
         """A single-sample epoch as one job: the travelling model, one step per planned
         sample, the optimizer's momentum buffers continued in place."""
         plan: Plan = round_.payload
-        if plan.mode != "single-sample" or not all(
-            parameter.requires_grad for parameter in context.model.parameters()
+        if (
+            plan.mode != "single-sample"
+            or not context.trainer.holds_samples
+            or not all(parameter.requires_grad for parameter in context.model.parameters())
         ):
             return None
         momentum = self.options.momentum
@@ -487,13 +394,8 @@ class Stratify(Strategy):
         for start, stop in zip(starts[:-1].tolist(), starts[1:].tolist()):
             samples = plan.samples[start:stop]
             self.optimizer.zero_grad(set_to_none=False)
-            stats.loss_sum += accumulate_batch_gradient(
-                context.model,
-                context.x_train,
-                context.y_train,
-                samples,
-                plan.clients[start:stop],
-                fused=fused,
+            stats.loss_sum += context.trainer.batch_gradient(
+                context.model, samples, plan.clients[start:stop], fused=fused
             )
             self.optimizer.step()
             stats.steps += 1

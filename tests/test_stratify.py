@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from engines import client_data, tiny_engine
 
+from stratify.client import accumulate_batch_gradient
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_digits
 from stratify.errors import ConfigError
@@ -15,7 +16,7 @@ from stratify.experiment import build_experiment
 from stratify.method import Round, RoundStats
 from stratify.nn.models import build_model
 from stratify.selection import Plan
-from stratify.stratify import Stratify, accumulate_batch_gradient
+from stratify.stratify import Stratify
 
 
 def digits_engine(

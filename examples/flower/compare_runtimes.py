@@ -1,0 +1,77 @@
+"""Wall time per round of one job in-process, in Flower's simulation and deployed on this
+machine (docs/flower.md, "Wall time"), and how far each run's final weights are from the
+in-process run's.
+
+    python examples/flower/compare_runtimes.py [stratify|fedavg] [rounds]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from stratify.config import TrainConfig
+from stratify.experiment import build_experiment
+from stratify.flower.deploy import LocalDeployment
+from stratify.flower.simulation import simulate
+
+APP = Path(__file__).resolve().parent
+
+
+def job(algorithm: str, rounds: int) -> TrainConfig:
+    options = {"batch_labels": 128} if algorithm == "stratify" else {"local_epochs": 1}
+    return TrainConfig(
+        dataset="digits",
+        clients=3,
+        partition="dirichlet:0.5",
+        mode="batch",
+        algorithm=algorithm,
+        epochs=rounds,
+        secure=False,
+        seed=3,
+        device="cpu",
+        options=options,
+    )
+
+
+def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[key] - b[key]).abs().max()) for key in a)
+
+
+def main() -> None:
+    algorithm = sys.argv[1] if len(sys.argv) > 1 else "fedavg"
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    config = job(algorithm, rounds)
+    torch.set_num_threads(1)  # as the simulation's and deployment's nodes compute
+    experiment = build_experiment(config)
+    seconds = []
+    for epoch in range(1, rounds + 1):
+        start = time.perf_counter()
+        experiment.engine.run_epoch(epoch)
+        seconds.append(time.perf_counter() - start)
+    reference = experiment.model.state_dict()
+    rows = [("in-process", seconds, 0.0)]
+    (simulated,) = simulate([config])
+    rows.append(
+        ("Flower simulation", simulated.seconds, largest_difference(reference, simulated.state))
+    )
+    with tempfile.TemporaryDirectory() as folder, LocalDeployment(config.clients) as deployment:
+        deployment.submit(APP, config, Path(folder), timeout=120.0)
+        result = deployment.wait(Path(folder), 600.0)
+        weights = torch.load(Path(folder) / "weights.pt", weights_only=True)
+    deployed = [epoch["seconds"] for epoch in result["epochs"]]
+    rows.append(("Flower deployment", deployed, largest_difference(reference, weights)))
+    print(f"{algorithm}, {rounds} rounds, digits, 3 clients")
+    print("| run | s/round (median) | rounds | max |w - w_in-process| |")
+    print("|---|---|---|---|")
+    for name, times, difference in rows:
+        print(f"| {name} | {statistics.median(times):.3f} | {len(times)} | {difference:.1e} |")
+
+
+if __name__ == "__main__":
+    main()

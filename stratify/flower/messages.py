@@ -1,0 +1,108 @@
+"""What travels between the server app and the nodes: the message types and how a run's
+settings, model states, index arrays and gradients become Flower records
+(docs/flower.md, "What each party sees").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from stratify.config import TrainConfig
+from stratify.errors import ConfigError
+
+#: the server asks a node which client it is and has it load that client's data; the
+#: reply carries the plain registry's input, the node's {label: count}
+HELLO = "query.hello"
+#: the node's own label -> placeholder map down, the placeholder of each of its samples up
+PLACEHOLDERS = "query.placeholders"
+#: local training of a copy of the global model (the averaging methods)
+TRAIN = "train"
+#: the summed loss gradient of the node's share of one global batch (Stratify, batch mode)
+GRADIENT = "train.gradient"
+#: a hop of the travelling model: one SGD step per sample (Stratify, single-sample mode)
+HOP = "train.hop"
+
+
+def config_json(config: TrainConfig) -> str:
+    """A run's settings as JSON text (a message's, a deployment's run configuration)."""
+    return json.dumps(dataclasses.asdict(config))
+
+
+def config_from_json(text: str) -> TrainConfig:
+    """The settings of :func:`config_json` (or any subset of the fields), checked again
+    as any configuration is."""
+    values = json.loads(text)
+    if values.get("mlp_hidden") is not None:
+        values["mlp_hidden"] = tuple(values["mlp_hidden"])
+    return TrainConfig(**values)
+
+
+def config_record(config: TrainConfig) -> ConfigRecord:
+    """The run's settings as one JSON text: every node loads its data from them."""
+    return ConfigRecord({"config": config_json(config)})
+
+
+def read_config(content: RecordDict) -> TrainConfig:
+    """The settings :func:`config_record` sent."""
+    return config_from_json(str(content.config_records["run"]["config"]))
+
+
+def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """A model state (or any named tensors) as an :class:`~flwr.app.ArrayRecord`, on the CPU."""
+    return ArrayRecord({key: value.detach().cpu() for key, value in state.items()})
+
+
+def read_state(record: ArrayRecord, device: torch.device) -> dict[str, torch.Tensor]:
+    """The named tensors of :func:`state_record`, on ``device``."""
+    return {key: value.to(device) for key, value in record.to_torch_state_dict().items()}
+
+
+def index_record(**arrays: np.ndarray) -> ArrayRecord:
+    """Integer arrays (sample positions, placeholders) as one record."""
+    return ArrayRecord(
+        {name: Array(np.ascontiguousarray(a, dtype=np.int64)) for name, a in arrays.items()}
+    )
+
+
+def read_indices(record: ArrayRecord, name: str) -> np.ndarray:
+    return np.asarray(record[name].numpy(), dtype=np.int64)
+
+
+#: the methods whose every read of the training data goes through the trainer, so that a
+#: :class:`~stratify.flower.server.RemoteTrainer` sends it to the nodes (checked for
+#: equality with the in-process run in batch mode); another method could read the
+#: server's stand-in data and train on nothing
+FLOWER_METHODS = ("stratify", "fedavg", "fedprox", "scaffold")
+
+
+def check_flower_config(config: TrainConfig) -> None:
+    """Refuse the settings a Flower run does not carry (docs/flower.md, "Limits")."""
+    if config.algorithm not in FLOWER_METHODS:
+        raise ConfigError(
+            f"--algorithm {config.algorithm} does not run over Flower yet; choose one of "
+            f"{', '.join(FLOWER_METHODS)}"
+        )
+    if config.mode != "batch" and config.algorithm != "stratify":
+        raise ConfigError(
+            f"over Flower --algorithm {config.algorithm} runs in --mode batch only (for now)"
+        )
+    if config.mode == "single-sample":
+        if config.options.get("momentum"):
+            raise ConfigError("over Flower Stratify's hops send no momentum: leave --momentum 0")
+        if config.options.get("hops") == "direct":
+            raise ConfigError(
+                "over Flower the model travels through the server: --hops server, not direct"
+            )
+    if config.secure:
+        raise ConfigError(
+            "the encrypted registry does not run over Flower yet: give secure=False "
+            "(--no-secure); the plain registry's counts travel as Flower messages"
+        )
+    if config.validation:
+        raise ConfigError("a Flower run has no validation split: leave --validation at 0")

@@ -1,0 +1,506 @@
+"""The server app: the in-process engine, with the clients' work sent to Flower nodes.
+
+:func:`run_on_grid` builds the run with :func:`~stratify.experiment.build_experiment`,
+as ``stratify train`` does, and runs :meth:`~stratify.engine.Engine.run_epoch` epoch by
+epoch. Two parts differ. The server holds no training sample: its dataset carries only
+the placeholder of every client position, agreed through the registry's messages
+(:class:`AgreedRegistry`). And its trainer is a :class:`RemoteTrainer`, which sends each
+local training and each share of a global batch to the node holding the samples, so the
+strategies (FedAvg, FedProx, SCAFFOLD, Stratify's batch mode) run unchanged and draw
+exactly what they draw in-process (docs/flower.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+from torch import nn
+
+from stratify.client import (
+    GradientHook,
+    GradientOffset,
+    LocalResult,
+    LocalTrainer,
+    LossFunction,
+    ProximalGradient,
+    cross_entropy_loss,
+)
+from stratify.compiled import CompileSwitch
+from stratify.config import TrainConfig
+from stratify.data.datasets import Dataset, load_dataset
+from stratify.errors import ConfigError, TrainingError
+from stratify.experiment import build_experiment
+from stratify.federation import Federation
+from stratify.flower.messages import (
+    GRADIENT,
+    HELLO,
+    HOP,
+    PLACEHOLDERS,
+    TRAIN,
+    check_flower_config,
+    config_record,
+    index_record,
+    read_indices,
+    read_state,
+    state_record,
+)
+from stratify.method import EpochStats
+from stratify.nn.norm import has_batch_norm
+from stratify.registry.base import LabelRegistry, RegistryResult
+from stratify.registry.plain import PlainRegistry
+from stratify.state import load_into
+
+log = logging.getLogger("stratify.flower")
+
+
+class ClientLostError(TrainingError):
+    """A client did not answer after every retry; the run stopped (no hang)."""
+
+
+@dataclass
+class Traffic:
+    """What the server app actually sent and received, counted message by message:
+    ``transfers`` model-sized payloads (a model down, a model up), ``uploads``
+    parameter-sized ones that are not models (a summed gradient up, SCAFFOLD's offset
+    down), ``messages`` every message the server sent."""
+
+    transfers: int = 0
+    uploads: int = 0
+    messages: int = 0
+
+
+class NodeLink:
+    """The server's end of the messages: client number -> node, bounded waits, retries.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        Flower's grid of the run (simulated or a SuperLink's).
+    config : TrainConfig
+        The run's settings, carried by every message so a node knows its data.
+    timeout : float
+        Seconds to wait for the replies of one exchange.
+    retries : int
+        Times an unanswered request is sent again before the run stops.
+    """
+
+    def __init__(self, grid: Grid, config: TrainConfig, timeout: float, retries: int) -> None:
+        self.grid = grid
+        self.config = config
+        self.run_record = config_record(config)
+        self.timeout = timeout
+        self.retries = retries
+        self.traffic = Traffic()
+        self.nodes: dict[int, int] = {}
+
+    def connect(self) -> tuple[list[int], list[dict[int, int]]]:
+        """Wait (up to ``timeout``) for the run's clients to answer; returns each client's
+        number of samples and its ``{label: count}`` (the plain registry's input)."""
+        answers: dict[int, RecordDict] = {}
+        deadline = time.monotonic() + self.timeout
+        while len(answers) < self.config.clients:
+            waiting = [node for node in self.grid.get_node_ids() if node not in self.nodes.values()]
+            replies = self.grid.send_and_receive(
+                [self.message(node, HELLO, RecordDict()) for node in waiting],
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+            for reply in replies:
+                if reply.has_error():
+                    raise ClientLostError(
+                        f"node {reply.metadata.src_node_id} could not load its data: "
+                        f"{reply.error.reason}"
+                    )
+                client = int(reply.content.config_records["node"]["client"])  # type: ignore[arg-type]
+                if client in self.nodes:
+                    raise ConfigError(f"two nodes are client {client}: give each its partition-id")
+                self.nodes[client] = reply.metadata.src_node_id
+                answers[client] = reply.content
+            if len(answers) < self.config.clients:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(self.config.clients)) - set(answers))
+                    raise ClientLostError(
+                        f"clients {missing} did not answer within {self.timeout:g} s "
+                        f"({len(list(self.grid.get_node_ids()))} nodes connected)"
+                    )
+                time.sleep(0.2)
+        sizes, counts = [], []
+        for client in range(self.config.clients):
+            records = answers[client].config_records
+            sizes.append(int(records["node"]["size"]))  # type: ignore[arg-type]
+            labels = records["labels"]
+            counts.append(dict(zip(labels["labels"], labels["counts"])))  # type: ignore[arg-type]
+        return sizes, counts
+
+    def message(self, node: int, kind: str, content: RecordDict) -> Message:
+        """A new message to ``node`` (Flower sends a message once), carrying the run's
+        settings beside ``content``."""
+        content["run"] = self.run_record
+        self.traffic.messages += 1
+        return Message(content, dst_node_id=node, message_type=kind)
+
+    def exchange(self, requests: Sequence[tuple[int, str, RecordDict]]) -> list[RecordDict]:
+        """Send each ``(client, message type, content)`` to its client's node and return
+        the replies' contents in the requests' order. A request unanswered within
+        :attr:`timeout` (or answered with an error) is sent again up to :attr:`retries`
+        times; then :class:`ClientLostError` names the client and what was done."""
+        by_node = {self.nodes[client]: index for index, (client, _, _) in enumerate(requests)}
+        if len(by_node) != len(requests):
+            raise AssertionError("an exchange sends one message per node")
+        answers: dict[int, RecordDict] = {}
+        errors: dict[int, str] = {}
+        for attempt in range(self.retries + 1):
+            pending = [index for index in range(len(requests)) if index not in answers]
+            if not pending:
+                break
+            if attempt:
+                log.warning(
+                    "retry %d of %d: clients %s",
+                    attempt,
+                    self.retries,
+                    [requests[index][0] for index in pending],
+                )
+            messages = []
+            for index in pending:
+                client, kind, content = requests[index]
+                messages.append(self.message(self.nodes[client], kind, RecordDict(dict(content))))
+            for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
+                answered = by_node.get(reply.metadata.src_node_id)
+                if answered is None:
+                    continue
+                if reply.has_error():
+                    errors[answered] = reply.error.reason
+                else:
+                    answers[answered] = reply.content
+        lost = [index for index in range(len(requests)) if index not in answers]
+        if lost:
+            details = "; ".join(
+                f"client {requests[index][0]} (node {self.nodes[requests[index][0]]}): "
+                + errors.get(index, f"no reply within {self.timeout:g} s")
+                for index in lost
+            )
+            raise ClientLostError(
+                f"{details}; sent {self.retries + 1} times ({requests[lost[0]][1]}), "
+                "so the run stopped here"
+            )
+        return [answers[index] for index in range(len(requests))]
+
+
+class AgreedRegistry(LabelRegistry):
+    """The registry's result as the server holds it after the messages of
+    :func:`register_over_flower`: the server's "labels" are already placeholders, so every
+    client's map is the identity on its placeholders and the global counts are those the
+    plain registry computed."""
+
+    name = "agreed"
+
+    def __init__(self, agreed: RegistryResult) -> None:
+        super().__init__()
+        self.agreed = agreed
+
+    def register(self, client_labels: Any, num_classes: int | None = None) -> RegistryResult:
+        held = [{p: p for p in counts} for counts in client_labels]
+        self.result = RegistryResult(self.agreed.num_placeholders, held, self.agreed.global_counts)
+        return self.result
+
+    def _discover(self, client: int, label: Any) -> int:
+        raise ConfigError("a Flower run registers its clients once, before training")
+
+    def _count(
+        self, client: int, placeholder: int, count: int, global_counts: np.ndarray
+    ) -> np.ndarray:
+        raise ConfigError("a Flower run registers its clients once, before training")
+
+
+def register_over_flower(
+    link: NodeLink, config: TrainConfig, counts: list[dict[int, int]]
+) -> tuple[RegistryResult, np.ndarray]:
+    """The plain registry as messages: the clients' ``{label: count}`` came with their
+    hello; the server registers them as :class:`~stratify.registry.plain.PlainRegistry`
+    does in-process, sends each client its own map and gets back the placeholder of each
+    of its sample positions. Returns the result and those placeholders, client after
+    client."""
+    clients = range(config.clients)
+    result = PlainRegistry(seed=config.seed).register(counts)
+    requests = []
+    for client in clients:
+        mapping = result.client_maps[client]
+        own = ConfigRecord(
+            {"labels": list(mapping), "placeholders": [int(p) for p in mapping.values()]}
+        )
+        requests.append((client, PLACEHOLDERS, RecordDict({"map": own})))
+    replies = link.exchange(requests)
+    of_position = [
+        read_indices(content.array_records["placeholders"], "placeholders") for content in replies
+    ]
+    return result, np.concatenate(of_position)
+
+
+class RemoteTrainer(LocalTrainer):
+    """A :class:`~stratify.client.LocalTrainer` whose work runs on the clients' nodes.
+
+    The server's sample indices are client positions laid end to end (client ``k``'s
+    ``i``-th sample is ``offsets[k] + i``). :meth:`train` draws the local epochs' orders
+    from the strategy's generator exactly as the in-process trainer does, and sends them
+    with the model; :meth:`batch_gradient` sends every participant its share of a global
+    batch at once and adds up their summed gradients.
+
+    Parameters
+    ----------
+    link : NodeLink
+        The connected nodes.
+    sizes : sequence of int
+        Every client's number of samples.
+    x_train, y_train : torch.Tensor
+        The server's stand-ins (no sample values; placeholders as labels).
+    """
+
+    #: the samples stay on the nodes: no compiled or vectorised step reads them here
+    holds_samples = False
+
+    def __init__(
+        self, link: NodeLink, sizes: Sequence[int], x_train: torch.Tensor, y_train: torch.Tensor
+    ) -> None:
+        super().__init__(x_train, y_train)
+        self.link = link
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def owner(self, indices: np.ndarray) -> int:
+        """The client holding every one of ``indices``."""
+        clients = np.searchsorted(self.offsets, indices, side="right") - 1
+        if len(clients) == 0 or (clients != clients[0]).any():
+            raise AssertionError("one local job trains one client's samples")
+        return int(clients[0])
+
+    def train(
+        self,
+        model: nn.Module,
+        indices: np.ndarray | Sequence[np.ndarray],
+        *,
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        rng: np.random.Generator,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        before_step: GradientHook | None = None,
+        loss_fn: LossFunction = cross_entropy_loss,
+        compile: CompileSwitch | None = None,
+    ) -> LocalResult:
+        """Train ``model`` in place on its client's node; the parameters are those of
+        :meth:`stratify.client.LocalTrainer.train`. The node steps eagerly (``compile``
+        is not sent)."""
+        if loss_fn is not cross_entropy_loss:
+            raise ConfigError("over Flower a client's local objective is the cross-entropy")
+        orders = self.epoch_orders(indices, epochs, rng)
+        client = self.owner(np.concatenate(orders))
+        offset = self.offsets[client]
+        job: dict[str, Any] = {
+            "batch_size": batch_size,
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "term": "none",
+        }
+        content = RecordDict(
+            {
+                "model": state_record(model.state_dict()),
+                "orders": index_record(
+                    **{str(epoch): order - offset for epoch, order in enumerate(orders)}
+                ),
+            }
+        )
+        if isinstance(before_step, ProximalGradient):
+            # the anchor is the global model the client receives: only μ travels
+            job.update(term="proximal", mu=before_step.mu)
+        elif isinstance(before_step, GradientOffset):
+            names = [name for name, _ in model.named_parameters()]
+            content["offset"] = state_record(dict(zip(names, before_step.offset)))
+            job["term"] = "offset"
+            self.link.traffic.uploads += 1
+        elif before_step is not None:
+            raise ConfigError("over Flower a client's gradient hook is FedProx's or SCAFFOLD's")
+        content["job"] = ConfigRecord(job)
+        (answer,) = self.link.exchange([(client, TRAIN, content)])
+        self.link.traffic.transfers += 2  # the model down and back up
+        load_into(model, read_state(answer.array_records["model"], self.x_train.device))
+        result = answer.config_records["result"]
+        return LocalResult(
+            int(result["steps"]),  # type: ignore[arg-type]
+            float(result["loss_sum"]),  # type: ignore[arg-type]
+            int(result["samples"]),  # type: ignore[arg-type]
+        )
+
+    def single_sample_steps(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, indices: list[int], lr: float
+    ) -> list[torch.Tensor]:
+        """The travelling model's steps, hop by hop: each run of consecutive samples of one
+        client goes to that client's node with the model, which comes back trained (two
+        transfers a hop, relayed by the server as ``--hops server`` counts them)."""
+        if any(group.get("momentum", 0) for group in optimizer.param_groups):
+            raise ConfigError("over Flower Stratify's hops send no momentum: leave --momentum 0")
+        samples = np.asarray(indices, dtype=np.int64)
+        owners = np.searchsorted(self.offsets, samples, side="right") - 1
+        losses: list[torch.Tensor] = []
+        for run in np.split(np.arange(len(samples)), np.flatnonzero(np.diff(owners)) + 1):
+            if len(run) == 0:
+                continue
+            client = int(owners[run[0]])
+            content = RecordDict(
+                {
+                    "model": state_record(model.state_dict()),
+                    "steps": index_record(positions=samples[run] - self.offsets[client]),
+                    "hop": ConfigRecord({"lr": lr}),
+                }
+            )
+            (answer,) = self.link.exchange([(client, HOP, content)])
+            self.link.traffic.transfers += 2  # the model to the holder and back
+            load_into(model, read_state(answer.array_records["model"], self.x_train.device))
+            losses += torch.as_tensor(answer.array_records["losses"]["losses"].numpy()).unbind()
+        return losses
+
+    def batch_gradient(
+        self,
+        model: nn.Module,
+        samples: np.ndarray,
+        clients: np.ndarray,
+        fused: bool = True,
+        divisor: int | None = None,
+    ) -> float:
+        """Every participant's summed gradient over its share of the global batch, asked
+        for in one exchange, added up and divided by the batch size into ``.grad``."""
+        if has_batch_norm(model):
+            raise ConfigError(
+                "Stratify's batch mode over Flower sends no BatchNorm sums yet: use a model "
+                "without batch statistics (--norm gn or none)"
+            )
+        boundaries = np.flatnonzero(np.diff(clients)) + 1
+        model_record = state_record(model.state_dict())
+        requests = []
+        for segment in np.split(np.arange(len(samples)), boundaries):
+            client = int(clients[segment[0]])
+            positions = samples[segment] - self.offsets[client]
+            share = index_record(positions=positions)
+            requests.append((client, GRADIENT, RecordDict({"model": model_record, "share": share})))
+        answers = self.link.exchange(requests)
+        self.link.traffic.transfers += len(requests)  # each participant receives the model
+        self.link.traffic.uploads += len(requests)  # and sends its summed gradient
+        scale = len(samples) if divisor is None else divisor
+        gradients = [read_state(a.array_records["gradient"], self.x_train.device) for a in answers]
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                total = torch.stack([g[name] for g in gradients]).sum(0) / scale
+                if parameter.grad is None:
+                    parameter.grad = total
+                else:
+                    parameter.grad += total
+        return float(sum(float(a.config_records["loss"]["loss_sum"]) for a in answers))  # type: ignore[arg-type]
+
+
+@dataclass
+class FlowerRun:
+    """A finished run of the server app.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        Its settings.
+    state : dict
+        The final global model state (CPU tensors).
+    epochs : list of EpochStats
+        Every epoch's counters, as the engine adds them up.
+    accuracies : list of float
+        Test accuracy after every epoch.
+    seconds : list of float
+        Wall time of every epoch (the registry's messages not included).
+    traffic : Traffic
+        What the server sent and received, counted message by message.
+    """
+
+    config: TrainConfig
+    state: dict[str, torch.Tensor]
+    epochs: list[EpochStats] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    traffic: Traffic = field(default_factory=Traffic)
+
+
+def server_dataset(config: TrainConfig, sizes: Sequence[int], placeholders: np.ndarray) -> Dataset:
+    """The server's dataset: the test split (it evaluates the global model) and, for the
+    training split, stand-ins that hold no sample: an input of zeros that takes no memory
+    and the placeholder of each client position."""
+    loaded = load_dataset(
+        config.dataset, data_dir=config.data_dir, seed=config.seed, **config.dataset_options
+    )
+    total = int(sum(sizes))
+    stand_in = torch.zeros((1, *loaded.input_shape)).expand(total, *loaded.input_shape)
+    return Dataset(
+        loaded.name,
+        stand_in,
+        torch.as_tensor(placeholders),
+        loaded.x_test,
+        loaded.y_test,
+        loaded.num_classes,
+        domains_test=loaded.domains_test,
+    )
+
+
+def run_on_grid(
+    grid: Grid, config: TrainConfig, *, timeout: float = 120.0, retries: int = 1
+) -> FlowerRun:
+    """Run ``config`` with its clients on the nodes of ``grid``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid the ``ServerApp`` was given.
+    config : TrainConfig
+        The run (plain registry, no validation split: :func:`check_flower_config`).
+    timeout : float
+        Seconds to wait for the replies of one exchange (and for the nodes to connect).
+    retries : int
+        Times an unanswered request is sent again before the run stops with
+        :class:`ClientLostError`.
+    """
+    check_flower_config(config)
+    link = NodeLink(grid, config, timeout, retries)
+    sizes, counts = link.connect()
+    agreed, placeholders = register_over_flower(link, config, counts)
+    dataset = server_dataset(config, sizes, placeholders)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    federation = Federation(
+        [np.arange(offsets[k], offsets[k + 1]) for k in range(config.clients)], placeholders
+    )
+    trainer = RemoteTrainer(link, sizes, dataset.x_train, dataset.y_train)
+    experiment = build_experiment(
+        config,
+        dataset=dataset,
+        federation=federation,
+        registry=AgreedRegistry(agreed),
+        trainer=trainer,
+    )
+    run = FlowerRun(config, {}, traffic=link.traffic)
+    for epoch in range(1, config.epochs + 1):
+        start = time.perf_counter()
+        stats = experiment.engine.run_epoch(epoch)
+        run.seconds.append(time.perf_counter() - start)
+        run.epochs.append(stats)
+        run.accuracies.append(experiment.engine.test_metrics().accuracy)
+        log.info(
+            "epoch %d: loss %.4f, accuracy %.4f, %.2f s",
+            epoch,
+            stats.train_loss,
+            run.accuracies[-1],
+            run.seconds[-1],
+        )
+    run.state = {
+        key: value.detach().cpu().clone() for key, value in experiment.model.state_dict().items()
+    }
+    return run

@@ -1,0 +1,68 @@
+"""Flower's simulation runtime: the server app and one node per client in this process's
+Ray cluster (docs/flower.md, "In Flower's simulation")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+
+from stratify.config import TrainConfig
+from stratify.errors import ConfigError
+from stratify.flower.messages import check_flower_config
+from stratify.flower.node import client_app
+from stratify.flower.server import FlowerRun, run_on_grid
+
+
+def simulate(
+    configs: Sequence[TrainConfig],
+    *,
+    timeout: float = 120.0,
+    retries: int = 1,
+    cpus: int = 2,
+) -> list[FlowerRun]:
+    """Run every configuration in ``configs``, one after another, in one Flower simulation
+    (the Ray cluster starts once); all of them must have the same number of clients.
+
+    Parameters
+    ----------
+    configs : sequence of TrainConfig
+        The runs (plain registry; see :func:`~stratify.flower.server.run_on_grid`).
+    timeout, retries : float, int
+        Of every exchange of messages (:class:`~stratify.flower.server.NodeLink`).
+    cpus : int
+        CPUs the simulation's Ray cluster may use (each node takes one while it works).
+
+    Returns
+    -------
+    list of FlowerRun
+        In the order of ``configs``.
+    """
+    if not configs or len({config.clients for config in configs}) != 1:
+        raise ConfigError("a simulation runs configurations of one number of clients")
+    for config in configs:
+        check_flower_config(config)
+    runs: list[FlowerRun] = []
+    failures: list[BaseException] = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            for config in configs:
+                runs.append(run_on_grid(grid, config, timeout=timeout, retries=retries))
+        except BaseException as error:  # handed to the caller: the runtime would only log it
+            failures.append(error)
+
+    backend: dict[str, Any] = {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {"num_cpus": cpus, "logging_level": logging.ERROR, "log_to_driver": False},
+    }
+    run_simulation(server, client_app(), num_supernodes=configs[0].clients, backend_config=backend)
+    if failures:
+        raise failures[0]
+    return runs
