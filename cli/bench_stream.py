@@ -45,8 +45,8 @@ def check_size(value: object, flag: str) -> int:
     show_default=True,
     type=int,
     callback=checked(check_size),
-    help="Runs of the command, the bare loop and river per stream, alternating; each "
-    "keeps its best events/s.",
+    help="Timing repetitions: the command, the bare loop and river run this many times "
+    "per stream, alternating, each keeping its best events/s.",
 )
 @JSON_OUTPUT
 def stream(
