@@ -45,7 +45,7 @@ def check_size(value: object, flag: str) -> int:
     show_default=True,
     type=int,
     callback=checked(check_size),
-    help="Timing repetitions: the command, the bare loop and river run this many times "
+    help="How many timing repetitions: the command, the bare loop and river run this many times "
     "per stream, alternating, each keeping its best events/s.",
 )
 @JSON_OUTPUT
