@@ -178,6 +178,13 @@ TABLES: dict[str, Table] = {
             runs_table,
         ),
         Table(
+            "fedtan-digits",
+            "docs/methods.md",
+            "docs/results/fedtan-digits.csv",
+            "stratify reproduce fedtan-digits --out OUT --seeds 0,1,2 --workers 1",
+            accuracy_and_transfers_report,
+        ),
+        Table(
             "seed-papers-lfd",
             "docs/results.md",
             "docs/results/seed-papers-lfd.csv",
