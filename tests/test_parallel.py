@@ -137,6 +137,9 @@ def group_alive(group):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
+    # the signal goes once seed 0's first epoch is saved: the epochs after it must outlast
+    # a poll delayed by a loaded machine (with 3 epochs both runs once finished first)
+    epochs = 6
     out = tmp_path / "seeds"
     command = [
         sys.executable,
@@ -151,7 +154,7 @@ def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
         "0.05",
         "--no-secure",
         "--epochs",
-        "3",
+        str(epochs),
         "--repeat-count",
         "150",
         "--seeds",
@@ -177,14 +180,14 @@ def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
     assert process.returncode == 130, stderr
     assert "--resume" in stderr
     assert wait_for(lambda: not group_alive(process.pid), 20), "a worker outlived Ctrl-C"
-    assert folder_state(config(out / "seed-0", epochs=3)).kind in ("resumable", "finished")
+    assert folder_state(config(out / "seed-0", epochs=epochs)).kind in ("resumable", "finished")
     # resumed in one process (--workers 1): what is checked here is the folders' state
     again = [*command[: command.index("--workers")], "--workers", "1", "--out", str(out)]
     resumed = subprocess.run(again + ["--resume"], cwd=tmp_path, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     for seed in (0, 1):
         reference = config(
-            tmp_path / f"alone-{seed}", seed=seed, epochs=3, options={"repeat_count": 150}
+            tmp_path / f"alone-{seed}", seed=seed, epochs=epochs, options={"repeat_count": 150}
         )
         Run(reference).train()
         assert metrics(out / f"seed-{seed}") == metrics(reference.out)
