@@ -478,9 +478,9 @@ def describe(grid: Grid, cells: Sequence[Cell], seeds: Sequence[int], tuning: Tu
     if tuning is not None:
         factors = ", ".join(f"{factor:g}" for factor in tuning.factors)
         text += (
-            f"; each learning rate chosen from {factors} × the method's default by the best "
-            f"accuracy on a {100 * tuning.validation:g}% validation split of the training "
-            f"samples (seed {seeds[0]}"
+            f"; each learning rate chosen from {factors} × the method's default by the "
+            f"accuracy over the last rounds on a {100 * tuning.validation:g}% validation "
+            f"split of the training samples (seed {seeds[0]}"
             + (f", {tuning.epochs} epoch{'s' * (tuning.epochs != 1)}" if tuning.epochs else "")
             + "), never the test set"
         )

@@ -178,11 +178,27 @@ TABLES: dict[str, Table] = {
             runs_table,
         ),
         Table(
+            "ablation-chunk",
+            "docs/reproducing.md",
+            "docs/results/ablation-chunk.csv",
+            "stratify reproduce ablation-chunk --out OUT --data-dir DIR --workers 1 --vectorize",
+            accuracy_and_transfers_report,
+        ),
+        Table(
             "fedtan-digits",
             "docs/methods.md",
             "docs/results/fedtan-digits.csv",
             "stratify reproduce fedtan-digits --out OUT --seeds 0,1,2 --workers 1",
             accuracy_and_transfers_report,
+        ),
+        Table(
+            "paired-digits",
+            "docs/results.md",
+            "docs/results/paired-digits.csv",
+            "stratify reproduce paired --out OUT --dataset digits --seeds 0,1,2 --plateau 40 "
+            "--epochs 100 --tune --tune-factors 0.3,1,3 --tune-epochs 40 --tune-halving "
+            "--tune-widen 1 --workers 2",
+            paired_report,
         ),
         Table(
             "seed-papers-lfd",
