@@ -185,6 +185,14 @@ TABLES: dict[str, Table] = {
             accuracy_and_transfers_report,
         ),
         Table(
+            "ablation-selection",
+            "docs/reproducing.md",
+            "docs/results/ablation-selection.csv",
+            "stratify reproduce ablation-selection --out OUT --data-dir DIR --seeds 0 "
+            "--workers 1 --vectorize",
+            accuracy_and_transfers_report,
+        ),
+        Table(
             "fedtan-digits",
             "docs/methods.md",
             "docs/results/fedtan-digits.csv",
