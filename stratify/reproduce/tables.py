@@ -193,6 +193,14 @@ TABLES: dict[str, Table] = {
             accuracy_and_transfers_report,
         ),
         Table(
+            "feature-skew",
+            "docs/reproducing.md",
+            "docs/results/feature-skew.csv",
+            "stratify reproduce feature-skew --out OUT --data-dir DIR --seeds 0 --workers 1 "
+            "--vectorize",
+            accuracy_report,
+        ),
+        Table(
             "fedtan-digits",
             "docs/methods.md",
             "docs/results/fedtan-digits.csv",
