@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -124,7 +125,7 @@ def placeholders(message: Message, context: Context) -> Message:
     """The placeholder of each of the node's samples, from its own map."""
     node = node_data(message.content, context)
     record = message.content.config_records["map"]
-    mapping = dict(zip(record["labels"], record["placeholders"]))  # type: ignore[arg-type]
+    mapping = dict(zip(cast(list[int], record["labels"]), cast(list[int], record["placeholders"])))
     of_sample = np.array([mapping[int(label)] for label in node.labels], dtype=np.int64)
     return reply(message, placeholders=index_record(placeholders=of_sample))
 

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -136,7 +136,8 @@ class NodeLink:
             records = answers[client].config_records
             sizes.append(int(records["node"]["size"]))  # type: ignore[arg-type]
             labels = records["labels"]
-            counts.append(dict(zip(labels["labels"], labels["counts"])))  # type: ignore[arg-type]
+            pairs = zip(cast(list[int], labels["labels"]), cast(list[int], labels["counts"]))
+            counts.append({int(label): int(count) for label, count in pairs})
         return sizes, counts
 
     def message(self, node: int, kind: str, content: RecordDict) -> Message:
@@ -176,7 +177,7 @@ class NodeLink:
                 if answered is None:
                     continue
                 if reply.has_error():
-                    errors[answered] = reply.error.reason
+                    errors[answered] = reply.error.reason or "no reason given"
                 else:
                     answers[answered] = reply.content
         lost = [index for index in range(len(requests)) if index not in answers]
@@ -233,7 +234,11 @@ def register_over_flower(
     for client in clients:
         mapping = result.client_maps[client]
         own = ConfigRecord(
-            {"labels": list(mapping), "placeholders": [int(p) for p in mapping.values()]}
+            {
+                # the nodes' labels are integers (node.py reads them back as such)
+                "labels": cast(list[int], list(mapping)),
+                "placeholders": [int(p) for p in mapping.values()],
+            }
         )
         requests.append((client, PLACEHOLDERS, RecordDict({"map": own})))
     replies = link.exchange(requests)
@@ -401,7 +406,8 @@ class RemoteTrainer(LocalTrainer):
                     parameter.grad = total
                 else:
                     parameter.grad += total
-        return float(sum(float(a.config_records["loss"]["loss_sum"]) for a in answers))  # type: ignore[arg-type]
+        losses = [cast(float, answer.config_records["loss"]["loss_sum"]) for answer in answers]
+        return float(sum(float(loss) for loss in losses))
 
 
 @dataclass

@@ -127,11 +127,11 @@ def validation_score(records: Sequence[dict]) -> tuple[float | None, int | None]
         (record.get("validation_accuracy", record.get("test_accuracy")), record["epoch"])
         for record in records
     ]
-    scored = [(accuracy, epoch) for accuracy, epoch in scored if accuracy is not None]
-    window = last_rounds([accuracy for accuracy, _ in scored])
+    kept = [(float(accuracy), epoch) for accuracy, epoch in scored if accuracy is not None]
+    window = last_rounds([accuracy for accuracy, _ in kept])
     if window is None:
         return None, None
-    return window.mean, scored[-1][1]
+    return window.mean, kept[-1][1]
 
 
 def informative_epochs(config: TrainConfig) -> int:
