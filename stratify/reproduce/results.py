@@ -502,9 +502,10 @@ def markdown(
 ) -> str:
     """``results.md``: the accuracy table, the paper's beside it, transfers, tuning."""
     parts = [f"# {grid.name}\n", describe(grid, cells, seeds, tuning) + "\n"]
+    # the tables are rendered from results.csv's rows, as the docs render a committed copy
+    runs = csv_runs(grid, results, tuning is not None)
     if grid.paired:
-        # rendered from results.csv's rows, as the docs render a committed copy of it
-        parts += paired_tables(csv_runs(grid, results, tuning is not None), len(seeds))
+        parts += paired_tables(runs, len(seeds))
     else:
         parts.append(
             f"Test accuracy: the mean over each run's last rounds ({LAST_ROUNDS_TEXT}), "
@@ -519,13 +520,13 @@ def markdown(
             + " — chosen on the test set, so optimistic. A diverged run counts with its "
             "epochs before the loss became non-finite.\n"
         )
-        parts.append(accuracy_table(csv_runs(grid, results, tuning is not None), len(seeds)))
+        parts.append(accuracy_table(runs, len(seeds)))
     if grid.paper and cells[0].config.dataset in grid.paper_datasets:
         parts.append(f"{grid.paper_source}:")
         parts.append(paper_table(grid, results))
     if grid.transfers:
         parts.append("Model transfers per epoch (mean over seeds and epochs):")
-        parts.append(transfers_table(csv_runs(grid, results, tuning is not None)))
+        parts.append(transfers_table(runs))
     if chosen:
         parts.append(
             "Learning-rate tuning (each candidate's validation accuracy over its last rounds):"
