@@ -9,7 +9,7 @@ import pytest
 
 from stratify.cli.main import main
 from stratify.errors import ConfigError
-from stratify.reproduce.tables import TABLES, Table, stale_tables, write_tables
+from stratify.reproduce.tables import TABLES, Table, dips_report, stale_tables, write_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,3 +96,29 @@ def test_a_table_registered_with_a_file_and_a_marker_shows_the_file_s_columns(tm
     assert text.startswith("x\n") and text.endswith("<!-- /table: pairs -->\ny\n")
     with pytest.raises(ConfigError, match="no column nope"):
         Table("p", "d", "r", "c", columns=("nope",)).table([{"verdict": "level"}])
+
+
+def test_the_dips_table_counts_runs_that_dip_and_late_epochs_that_swing():
+    def run(schedule: str, seed: int, dips: int, swings: int, lowest: str, spread: str) -> dict:
+        return {
+            "schedule": schedule,
+            "seed": str(seed),
+            "epochs": "30",
+            "dip_epochs": str(dips),
+            "swing_epochs": str(swings),
+            "lowest_after_10": lowest,
+            "lowest_epoch": "29",
+            "std_after_10": spread,
+            "final": lowest,
+            "last5_mean": lowest,
+        }
+
+    rows = [
+        run("constant", 0, 0, 3, "0.9625", "0.56"),
+        run("constant", 1, 2, 12, "0.1055", "19.96"),
+        run("decay", 0, 0, 0, "0.98", "0.03"),
+    ]
+    table = dips_report(rows)
+    assert "| constant | 1 of 2 | 10.55–96.25 | 15 of 40 | 0.56–19.96 |" in table
+    assert "| decay | 0 of 1 | 98.00–98.00 | 0 of 20 | 0.03–0.03 |" in table
+    assert "| constant | 1 | 2 | 10.55 (E29) |" in table

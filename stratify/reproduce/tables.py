@@ -160,6 +160,73 @@ def accuracy_and_transfers_report(rows: Sequence[Mapping[str, str]]) -> str:
     return f"{accuracy_report(rows)}\nTransfers per epoch:\n\n{transfers_table(rows)}"
 
 
+def dips_report(rows: Sequence[Mapping[str, str]]) -> str:
+    """Per schedule, how often single-sample runs dip late (docs/results/dips.md), then
+    every run's row, from the rows of ``docs/results/dip_counts.py``.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        One row per run: ``schedule``, ``seed``, ``epochs``, ``dip_epochs`` and
+        ``swing_epochs`` (epochs after 10 below 90% and 97%), ``lowest_after_10``,
+        ``lowest_epoch``, ``std_after_10`` (points), ``final`` and ``last5_mean``.
+    """
+
+    def percent_range(runs: Sequence[Mapping[str, str]], column: str) -> str:
+        values = sorted(100 * float(run[column]) for run in runs)
+        return f"{values[0]:.2f}–{values[-1]:.2f}"
+
+    schedules = list(dict.fromkeys(row["schedule"] for row in rows))
+    summary = []
+    for schedule in schedules:
+        runs = [row for row in rows if row["schedule"] == schedule]
+        late_epochs = sum(int(run["epochs"]) - 10 for run in runs)
+        spreads = sorted(float(run["std_after_10"]) for run in runs)
+        summary.append(
+            [
+                schedule,
+                f"{sum(int(run['dip_epochs']) > 0 for run in runs)} of {len(runs)}",
+                percent_range(runs, "lowest_after_10"),
+                f"{sum(int(run['swing_epochs']) for run in runs)} of {late_epochs}",
+                f"{spreads[0]:.2f}–{spreads[-1]:.2f}",
+                percent_range(runs, "final"),
+                percent_range(runs, "last5_mean"),
+            ]
+        )
+    header = [
+        "schedule",
+        "runs below 90% after epoch 10",
+        "lowest after epoch 10, %",
+        "epochs after 10 below 97%",
+        "spread after epoch 10 (std, points)",
+        "final, %",
+        "last-5 mean, %",
+    ]
+    runs_header = [
+        "schedule",
+        "seed",
+        "epochs below 90% after 10",
+        "lowest after 10, % (epoch)",
+        "final, %",
+        "last-5 mean, %",
+    ]
+    runs_lines = [
+        [
+            row["schedule"],
+            row["seed"],
+            row["dip_epochs"],
+            f"{100 * float(row['lowest_after_10']):.2f} (E{row['lowest_epoch']})",
+            f"{100 * float(row['final']):.2f}",
+            f"{100 * float(row['last5_mean']):.2f}",
+        ]
+        for row in rows
+    ]
+    return (
+        f"{markdown_table(header, summary)}\nEvery run:\n\n"
+        f"{markdown_table(runs_header, runs_lines)}"
+    )
+
+
 TABLES: dict[str, Table] = {
     table.name: table
     for table in (
@@ -215,6 +282,13 @@ TABLES: dict[str, Table] = {
             "--epochs 100 --tune --tune-factors 0.3,1,3 --tune-epochs 40 --tune-halving "
             "--tune-widen 1 --workers 2",
             paired_report,
+        ),
+        Table(
+            "dips",
+            "docs/results/dips.md",
+            "docs/results/dips-seeds.csv",
+            "python docs/results/dip_counts.py constant=OUT/constant inverse-epoch=OUT/inverse",
+            dips_report,
         ),
         Table(
             "seed-papers-lfd",
