@@ -133,8 +133,9 @@ class TrainConfig(RunSettings):
     stop_on_plateau: int | None = option(
         None,
         "Stop once the validation accuracy has plateaued: after at least this many epochs, "
-        "when its best has gained less than 0.5 points over the last 10% of the epochs run, "
-        "at least 5 (--epochs is the cap; needs --validation). Default: run every epoch.",
+        "when its median over the last 10% of the epochs run (at least 10) is less than 0.5 "
+        "points above its median over as many epochs before (--epochs is the cap; needs "
+        "--validation). Default: run every epoch.",
         check=check_positive_int,
         cli_type=int,
     )

@@ -138,14 +138,17 @@ class PlateauRule:
     """How long a run goes on: until its validation accuracy has plateaued (a run with
     ``--stop-on-plateau``; in a paired grid, the comparator's, which sets its pair's rounds).
 
-    A run has plateaued after round ``r`` (``minimum_rounds ≤ r``) when the best
-    validation accuracy up to ``r`` exceeds the best up to ``r − w`` by less than
-    ``gain_points``, where ``w = max(minimum_window, ceil(window · r))`` (the last 10% of
-    the rounds, at least 5); at ``cap`` rounds it stops in any case. The floor on ``w``
-    keeps a noisy, still-rising curve from stopping early: with the 10% alone, a run of
-    15 rounds looks back only 2, and 45 of 101 comparators of a paired grid on mnist-10k
-    stopped at R_min = 15, some near chance (docs/architecture.md, "Reproducing the
-    papers").
+    A run has plateaued after round ``r`` (``minimum_rounds ≤ r``) when the median
+    validation accuracy of its last ``w`` rounds exceeds the median of the ``w`` rounds
+    before them by less than ``gain_points``, where ``w = max(minimum_window,
+    ceil(window · r))`` (the last 10% of the rounds, at least 10; a run is undecided
+    before ``2 · w`` rounds); at ``cap`` rounds it stops in any case. Medians of windows,
+    not single rounds or the best so far: a curve that swings by tens of points from round
+    to round (a few local steps a round, a small data set) and still climbs has a rising
+    median, while its best so far can stand still for several rounds after one lucky round
+    (on `digits`, comparators still climbing 0.5–1 point a round stopped at R_min = 40
+    under a best-so-far rule); one round's dip or peak moves neither median
+    (docs/architecture.md, "Reproducing the papers").
 
     Parameters
     ----------
@@ -158,14 +161,14 @@ class PlateauRule:
     window : float
         The share of the rounds run so far that the gain is measured over.
     minimum_window : int
-        The fewest rounds the gain is measured over.
+        The fewest rounds in each of the two windows compared.
     """
 
     minimum_rounds: int
     cap: int
     gain_points: float = 0.5
     window: float = 0.10
-    minimum_window: int = 5
+    minimum_window: int = 10
 
     def __post_init__(self) -> None:
         if self.minimum_rounds < 1 or self.cap < self.minimum_rounds:
@@ -216,14 +219,14 @@ def plateau_budget(accuracies: Sequence[float], rule: PlateauRule) -> PlateauBud
     rule : PlateauRule
         R_min, the cap, the gain and the window.
     """
-    best: list[float] = []
-    for accuracy in accuracies:
-        best.append(max(accuracy, best[-1]) if best else accuracy)
-    for rounds in range(rule.minimum_rounds, min(len(best), rule.cap) + 1):
-        earlier = rounds - rule.window_rounds(rounds)
-        gain = best[rounds - 1] - (best[earlier - 1] if earlier > 0 else 0.0)
-        if 100 * gain < rule.gain_points:
+    for rounds in range(rule.minimum_rounds, min(len(accuracies), rule.cap) + 1):
+        window = rule.window_rounds(rounds)
+        if rounds < 2 * window:
+            continue
+        last = statistics.median(accuracies[rounds - window : rounds])
+        before = statistics.median(accuracies[rounds - 2 * window : rounds - window])
+        if 100 * (last - before) < rule.gain_points:
             return PlateauBudget(rounds, "plateau", rule.minimum_rounds, rule.cap)
-    if len(best) >= rule.cap:
+    if len(accuracies) >= rule.cap:
         return PlateauBudget(rule.cap, "cap", rule.minimum_rounds, rule.cap)
     return None

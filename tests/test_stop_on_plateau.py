@@ -19,7 +19,7 @@ def config(tmp_path, name, **changes):
         dataset="digits",
         partition="iid",
         clients=4,
-        epochs=30,
+        epochs=40,
         lr=0.05,
         secure=False,
         validation=0.2,
@@ -41,8 +41,8 @@ def test_a_run_stops_where_its_validation_accuracy_plateaued_and_equals_the_full
     full = Run(config(tmp_path, "full")).train()
     records = metrics(tmp_path / "full")
     accuracies = [row["validation_accuracy"] for row in records]
-    expected = plateau_budget(accuracies, PlateauRule(3, 30))
-    assert expected is not None and expected.reason == "plateau" and expected.rounds < 30
+    expected = plateau_budget(accuracies, PlateauRule(3, 40))
+    assert expected is not None and expected.reason == "plateau" and expected.rounds < 40
     assert full["stopped_on_plateau"] is None
 
     stopped = Run(config(tmp_path, "stopped", stop_on_plateau=3)).train()
@@ -59,15 +59,15 @@ def test_a_plateaued_run_counts_as_finished_and_does_not_train_again(tmp_path):
     resumed = Run(settings, resume=True).train()
     assert resumed["epochs_completed"] == summary["epochs_completed"]
     # a later R_min is a resumable change: the run goes on from its checkpoint
-    later = Run(config(tmp_path, "run", stop_on_plateau=30), resume=True).train()
-    assert later["epochs_completed"] == 30 and later["stopped_on_plateau"] is None
+    later = Run(config(tmp_path, "run", stop_on_plateau=40), resume=True).train()
+    assert later["epochs_completed"] == 40 and later["stopped_on_plateau"] is None
 
 
 @pytest.mark.parametrize(
     "changes, message",
     [
         ({"validation": 0.0}, "give --validation"),
-        ({"stop_on_plateau": 31}, "--epochs is 30"),
+        ({"stop_on_plateau": 41}, "--epochs is 40"),
         ({"stop_on_plateau": 0}, "--stop-on-plateau"),
     ],
 )
@@ -82,10 +82,10 @@ def test_the_train_command_says_where_it_stopped(tmp_path, capsys):
 
     out = tmp_path / "cli"
     argv = ["train", "--dataset", "digits", "--partition", "iid", "--clients", "4"]
-    argv += ["--epochs", "30", "--lr", "0.05", "--no-secure", "--validation", "0.2"]
+    argv += ["--epochs", "40", "--lr", "0.05", "--no-secure", "--validation", "0.2"]
     argv += ["--repeat-count", "10", "--stop-on-plateau", "3", "--out", str(out)]
     main(argv)
     summary = json.loads((out / "summary.json").read_text())
-    assert f"stopped after epoch {summary['stopped_on_plateau']} of 30" in capsys.readouterr().out
+    assert f"stopped after epoch {summary['stopped_on_plateau']} of 40" in capsys.readouterr().out
     refused = argv[:-2] + ["--validation", "0", "--out", str(tmp_path / "x")]
     assert_refused_in_one_line(capsys, refused, "--validation", tmp_path / "x")

@@ -60,48 +60,50 @@ def test_verdict_of_a_computed_difference():
 ACCURACIES = [0.1, 0.5, 0.8, 0.9, 0.95, 0.96, 0.962, 0.963, 0.963, 0.963]
 
 
-def test_plateau_after_the_first_round_that_gains_less_than_half_a_point():
-    # the 10% window alone: w = ceil(0.1·r) = 1 up to round 10: round 5 gains 5 points,
-    # 6 one point, 7 0.2
+def test_plateau_after_the_first_round_whose_window_median_gains_less_than_half_a_point():
+    # the 10% window alone: w = ceil(0.1·r) = 1 up to round 10, so each round is compared
+    # with the one before: round 5 gains 5 points, 6 one point, 7 0.2
     rule = PlateauRule(5, 50, minimum_window=1)
     assert plateau_budget(ACCURACIES, rule) == PlateauBudget(7, "plateau", 5, 50)
     # R_min 8: not before round 8 (gain 0.1 point)
     rule = PlateauRule(8, 50, minimum_window=1)
     assert plateau_budget(ACCURACIES, rule) == PlateauBudget(8, "plateau", 8, 50)
-    # the default looks back at least 5 rounds: the best gained 6.3 points over round 4's
-    # at round 9 and 1.3 over round 5's at round 10, so the series ends undecided; an
-    # 11th round gains 0.3 over round 6's
+    # the default compares two windows of at least 10 rounds: undecided before round 20;
+    # at round 20 the median of rounds 11-20 (96.3) is 0.8 point above that of rounds
+    # 1-10 (95.5); at round 21, 0.05 above that of rounds 2-11 (96.25)
     assert plateau_budget(ACCURACIES, PlateauRule(5, 50)) is None
-    assert plateau_budget([*ACCURACIES, 0.963], PlateauRule(5, 50)).rounds == 11
+    assert plateau_budget([*ACCURACIES, *[0.963] * 10], PlateauRule(5, 50)) is None
+    assert plateau_budget([*ACCURACIES, *[0.963] * 11], PlateauRule(5, 50)).rounds == 21
 
 
-def test_the_minimum_window_keeps_a_noisy_rising_curve_going():
-    # a curve that sets a new best every third round, 2 points at a time (R_min 15): the
-    # 10% window alone (2 rounds) stops it at round 15 between two bests; 5 rounds do not
-    noisy = [0.1 + 0.02 * (r // 3) - (0.03 if r % 3 else 0.0) for r in range(30)]
-    alone = plateau_budget(noisy, PlateauRule(15, 30, minimum_window=1))
-    assert alone == PlateauBudget(15, "plateau", 15, 30)
-    assert plateau_budget(noisy, PlateauRule(15, 30)) == PlateauBudget(30, "cap", 15, 30)
+def test_a_swinging_curve_that_climbs_goes_on_while_its_best_so_far_stands_still():
+    # one point a round, and every 7th round 20 points higher (a lucky round): the best so
+    # far stands at round 15's peak for rounds 15-21, but each window's median climbs 10
+    # points a window, so the run goes to the cap (a best-so-far rule stopped it at 20)
+    swinging = [0.3 + 0.01 * r + (0.2 if r % 7 == 0 else 0.0) for r in range(40)]
+    assert plateau_budget(swinging, PlateauRule(20, 40)) == PlateauBudget(40, "cap", 20, 40)
 
 
-def test_a_dip_does_not_count_as_a_plateau_the_best_so_far_does():
-    # round 6 falls 30 points, round 7 comes back to 95.4: the best gained 0.4 -> plateau at 7
-    dipping = [0.1, 0.5, 0.8, 0.9, 0.95, 0.65, 0.954]
-    rule = PlateauRule(6, 50, minimum_window=1)
-    assert plateau_budget(dipping, rule).rounds == 6  # best 95 vs 95: gain 0
-    assert plateau_budget(dipping[:5], rule) is None  # undecided
+def test_one_round_dip_or_peak_moves_neither_median():
+    # flat at 95% with a dip to 30% in round 20 and a peak to 99% in round 25: the medians
+    # of rounds 1-10 and 11-20, then 2-11 and 12-21, … are all 95 -> plateau at round 20
+    flat = [0.95] * 30
+    flat[19] = 0.30
+    flat[24] = 0.99
+    assert plateau_budget(flat, PlateauRule(20, 50)) == PlateauBudget(20, "plateau", 20, 50)
+    # and a run at chance plateaus as soon as it has two windows
+    assert plateau_budget([0.1] * 25, PlateauRule(5, 50)) == PlateauBudget(20, "plateau", 5, 50)
 
 
 def test_the_window_is_the_last_tenth_of_the_rounds():
-    # 0.5 points a round: one round's gain is exactly 0.5 (not < 0.5); from round 11 the
-    # window is 2 rounds (1 point): no plateau until the climb stops at round 21
-    climbing = [0.5 + 0.005 * r for r in range(20)] + [0.6] * 10
+    # 0.6 point a round up to round 20, then flat at 62%
+    climbing = [0.5 + 0.006 * r for r in range(20)] + [0.62] * 10
     rule = PlateauRule(10, 100, minimum_window=1)
     assert rule.window_rounds(10) == 1 and rule.window_rounds(11) == 2
     assert rule.window_rounds(21) == 3
-    # round 22: best 0.6 vs the best at round 19 (0.59): 1 point; round 23: vs 0.595
-    # (0.5 point, not less); round 24: vs 0.6 -> 0
-    assert plateau_budget(climbing, rule) == PlateauBudget(24, "plateau", 10, 100)
+    # rounds 21-24 compare 3 rounds with the 3 before: medians 61.4 vs 59.6, 62 vs 60.2,
+    # 62 vs 60.8, 62 vs 61.4 (0.6 point, not less); round 25: 62 vs 62 -> plateau
+    assert plateau_budget(climbing, rule) == PlateauBudget(25, "plateau", 10, 100)
 
 
 def test_the_cap_stops_a_pair_that_never_plateaus():

@@ -752,10 +752,10 @@ def paired_tables(runs: Sequence[Run], seeds: int) -> list[str]:
         f"round. Verdict: ahead or behind (the interval above or below zero), level (inside "
         f"±1 point), or inconclusive (the interval holds zero and is wider than ±1 point, or "
         f"both runs are within 5 points of chance). Rounds: those each pair ran over its "
-        f"seeds; under a plateau budget (`--plateau`) the comparator ran until its "
-        f"validation accuracy gained under 0.5 points over its last 10% of rounds (at least "
-        f"5), and the "
-        f"method the same rounds.\n",
+        f"seeds; under a plateau budget (`--plateau`) the comparator ran until the median "
+        f"of its validation accuracy over its last 10% of rounds (at least 10) was under 0.5 "
+        f"points above the median over the as many rounds before, and the method the same "
+        f"rounds.\n",
         markdown_table(PAIRED_HEADER, lines),
         f"Verdicts: {verdict_counts(lines)}.\n",
     ]
