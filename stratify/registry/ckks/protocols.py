@@ -147,7 +147,7 @@ def unique_index(client: int, name: str, hits: Sequence[int], bound: int | None)
     bound : int or None
         The bound on unique labels, which a label matching none was above.
     """
-    if not hits:
+    if len(hits) == 0:
         raise RegistryError(
             f"client {client}: {name} matches no discovered unique label; the bound of "
             f"{bound} (num_classes or max_unique) is below the number of distinct labels"
