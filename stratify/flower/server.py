@@ -458,7 +458,8 @@ class FlowerRun:
     placeholders : numpy.ndarray or None
         The placeholder of every client position, client after client.
     registration_seconds : float
-        Wall time of the registry's messages, hello included.
+        Wall time of the registry's messages after the hello (with which the nodes load
+        their data).
     payloads : list or None
         Every message the server sent and received, when the run recorded them
         (:attr:`NodeLink.payloads`).
@@ -524,9 +525,9 @@ def run_on_grid(
         config.dataset, data_dir=config.data_dir, seed=config.seed, **config.dataset_options
     )
     link = NodeLink(grid, config, timeout, retries, record)
-    start = time.perf_counter()
     hellos = link.connect()
     sizes = [int(cast(int, hello.config_records["node"]["size"])) for hello in hellos]
+    start = time.perf_counter()
     agreed, placeholders = register_over_flower(link, config, hellos, loaded.num_classes)
     registration_seconds = time.perf_counter() - start
     dataset = server_dataset(loaded, sizes, placeholders)
