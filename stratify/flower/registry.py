@@ -56,7 +56,13 @@ KEY_HOLDER = 0
 
 def data_slots(protocol: str) -> int:
     """The slots a vector of ``protocol`` holds (public parameters: the registry's defaults,
-    as the key file's contexts are made)."""
+    as the key file's contexts are made).
+
+    Parameters
+    ----------
+    protocol : str
+        ``packed-blind`` or ``packed``.
+    """
     if SCHEMES[protocol] == "bfv":
         return BFVParameters().slots - CHECK_SLOTS
     return CKKSParameters().slots
@@ -95,10 +101,17 @@ class ClientRegistration:
         self.codes = [self.key_holder.encode_label(client, label, owner) for label, _ in self.sent]
 
     def layout(self, block_size: int) -> PackedLayout:
+        """The packed layout at block size ``block_size`` of this client's scheme."""
         return PackedLayout(block_size, self.key_holder.data_slots)
 
     def label_vectors(self, block_size: int) -> list[bytes]:
-        """Its labels, encrypted in label vectors of blocks of ``block_size`` slots."""
+        """Its labels, encrypted in label vectors of blocks of ``block_size`` slots.
+
+        Parameters
+        ----------
+        block_size : int
+            ``B``, which the server chose from every client's number of labels.
+        """
         layout = self.layout(block_size)
         return [
             self.key_holder.encrypt(layout.label_values(chunk), self.stats)
@@ -107,7 +120,17 @@ class ClientRegistration:
 
     def unique_delta(self, block_size: int, positions: Sequence[int], first: int) -> bytes:
         """``Enc(delta)``: its labels at ``positions`` (new to ``U``) as entries ``first..``
-        of the tile of ``U``."""
+        of the tile of ``U``.
+
+        Parameters
+        ----------
+        block_size : int
+            ``B``.
+        positions : sequence of int
+            Its labels that matched no entry of ``U``, by position in its order.
+        first : int
+            ``|U|`` before them.
+        """
         codes = [self.codes[position] for position in positions]
         return self.key_holder.encrypt(
             self.layout(block_size).tile_values(codes, first), self.stats
@@ -118,7 +141,17 @@ class ClientRegistration:
     ) -> tuple[bytes, np.ndarray]:
         """Its counts encrypted at their placeholders' slots, and the placeholder of each
         of its samples, from the index in ``U`` of each of its labels: the placeholder
-        permutation is the clients' secret (:meth:`RegistrySecrets.placeholders`)."""
+        permutation is the clients' secret (:meth:`RegistrySecrets.placeholders`).
+
+        Parameters
+        ----------
+        block_size : int
+            ``B``.
+        indices : sequence of int
+            The index in ``U`` of each of its labels, in its order.
+        num_unique : int
+            ``|U|``.
+        """
         table = self.keys.secrets.placeholders(num_unique)
         placeholders = [table[index] for index in indices]
         counts = [count for _, count in self.sent]
@@ -131,7 +164,17 @@ class ClientRegistration:
         self, blobs: Sequence[bytes], labels: Sequence[int], block_size: int, num_unique: int
     ) -> np.ndarray:
         """The key holder: which compared slots of the server's comparisons are matches,
-        one row per label, one column per entry of ``U`` (blinded: all it learns)."""
+        one row per label, one column per entry of ``U`` (blinded: all it learns).
+
+        Parameters
+        ----------
+        blobs : sequence of bytes
+            The server's comparisons, one per label vector.
+        labels : sequence of int
+            How many labels each compared vector holds.
+        block_size, num_unique : int
+            ``B`` and ``|U|``.
+        """
         layout = self.layout(block_size)
         rows = [
             matching(
@@ -149,7 +192,15 @@ class ClientRegistration:
 
     def total(self, blob: bytes, num_unique: int) -> np.ndarray:
         """The key holder: the server's total of counts as it decrypts it (blinded:
-        masked, uniform residues)."""
+        masked, uniform residues).
+
+        Parameters
+        ----------
+        blob : bytes
+            The total, masked when blinded.
+        num_unique : int
+            ``|U|``: the count slots.
+        """
         values = self.key_holder.decrypt(blob, "the server", COUNT_LIMIT, self.stats)
         return values[:num_unique]
 
@@ -202,11 +253,23 @@ class SecureRegistration:
         self.num_unique = 0
 
     def chunk_sizes(self, client: int) -> list[int]:
-        """How many labels each of ``client``'s label vectors holds."""
+        """How many labels each of ``client``'s label vectors holds.
+
+        Parameters
+        ----------
+        client : int
+            The client.
+        """
         return [len(chunk) for chunk in self.layout.chunks(range(self.label_numbers[client]))]
 
     def label_vectors(self, clients: Sequence[int]) -> None:
-        """Ask the clients whose label vectors the server lacks for them, in one exchange."""
+        """Ask the clients whose label vectors the server lacks for them, in one exchange.
+
+        Parameters
+        ----------
+        clients : sequence of int
+            The clients whose labels are about to be compared.
+        """
         missing = [client for client in clients if client not in self.vectors]
         block = ConfigRecord({"block_size": self.layout.block_size})
         replies = self.link.exchange(
@@ -227,7 +290,13 @@ class SecureRegistration:
     def matches(self, clients: Sequence[int]) -> dict[int, np.ndarray]:
         """Every label of ``clients`` against ``U``: the server compares (blinding each
         difference when blinded), the key holder answers which slots match, in one
-        exchange. One row per label, one column per entry of ``U``."""
+        exchange. One row per label, one column per entry of ``U``.
+
+        Parameters
+        ----------
+        clients : sequence of int
+            The clients whose labels to compare.
+        """
         self.label_vectors(clients)
         assert self.tile is not None  # U holds client 0's labels before anything is compared
         blobs, sizes = [], []
@@ -307,7 +376,13 @@ class SecureRegistration:
         """Every client learns its labels' indices in ``U`` and answers with its encrypted
         counts and the placeholder of each of its samples; the server adds the counts,
         masks the total (blinded), the key holder decrypts it and the server unmasks.
-        Returns the global counts and the placeholders, client after client."""
+        Returns the global counts and the placeholders, client after client.
+
+        Parameters
+        ----------
+        indices : list of list of int
+            The index in ``U`` of every client's labels (:meth:`map_labels`).
+        """
         requests = []
         for client, client_indices in enumerate(indices):
             content = RecordDict(
@@ -363,5 +438,11 @@ class SecureRegistration:
 
 
 def values_record(values: np.ndarray) -> ArrayRecord:
-    """The key holder's decrypted values (residues, or CKKS values) as a record."""
+    """The key holder's decrypted values (residues, or CKKS values) as a record.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        What it decrypted.
+    """
     return ArrayRecord({"values": Array(np.ascontiguousarray(values))})

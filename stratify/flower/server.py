@@ -241,12 +241,11 @@ def register_over_flower(
     own map and gets back the placeholder of each of its sample positions.
     """
     records = [hello.config_records for hello in hellos]
-    sizes = [int(cast(int, record["node"]["size"])) for record in records]
     if config.secure:
         public = cast(bytes, records[KEY_HOLDER]["context"]["public"])
         numbers = [int(cast(int, record["labels"]["number"])) for record in records]
         registration = SecureRegistration(link, config.protocol, public, numbers, num_classes)
-        return registration.register(sizes)
+        return registration.register([int(cast(int, r["node"]["size"])) for r in records])
     counts = []
     for record in records:
         pairs = zip(

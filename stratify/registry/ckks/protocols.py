@@ -88,12 +88,24 @@ class PackedLayout:
         return self.data_slots // self.block_size
 
     def chunks(self, codes: Sequence[int]) -> list[list[int]]:
-        """``codes`` cut into the runs that one label vector holds each."""
+        """``codes`` cut into the runs that one label vector holds each.
+
+        Parameters
+        ----------
+        codes : sequence of int
+            A client's label codes, in its order.
+        """
         step = self.labels_per_vector
         return [list(codes[start : start + step]) for start in range(0, len(codes), step)]
 
     def label_values(self, codes: Sequence[int]) -> np.ndarray:
-        """A label vector: code ``j`` replicated over block ``j``."""
+        """A label vector: code ``j`` replicated over block ``j``.
+
+        Parameters
+        ----------
+        codes : sequence of int
+            At most :attr:`labels_per_vector` codes.
+        """
         values = np.zeros(self.data_slots, dtype=np.int64)
         values[: len(codes) * self.block_size] = np.repeat(
             np.asarray(codes, dtype=np.int64), self.block_size
@@ -102,7 +114,15 @@ class PackedLayout:
 
     def tile_values(self, codes: Sequence[int], first: int) -> np.ndarray:
         """``codes`` at slots ``first, first + 1, ...`` of every block: the unique labels
-        ``first..`` of the tile (``first=0`` and all of ``U``: the whole tile)."""
+        ``first..`` of the tile (``first=0`` and all of ``U``: the whole tile).
+
+        Parameters
+        ----------
+        codes : sequence of int
+            Codes of unique labels.
+        first : int
+            Their index in ``U``.
+        """
         block = np.zeros(self.block_size, dtype=np.int64)
         block[first : first + len(codes)] = codes
         values = np.zeros(self.data_slots, dtype=np.int64)
@@ -110,25 +130,51 @@ class PackedLayout:
         return values
 
     def count_values(self, placeholders: Sequence[int], counts: Sequence[int]) -> np.ndarray:
-        """A client's counts, each at its placeholder's slot."""
+        """A client's counts, each at its placeholder's slot.
+
+        Parameters
+        ----------
+        placeholders, counts : sequence of int
+            Each of its labels' placeholder and count.
+        """
         values = np.zeros(self.data_slots, dtype=np.int64)
         values[list(placeholders)] = counts
         return values
 
     def compared_slots(self, labels: int, num_unique: int) -> np.ndarray:
-        """The slots comparing ``labels`` labels with ``U``: the first ``|U|`` of each block."""
+        """The slots comparing ``labels`` labels with ``U``: the first ``|U|`` of each block.
+
+        Parameters
+        ----------
+        labels, num_unique : int
+            Labels in the compared vector, and ``|U|``.
+        """
         starts = np.arange(labels)[:, None] * self.block_size
         return (starts + np.arange(num_unique)[None, :]).ravel()
 
     def rows(self, values: np.ndarray, labels: int, num_unique: int) -> np.ndarray:
         """A decrypted comparison of ``labels`` labels with ``U``: one row per label, one
-        column per entry of ``U`` (zero where they are equal)."""
+        column per entry of ``U`` (zero where they are equal).
+
+        Parameters
+        ----------
+        values : numpy.ndarray
+            The decrypted comparison.
+        labels, num_unique : int
+            Labels in the compared vector, and ``|U|``.
+        """
         blocks = values[: labels * self.block_size].reshape(labels, self.block_size)
         return blocks[:, :num_unique]
 
 
 def matching(rows: np.ndarray) -> np.ndarray:
-    """Which entries of a comparison's :meth:`PackedLayout.rows` are matches."""
+    """Which entries of a comparison's :meth:`PackedLayout.rows` are matches.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        Decrypted differences (CKKS) or blinded residues (BFV).
+    """
     return np.abs(rows) < MATCH_THRESHOLD
 
 
