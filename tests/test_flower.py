@@ -11,6 +11,7 @@ holder would, for what each must not learn (docs/flower.md, "What each party see
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,9 @@ from flwr.common.config import parse_config_args  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from stratify.config import TrainConfig  # noqa: E402
-from stratify.errors import ConfigError  # noqa: E402
+from stratify.errors import ConfigError, RegistryError  # noqa: E402
 from stratify.experiment import Experiment, build_experiment  # noqa: E402
-from stratify.flower import node  # noqa: E402
+from stratify.flower import apps, node  # noqa: E402
 from stratify.flower.deploy import node_config  # noqa: E402
 from stratify.flower.keys import (  # noqa: E402
     FederationKeys,
@@ -47,6 +48,7 @@ from stratify.flower.messages import (  # noqa: E402
     SECURE_PROTOCOLS,
     TOTAL,
     check_flower_config,
+    config_json,
 )
 from stratify.flower.server import (  # noqa: E402
     FlowerRun,
@@ -482,3 +484,17 @@ def test_a_deployed_node_loads_the_key_file_its_node_config_names(
         link.exchange([(0, HELLO, RecordDict())])
     with pytest.raises(ConfigError, match="no quote"):
         node_config(0, 'keys".json')
+
+
+def test_a_deployed_server_app_reports_a_refused_registration(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
+        raise RegistryError("client 2 brings unique label number 11, more than the bound")
+
+    monkeypatch.setattr(apps, "run_on_grid", refused)
+    settings = {"config": config_json(config("stratify-secure")), "result-dir": str(tmp_path)}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=settings)
+    apps.server_main(None, context)  # type: ignore[arg-type]
+    failure = json.loads((tmp_path / "failure.json").read_text())
+    assert failure["error"].startswith("client 2 brings unique label number 11")
