@@ -2,27 +2,70 @@
 
 One Flower simulation (its Ray cluster started once) runs every case one after another
 on three nodes, each holding one client's digits; the same configurations then run
-in-process with one torch thread, as the simulation's nodes compute.
+in-process with one torch thread, as the simulation's nodes compute. The secure cases
+register with the encrypted registry's parties on their own nodes, the nodes holding a
+federation key file the in-process run gets the secrets of; every message the server
+sends and receives is recorded, and the tests look in them, as the server and the key
+holder would, for what each must not learn (docs/flower.md, "What each party sees").
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
+import tenseal
 import torch
 from engines import FEATURES, bn_mlp, mlp, tiny_engine
+from scipy import stats as scipy_stats
 
 pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
 )
 
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict  # noqa: E402
+from flwr.common.config import parse_config_args  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
 from stratify.config import TrainConfig  # noqa: E402
-from stratify.errors import ConfigError  # noqa: E402
-from stratify.experiment import build_experiment  # noqa: E402
-from stratify.flower.messages import check_flower_config  # noqa: E402
-from stratify.flower.server import RemoteTrainer  # noqa: E402
+from stratify.errors import ConfigError, RegistryError  # noqa: E402
+from stratify.experiment import Experiment, build_experiment  # noqa: E402
+from stratify.flower import apps, node  # noqa: E402
+from stratify.flower.deploy import node_config  # noqa: E402
+from stratify.flower.keys import (  # noqa: E402
+    FederationKeys,
+    main,
+    read_federation_keys,
+    write_federation_keys,
+)
+from stratify.flower.messages import (  # noqa: E402
+    HELLO,
+    MATCHES,
+    SECURE_PROTOCOLS,
+    TOTAL,
+    check_flower_config,
+    config_json,
+)
+from stratify.flower.server import (  # noqa: E402
+    FlowerRun,
+    NodeLink,
+    RemoteTrainer,
+    register_over_flower,
+)
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.method import EpochStats  # noqa: E402
+from stratify.registry import make_registry  # noqa: E402
+from stratify.registry.ckks import (  # noqa: E402
+    BLIND_PLAIN_MODULUS,
+    COUNT_LIMIT,
+    KeyedLabelHash,
+    ProtocolStats,
+)
+from stratify.registry.ckks.protocols import PackedLayout  # noqa: E402
 from stratify.stratify import Stratify  # noqa: E402
 
 #: every case: digits over three Dirichlet clients, batch mode unless it says otherwise,
@@ -40,7 +83,23 @@ CASES = {
     "fedavg": {"algorithm": "fedavg", "epochs": 2, "options": {"local_epochs": 1}},
     "fedprox": {"algorithm": "fedprox", "epochs": 1, "options": {"local_epochs": 1, "mu": 0.5}},
     "scaffold": {"algorithm": "scaffold", "epochs": 2, "options": {"local_epochs": 1}},
+    # the encrypted registry, each party on its own node (client 0's is the key holder)
+    "stratify-secure": {
+        "algorithm": "stratify",
+        "epochs": 1,
+        "options": {"batch_labels": 128},
+        "secure": True,
+        "protocol": "packed-blind",
+    },
+    "stratify-packed": {
+        "algorithm": "stratify",
+        "epochs": 1,
+        "options": {"batch_labels": 128},
+        "secure": True,
+        "protocol": "packed",
+    },
 }
+SECURE = ["stratify-secure", "stratify-packed"]
 #: float32 sums in another order (one forward per client's share): well below what a
 #: wrong sample, step or weight moves (the runs move the weights by 0.03 to 0.5)
 TOLERANCE = 1e-5
@@ -59,27 +118,50 @@ def config(case: str) -> TrainConfig:
     return TrainConfig(**{**settings, **CASES[case]})
 
 
-def in_process(config: TrainConfig) -> tuple[dict[str, torch.Tensor], list[EpochStats]]:
+def experiment(config: TrainConfig, keys: FederationKeys) -> Experiment:
+    """The in-process run; a secure one with the federation's registry secret."""
+    registry = make_registry(config.secure, config.seed, config.protocol, secrets=keys.secrets)
+    return build_experiment(config, registry=registry if config.secure else None)
+
+
+def in_process(
+    config: TrainConfig, keys: FederationKeys
+) -> tuple[dict[str, torch.Tensor], list[EpochStats]]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        experiment = build_experiment(config)
-        stats = [experiment.engine.run_epoch(epoch) for epoch in range(1, config.epochs + 1)]
+        built = experiment(config, keys)
+        stats = [built.engine.run_epoch(epoch) for epoch in range(1, config.epochs + 1)]
     finally:
         torch.set_num_threads(threads)
-    return experiment.model.state_dict(), stats
+    return built.model.state_dict(), stats
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict:
+def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("federation") / "keys.json"
+    write_federation_keys(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def keys(key_file: Path) -> FederationKeys:
+    """What the clients hold: the test may read it, the server may not."""
+    return read_federation_keys(key_file)
+
+
+@pytest.fixture(scope="module")
+def runs(key_file: Path) -> dict:
     configs = [config(case) for case in CASES]
-    return dict(zip(CASES, simulate(configs, timeout=60)))
+    return dict(zip(CASES, simulate(configs, timeout=60, keys=key_file, record=True)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_simulated_run_ends_with_the_in_process_weights(runs: dict, case: str) -> None:
-    state, _ = in_process(config(case))
+def test_a_simulated_run_ends_with_the_in_process_weights(
+    runs: dict, keys: FederationKeys, case: str
+) -> None:
+    state, _ = in_process(config(case), keys)
     start = build_experiment(config(case)).model.state_dict()
     flower = runs[case].state
     assert set(flower) == set(state)
@@ -91,8 +173,10 @@ def test_a_simulated_run_ends_with_the_in_process_weights(runs: dict, case: str)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["stratify", "stratify-hops", "fedavg", "fedprox"])
-def test_the_messages_carry_the_transfers_the_engine_counts(runs: dict, case: str) -> None:
-    _, stats = in_process(config(case))
+def test_the_messages_carry_the_transfers_the_engine_counts(
+    runs: dict, keys: FederationKeys, case: str
+) -> None:
+    _, stats = in_process(config(case), keys)
     run = runs[case]
     assert run.traffic.transfers == sum(epoch.transfers for epoch in stats) > 0
     assert run.traffic.uploads == sum(epoch.uploads for epoch in stats)
@@ -101,8 +185,13 @@ def test_the_messages_carry_the_transfers_the_engine_counts(runs: dict, case: st
 
 
 def test_a_flower_run_refuses_what_it_cannot_carry() -> None:
-    with pytest.raises(ConfigError, match="encrypted registry"):
-        check_flower_config(TrainConfig(dataset="digits", mode="batch", secure=True))
+    check_flower_config(TrainConfig(dataset="digits", mode="batch", secure=True))
+    with pytest.raises(ConfigError, match="runs --protocol packed-blind or packed, not naive"):
+        check_flower_config(
+            TrainConfig(dataset="digits", mode="batch", secure=True, protocol="naive-blind")
+        )
+    with pytest.raises(ConfigError, match="needs the federation's key file"):
+        simulate([TrainConfig(dataset="digits", mode="batch", secure=True)])
     with pytest.raises(ConfigError, match="validation"):
         check_flower_config(
             TrainConfig(dataset="digits", mode="batch", secure=False, validation=0.1)
@@ -140,3 +229,272 @@ def test_hops_through_a_remote_trainer_never_take_the_compiled_or_vectorised_ste
     context.trainer = RemoteTrainer(None, [3, 5], context.x_train, context.y_train)  # type: ignore[arg-type]
     assert not strategy.uses_compiled_step(context)
     assert strategy.local_work(context, list(rounds)[0], np.random.default_rng(0)) is None
+
+
+def clients_labels(built: Experiment) -> list[np.ndarray]:
+    """The label of each client's samples, in the node's order of its positions."""
+    labels = built.dataset.y_train.cpu().numpy()
+    return [labels[np.asarray(indices)] for indices in built.federation.client_indices]
+
+
+def label_codes(keys: FederationKeys, labels: list[np.ndarray]) -> set[int]:
+    """The clients' HMAC codes of their labels (computed with the key file)."""
+    code = KeyedLabelHash(keys.secrets.hash_key)
+    return {code(label) for label in np.unique(np.concatenate(labels)).tolist()}
+
+
+def record_values(content: RecordDict) -> Iterator[Any]:
+    """Every value a message carries: config values (a list's items one by one when they
+    are bytes or text) and arrays."""
+    for record in content.values():
+        if isinstance(record, ConfigRecord):
+            for value in record.values():
+                if isinstance(value, list) and value and isinstance(value[0], (bytes, str)):
+                    yield from value
+                else:
+                    yield value
+        elif isinstance(record, ArrayRecord):
+            for array in record.values():
+                yield array.numpy()
+
+
+def server_view_leaks(run: FlowerRun, labels: list[np.ndarray], codes: set[int]) -> list[str]:
+    """What the server could read of the clients' labels in every message it sent and
+    received and in its registry: label codes in the clear (as integers, in text, or as
+    int64 bytes in a blob), a pair of sequences in one message that tabulates a client's
+    labels against their counts or placeholders, a client's labels sample by sample, and
+    a registry holding a client's label -> placeholder map. One finding per leak."""
+    assert run.payloads and run.registry is not None and run.placeholders is not None
+    ends = np.cumsum([len(own) for own in labels])[:-1]
+    truths = []
+    for own, placeholders in zip(labels, np.split(run.placeholders, ends)):
+        values, counts = np.unique(own, return_counts=True)
+        mapping = dict(zip(own.tolist(), placeholders.tolist()))
+        truths.append((dict(zip(values.tolist(), counts.tolist())), mapping, own.tolist()))
+    patterns = [code.to_bytes(8, "little") for code in codes]
+    findings = []
+    for direction, kind, content in run.payloads:
+        where = f"{kind} ({direction})"
+        sequences = []
+        for value in record_values(content):
+            if isinstance(value, bytes):
+                if any(pattern in value for pattern in patterns):
+                    findings.append(f"{where}: a label code in a blob")
+            elif isinstance(value, str):
+                if any(str(code) in value for code in codes):
+                    findings.append(f"{where}: a label code in text")
+            else:
+                array = np.asarray(value).ravel()
+                if array.dtype.kind not in "iu":
+                    continue
+                sequence = array.astype(np.int64).tolist()
+                if codes & set(sequence):
+                    findings.append(f"{where}: a label code")
+                sequences.append(sequence)
+        for first in sequences:
+            for client, (counts, mapping, own) in enumerate(truths):
+                if first == own:
+                    findings.append(f"{where}: client {client}'s label of every sample")
+                for second in sequences:
+                    if second is first or len(second) != len(first):
+                        continue
+                    table = dict(zip(first, second))
+                    if table == counts:
+                        findings.append(f"{where}: client {client}'s labels and their counts")
+                    if table == mapping:
+                        findings.append(f"{where}: client {client}'s label -> placeholder map")
+    for client, (_, mapping, _) in enumerate(truths):
+        if run.registry.client_maps[client] == mapping:
+            findings.append(f"the server's registry: client {client}'s label -> placeholder map")
+    return findings
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SECURE)
+def test_a_secure_registration_over_flower_is_the_in_process_one(
+    runs: dict, keys: FederationKeys, case: str
+) -> None:
+    built = experiment(config(case), keys)
+    run = runs[case]
+    maps = built.placeholders.client_maps
+    expected = [
+        maps[client][label]
+        for client, own in enumerate(clients_labels(built))
+        for label in own.tolist()
+    ]
+    assert run.placeholders.tolist() == expected
+    assert run.registry.num_placeholders == built.placeholders.num_placeholders == 10
+    assert np.array_equal(run.registry.global_counts, built.placeholders.global_counts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SECURE)
+def test_the_server_of_a_secure_run_cannot_read_a_label(
+    runs: dict, keys: FederationKeys, case: str
+) -> None:
+    run = runs[case]
+    labels = clients_labels(experiment(config(case), keys))
+    assert {kind for _, kind, _ in run.payloads} >= {MATCHES, TOTAL, "train.gradient"}
+    # the secret placeholders are not the labels, else a map to themselves would be one
+    offsets = np.cumsum([0] + [len(own) for own in labels])
+    assert any(
+        (run.placeholders[offsets[k] : offsets[k + 1]] != own).any() for k, own in enumerate(labels)
+    )
+    assert server_view_leaks(run, labels, label_codes(keys, labels)) == []
+
+
+@pytest.mark.slow
+def test_the_same_check_reads_the_labels_the_plain_registry_sends(
+    runs: dict, keys: FederationKeys
+) -> None:
+    run = runs["stratify"]
+    labels = clients_labels(experiment(config("stratify"), keys))
+    findings = "\n".join(server_view_leaks(run, labels, label_codes(keys, labels)))
+    for leak in (
+        "labels and their counts",
+        "query.placeholders (sent): client 2's label ->",
+        "the server's registry: client 0's label -> placeholder map",
+    ):
+        assert leak in findings
+
+
+def key_holder_readings(
+    run: FlowerRun, keys: FederationKeys, codes: set[int]
+) -> tuple[list[str], list[int]]:
+    """Decrypt, as the key holder does, every comparison and total the server sent it, and
+    look for label codes, differences of two codes and the global counts; returns the
+    findings and every non-zero compared value."""
+    holder = keys.key_holder(run.config.protocol)
+    readable = codes | {-code for code in codes} | {a - b for a in codes for b in codes if a != b}
+    findings, nonzero = [], []
+    for direction, kind, content in run.payloads:
+        if direction != "sent" or kind not in (MATCHES, TOTAL):
+            continue
+        settings = content.config_records["registry"]
+        if kind == MATCHES:
+            compared = content.config_records["compared"]
+            layout = PackedLayout(int(settings["block_size"]), holder.data_slots)
+            for blob, labels in zip(compared["vectors"], compared["labels"]):
+                values = np.rint(holder.decrypt(blob, "test", holder.hash_range, ProtocolStats()))
+                values = values.astype(np.int64)
+                seen = set(values.tolist()) | set((values - BLIND_PLAIN_MODULUS).tolist())
+                if seen & readable:
+                    findings.append("codes or their differences")
+                rows = layout.rows(values, int(labels), int(settings["num_unique"])).ravel()
+                nonzero.extend(rows[rows != 0].tolist())
+        else:
+            blob = content.config_records["total"]["vector"]
+            values = np.rint(holder.decrypt(blob, "test", COUNT_LIMIT, ProtocolStats()))
+            assert run.registry is not None
+            if (values[: run.registry.num_placeholders] == run.registry.global_counts).any():
+                findings.append("the global counts")
+    return findings, nonzero
+
+
+@pytest.mark.slow
+def test_with_packed_blind_the_key_holder_decrypts_match_bits_only(
+    runs: dict, keys: FederationKeys
+) -> None:
+    labels = clients_labels(experiment(config("stratify-secure"), keys))
+    codes = label_codes(keys, labels)
+    findings, nonzero = key_holder_readings(runs["stratify-secure"], keys, codes)
+    assert findings == []
+    # the non-matches it sees are uniform over [1, t), whatever the labels
+    assert len(nonzero) > 100
+    uniform = scipy_stats.kstest(np.array(nonzero) / BLIND_PLAIN_MODULUS, "uniform")
+    assert uniform.pvalue > 1e-4
+    # unblinded (packed, CKKS), the same check reads the codes and the counts
+    findings, _ = key_holder_readings(runs["stratify-packed"], keys, codes)
+    assert "codes or their differences" in findings and "the global counts" in findings
+
+
+def test_a_federation_key_file_is_for_the_clients_alone(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    assert main([str(path)]) == 0
+    assert path.stat().st_mode & 0o077 == 0, "readable by its owner only"
+    keys = read_federation_keys(path)
+    for protocol in SECURE_PROTOCOLS:
+        public = keys.key_holder(protocol).public_context()
+        assert not tenseal.context_from(public).has_secret_key()
+    (tmp_path / "foreign.json").write_text('{"format": 1, "secret": "00"}')
+    with pytest.raises(ConfigError, match="is not a federation key file"):
+        read_federation_keys(tmp_path / "foreign.json")
+    with pytest.raises(ConfigError, match="cannot read the federation key file"):
+        read_federation_keys(tmp_path / "missing.json")
+
+
+class HandlerLink(NodeLink):
+    """The server's end of the messages, each delivered straight to the node's handler in
+    this process, with the node configuration a deployed SuperNode parses from its
+    ``--node-config`` (no Ray, no SuperLink)."""
+
+    HANDLERS = {
+        "query.hello": node.hello,
+        "query.labels": node.labels,
+        "query.unique": node.unique,
+        "query.matches": node.matches,
+        "query.counts": node.counts,
+        "query.total": node.total,
+    }
+
+    def __init__(self, config: TrainConfig, node_configs: list[dict]) -> None:
+        super().__init__(None, config, timeout=1.0, retries=0)  # type: ignore[arg-type]
+        self.node_configs = node_configs
+        self.nodes = {client: client for client in range(config.clients)}
+
+    def exchange(self, requests: Sequence[tuple[int, str, RecordDict]]) -> list[RecordDict]:
+        replies = []
+        for client, kind, content in requests:
+            message = self.message(client, kind, RecordDict(dict(content)))
+            context = Context(
+                run_id=1,
+                node_id=client,
+                node_config=self.node_configs[client],
+                state=RecordDict(),
+                run_config={},
+            )
+            replies.append(self.HANDLERS[kind](message, context).content)
+        return replies
+
+
+def test_a_deployed_node_loads_the_key_file_its_node_config_names(
+    monkeypatch: pytest.MonkeyPatch, key_file: Path, keys: FederationKeys
+) -> None:
+    # a message is made inside a Flower task, whose identity the runtime sets
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    monkeypatch.setattr(node, "_NODES", {})  # the nodes' data, as a fresh node process holds
+    job = config("stratify-secure")
+    node_configs = [parse_config_args([node_config(k, key_file)]) for k in range(job.clients)]
+    assert node_configs[1] == {"partition-id": 1, "registry-keys": str(key_file)}
+    link = HandlerLink(job, node_configs)
+    hellos = link.exchange([(client, HELLO, RecordDict()) for client in range(job.clients)])
+    result, placeholders = register_over_flower(link, job, hellos, num_classes=10)
+    built = experiment(job, keys)
+    assert np.array_equal(result.global_counts, built.placeholders.global_counts)
+    maps = built.placeholders.client_maps
+    own = clients_labels(built)
+    assert placeholders.tolist() == [
+        maps[k][y] for k in range(job.clients) for y in own[k].tolist()
+    ]
+    # without a key file, a secure run's node refuses in its hello
+    link = HandlerLink(job, [{"partition-id": k} for k in range(job.clients)])
+    monkeypatch.setattr(node, "_NODES", {})
+    with pytest.raises(ConfigError, match="needs the federation key file"):
+        link.exchange([(0, HELLO, RecordDict())])
+    with pytest.raises(ConfigError, match="no quote"):
+        node_config(0, 'keys".json')
+
+
+def test_a_deployed_server_app_reports_a_refused_registration(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
+        raise RegistryError("client 2 brings unique label number 11, more than the bound")
+
+    monkeypatch.setattr(apps, "run_on_grid", refused)
+    settings = {"config": config_json(config("stratify-secure")), "result-dir": str(tmp_path)}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=settings)
+    apps.server_main(None, context)  # type: ignore[arg-type]
+    failure = json.loads((tmp_path / "failure.json").read_text())
+    assert failure["error"].startswith("client 2 brings unique label number 11")

@@ -21,6 +21,7 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from stratify.errors import RegistryError
 from stratify.flower.messages import config_from_json
 from stratify.flower.node import client_app
 from stratify.flower.server import ClientLostError, FlowerRun, run_on_grid
@@ -71,7 +72,7 @@ def server_main(grid: Grid, context: Context) -> None:
             timeout=float(settings.get("timeout", 120.0)),  # type: ignore[arg-type]
             retries=int(settings.get("retries", 1)),  # type: ignore[arg-type]
         )
-    except ClientLostError as lost:
+    except (ClientLostError, RegistryError) as lost:  # a registration refused is reported too
         log.error("stratify: %s", lost)
         folder.mkdir(parents=True, exist_ok=True)
         write_file(folder / "failure.json", json.dumps({"error": str(lost)}).encode())

@@ -19,11 +19,25 @@ from types import TracebackType
 from typing import Any
 
 from stratify.config import TrainConfig
-from stratify.errors import TrainingError
+from stratify.errors import ConfigError, TrainingError
 from stratify.flower.messages import config_json
 
 #: seconds a process gets to end after SIGTERM before its group is killed
 STOP_GRACE = 5.0
+
+
+def node_config(client: int, registry_keys: str | os.PathLike | None = None) -> str:
+    """A SuperNode's ``--node-config``: its client number and, for secure runs, the
+    federation key file it loads (:mod:`stratify.flower.keys`), a TOML string."""
+    text = f"partition-id={client}"
+    if registry_keys is not None:
+        if '"' in str(registry_keys) or "\\" in str(registry_keys):
+            # Flower reads the node configuration's strings between quotes, unescaped
+            raise ConfigError(
+                f"a key file's path for --node-config has no quote or backslash: {registry_keys}"
+            )
+        text += f' registry-keys="{registry_keys}"'
+    return text
 
 
 def free_port() -> int:
@@ -58,10 +72,17 @@ class LocalDeployment:
         removed by :meth:`close`).
     start_timeout : float
         Seconds the SuperLink gets to listen.
+    registry_keys : path, optional
+        The federation key file every node loads for secure runs (here all nodes share
+        one machine, so one path); without it a secure job's nodes refuse to register.
     """
 
     def __init__(
-        self, clients: int, folder: str | os.PathLike | None = None, start_timeout: float = 60.0
+        self,
+        clients: int,
+        folder: str | os.PathLike | None = None,
+        start_timeout: float = 60.0,
+        registry_keys: str | os.PathLike | None = None,
     ) -> None:
         self.temporary = tempfile.TemporaryDirectory() if folder is None else None
         self.folder = Path(self.temporary.name if self.temporary else str(folder))
@@ -92,7 +113,7 @@ class LocalDeployment:
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    f"partition-id={client}",
+                    node_config(client, registry_keys),
                 )
             self.write_connection()
         except BaseException:

@@ -15,12 +15,26 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError
+from stratify.flower.keys import SCHEMES
 
 #: the server asks a node which client it is and has it load that client's data; the
-#: reply carries the plain registry's input, the node's {label: count}
+#: reply carries the plain registry's input, the node's {label: count}, or with the
+#: encrypted registry its number of labels only (and, from the key holder, the public context)
 HELLO = "query.hello"
 #: the node's own label -> placeholder map down, the placeholder of each of its samples up
 PLACEHOLDERS = "query.placeholders"
+#: the encrypted registry (docs/flower.md, "The encrypted registry"): the block size down,
+#: the client's encrypted label vectors up
+LABELS = "query.labels"
+#: which of the client's labels are new to U down, Enc(delta) of their codes up
+UNIQUE = "query.unique"
+#: to the key holder: the server's (blinded) comparisons down, which slots match up
+MATCHES = "query.matches"
+#: the index in U of each of the client's labels down; its encrypted counts at its
+#: placeholders' slots and the placeholder of each of its samples up
+COUNTS = "query.counts"
+#: to the key holder: the (masked) total of counts down, its decryption up
+TOTAL = "query.total"
 #: local training of a copy of the global model (the averaging methods)
 TRAIN = "train"
 #: the summed loss gradient of the node's share of one global batch (Stratify, batch mode)
@@ -79,6 +93,8 @@ def read_indices(record: ArrayRecord, name: str) -> np.ndarray:
 #: equality with the in-process run in batch mode); another method could read the
 #: server's stand-in data and train on nothing
 FLOWER_METHODS = ("stratify", "fedavg", "fedprox", "scaffold")
+#: the encrypted registry's protocols whose parties run on their own nodes
+SECURE_PROTOCOLS = tuple(SCHEMES)
 
 
 def check_flower_config(config: TrainConfig) -> None:
@@ -99,10 +115,10 @@ def check_flower_config(config: TrainConfig) -> None:
             raise ConfigError(
                 "over Flower the model travels through the server: --hops server, not direct"
             )
-    if config.secure:
+    if config.secure and config.protocol not in SECURE_PROTOCOLS:
         raise ConfigError(
-            "the encrypted registry does not run over Flower yet: give secure=False "
-            "(--no-secure); the plain registry's counts travel as Flower messages"
+            f"over Flower the encrypted registry runs --protocol {' or '.join(SECURE_PROTOCOLS)}, "
+            f"not {config.protocol}"
         )
     if config.validation:
         raise ConfigError("a Flower run has no validation split: leave --validation at 0")

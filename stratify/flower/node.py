@@ -5,13 +5,17 @@ is the node's ``partition-id``) and answers the server app's messages with the e
 own code: local training is :meth:`stratify.client.LocalTrainer.train_eager`, a share of a
 global batch :meth:`~stratify.client.LocalTrainer.batch_gradient` (docs/flower.md).
 Sample positions are the node's own, ``0..n_k-1``; labels never leave it except as the
-plain registry's counts.
+plain registry's counts. With the encrypted registry they leave it only encrypted
+(:class:`~stratify.flower.registry.ClientRegistration`), and client 0's node is also the
+key holder.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -25,6 +29,7 @@ from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import partition_clients
 from stratify.federation import Federation
+from stratify.flower.keys import FederationKeys, read_federation_keys
 from stratify.flower.messages import (
     index_record,
     read_config,
@@ -32,6 +37,7 @@ from stratify.flower.messages import (
     read_state,
     state_record,
 )
+from stratify.flower.registry import KEY_HOLDER, ClientRegistration, values_record
 from stratify.nn.models import build_model, default_model
 from stratify.state import load_into
 
@@ -45,6 +51,8 @@ class NodeData:
     labels: np.ndarray
     trainer: LocalTrainer
     model: nn.Module
+    #: its side of the encrypted registry (a secure run's), made on first use
+    registration: ClientRegistration | None = None
 
     @property
     def size(self) -> int:
@@ -54,6 +62,8 @@ class NodeData:
 #: the nodes this process serves, by (partition id, the run's settings): a simulation
 #: runs many nodes in one worker, and a node keeps its data across a run's messages
 _NODES: dict[tuple[int, str], NodeData] = {}
+#: the federation key files this process has read, by path
+_KEYS: dict[str, FederationKeys] = {}
 
 
 def partition_id(context: Context) -> int:
@@ -104,20 +114,110 @@ def received_model(node: NodeData, content: RecordDict) -> nn.Module:
     return node.model
 
 
+def registration(
+    node: NodeData, content: RecordDict, context: Context, keys: str | None
+) -> ClientRegistration:
+    """The node's side of the encrypted registry, with the federation's keys: from
+    ``--node-config registry-keys=PATH``, else ``keys`` (the simulation's)."""
+    if node.registration is None:
+        path = context.node_config.get("registry-keys") or keys
+        if not path:
+            raise ConfigError(
+                "a secure run's node needs the federation key file: "
+                '--node-config registry-keys="PATH" (python -m stratify.flower.keys PATH)'
+            )
+        if str(path) not in _KEYS:
+            _KEYS[str(path)] = read_federation_keys(Path(str(path)))
+        protocol = read_config(content).protocol
+        node.registration = ClientRegistration(_KEYS[str(path)], protocol, node.client, node.labels)
+    return node.registration
+
+
 def reply(message: Message, **records: ArrayRecord | ConfigRecord) -> Message:
     return Message(RecordDict(dict(records)), reply_to=message)
 
 
-def hello(message: Message, context: Context) -> Message:
-    """The node's client number and sample count, and the plain registry's input: its
+def hello(message: Message, context: Context, keys: str | None = None) -> Message:
+    """The node's client number and sample count, and the registry's input. Plain: its
     ``{label: count}``, in ascending labels as
-    :meth:`~stratify.federation.Federation.label_counts` lists them in-process."""
+    :meth:`~stratify.federation.Federation.label_counts` lists them in-process. Encrypted:
+    its number of labels only, and from the key holder the public context."""
     node = node_data(message.content, context)
-    counts = Federation([np.arange(node.size)], node.labels).label_counts()[0]
+    records: dict[str, ConfigRecord] = {
+        "node": ConfigRecord({"client": node.client, "size": node.size})
+    }
+    if read_config(message.content).secure:
+        own = registration(node, message.content, context, keys)
+        records["labels"] = ConfigRecord({"number": len(own.codes)})
+        if node.client == KEY_HOLDER:
+            records["context"] = ConfigRecord({"public": own.key_holder.public_context()})
+    else:
+        counts = Federation([np.arange(node.size)], node.labels).label_counts()[0]
+        records["labels"] = ConfigRecord({"labels": list(counts), "counts": list(counts.values())})
+    return reply(message, **records)
+
+
+def registry_settings(message: Message) -> dict[str, int]:
+    """The integers the server sent with an encrypted registry message."""
+    record = message.content.config_records["registry"]
+    return {key: int(cast(int, value)) for key, value in record.items()}
+
+
+def labels(message: Message, context: Context, keys: str | None = None) -> Message:
+    """The node's label vectors, encrypted, at the block size the server asks for."""
+    node = node_data(message.content, context)
+    own = registration(node, message.content, context, keys)
+    vectors = own.label_vectors(registry_settings(message)["block_size"])
+    return reply(message, labels=ConfigRecord({"vectors": vectors}))
+
+
+def unique(message: Message, context: Context, keys: str | None = None) -> Message:
+    """``Enc(delta)``: the node's labels that are new to ``U``, as its next entries."""
+    node = node_data(message.content, context)
+    own = registration(node, message.content, context, keys)
+    settings = registry_settings(message)
+    positions = read_indices(message.content.array_records["new"], "positions").tolist()
+    vector = own.unique_delta(settings["block_size"], positions, settings["first"])
+    return reply(message, unique=ConfigRecord({"vector": vector}))
+
+
+def counts(message: Message, context: Context, keys: str | None = None) -> Message:
+    """The node's counts encrypted at its placeholders' slots, and the placeholder of each
+    of its samples, from the index in ``U`` of each of its labels."""
+    node = node_data(message.content, context)
+    own = registration(node, message.content, context, keys)
+    settings = registry_settings(message)
+    indices = read_indices(message.content.array_records["indices"], "indices").tolist()
+    vector, of_sample = own.counts(settings["block_size"], indices, settings["num_unique"])
     return reply(
         message,
-        node=ConfigRecord({"client": node.client, "size": node.size}),
-        labels=ConfigRecord({"labels": list(counts), "counts": list(counts.values())}),
+        counts=ConfigRecord({"vector": vector}),
+        placeholders=index_record(placeholders=of_sample),
+    )
+
+
+def matches(message: Message, context: Context, keys: str | None = None) -> Message:
+    """The key holder: which compared slots of the server's comparisons match."""
+    node = node_data(message.content, context)
+    own = registration(node, message.content, context, keys)
+    settings = registry_settings(message)
+    compared = message.content.config_records["compared"]
+    found = own.matches(
+        cast(list[bytes], compared["vectors"]),
+        cast(list[int], compared["labels"]),
+        settings["block_size"],
+        settings["num_unique"],
+    )
+    return reply(message, matched=index_record(matched=found.ravel().astype(np.int64)))
+
+
+def total(message: Message, context: Context, keys: str | None = None) -> Message:
+    """The key holder: its decryption of the server's (masked) total of counts."""
+    node = node_data(message.content, context)
+    own = registration(node, message.content, context, keys)
+    blob = cast(bytes, message.content.config_records["total"]["vector"])
+    return reply(
+        message, total=values_record(own.total(blob, registry_settings(message)["num_unique"]))
     )
 
 
@@ -193,11 +293,22 @@ def hop(message: Message, context: Context) -> Message:
     )
 
 
-def client_app() -> ClientApp:
-    """The ``ClientApp`` every node runs (simulation and deployment alike)."""
+def client_app(keys: str | os.PathLike | None = None) -> ClientApp:
+    """The ``ClientApp`` every node runs (simulation and deployment alike).
+
+    Parameters
+    ----------
+    keys : path, optional
+        The federation key file of a secure run (:mod:`stratify.flower.keys`), where a
+        node's ``--node-config registry-keys`` does not name one: the simulation's nodes
+        have no node configuration of their own.
+    """
+    path = None if keys is None else str(keys)
     app = ClientApp()
-    app.query("hello")(hello)
+    app.query("hello")(partial(hello, keys=path))
     app.query("placeholders")(placeholders)
+    for handler in (labels, unique, counts, matches, total):
+        app.query(handler.__name__)(partial(handler, keys=path))
     app.train()(train)
     app.train("gradient")(gradient)
     app.train("hop")(hop)

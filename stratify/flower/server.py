@@ -52,6 +52,7 @@ from stratify.flower.messages import (
     read_state,
     state_record,
 )
+from stratify.flower.registry import KEY_HOLDER, SecureRegistration
 from stratify.method import EpochStats
 from stratify.nn.norm import has_batch_norm
 from stratify.registry.base import LabelRegistry, RegistryResult
@@ -90,9 +91,14 @@ class NodeLink:
         Seconds to wait for the replies of one exchange.
     retries : int
         Times an unanswered request is sent again before the run stops.
+    record : bool
+        Keep every message the server sends and receives in :attr:`payloads` (what the
+        server sees: the tests of docs/flower.md, "What each party sees").
     """
 
-    def __init__(self, grid: Grid, config: TrainConfig, timeout: float, retries: int) -> None:
+    def __init__(
+        self, grid: Grid, config: TrainConfig, timeout: float, retries: int, record: bool = False
+    ) -> None:
         self.grid = grid
         self.config = config
         self.run_record = config_record(config)
@@ -100,10 +106,16 @@ class NodeLink:
         self.retries = retries
         self.traffic = Traffic()
         self.nodes: dict[int, int] = {}
+        #: with ``record``: (``"sent"`` or ``"received"``, message type, content), in order
+        self.payloads: list[tuple[str, str, RecordDict]] | None = [] if record else None
 
-    def connect(self) -> tuple[list[int], list[dict[int, int]]]:
+    def keep(self, direction: str, kind: str, content: RecordDict) -> None:
+        if self.payloads is not None:
+            self.payloads.append((direction, kind, content))
+
+    def connect(self) -> list[RecordDict]:
         """Wait (up to ``timeout``) for the run's clients to answer; returns each client's
-        number of samples and its ``{label: count}`` (the plain registry's input)."""
+        hello (its number of samples and its registry input)."""
         answers: dict[int, RecordDict] = {}
         deadline = time.monotonic() + self.timeout
         while len(answers) < self.config.clients:
@@ -118,6 +130,7 @@ class NodeLink:
                         f"node {reply.metadata.src_node_id} could not load its data: "
                         f"{reply.error.reason}"
                     )
+                self.keep("received", HELLO, reply.content)
                 client = int(reply.content.config_records["node"]["client"])  # type: ignore[arg-type]
                 if client in self.nodes:
                     raise ConfigError(f"two nodes are client {client}: give each its partition-id")
@@ -131,20 +144,14 @@ class NodeLink:
                         f"({len(list(self.grid.get_node_ids()))} nodes connected)"
                     )
                 time.sleep(0.2)
-        sizes, counts = [], []
-        for client in range(self.config.clients):
-            records = answers[client].config_records
-            sizes.append(int(records["node"]["size"]))  # type: ignore[arg-type]
-            labels = records["labels"]
-            pairs = zip(cast(list[int], labels["labels"]), cast(list[int], labels["counts"]))
-            counts.append({int(label): int(count) for label, count in pairs})
-        return sizes, counts
+        return [answers[client] for client in range(self.config.clients)]
 
     def message(self, node: int, kind: str, content: RecordDict) -> Message:
         """A new message to ``node`` (Flower sends a message once), carrying the run's
         settings beside ``content``."""
         content["run"] = self.run_record
         self.traffic.messages += 1
+        self.keep("sent", kind, content)
         return Message(content, dst_node_id=node, message_type=kind)
 
     def exchange(self, requests: Sequence[tuple[int, str, RecordDict]]) -> list[RecordDict]:
@@ -179,6 +186,7 @@ class NodeLink:
                 if reply.has_error():
                     errors[answered] = reply.error.reason or "no reason given"
                 else:
+                    self.keep("received", requests[answered][1], reply.content)
                     answers[answered] = reply.content
         lost = [index for index in range(len(requests)) if index not in answers]
         if lost:
@@ -221,13 +229,29 @@ class AgreedRegistry(LabelRegistry):
 
 
 def register_over_flower(
-    link: NodeLink, config: TrainConfig, counts: list[dict[int, int]]
+    link: NodeLink, config: TrainConfig, hellos: list[RecordDict], num_classes: int
 ) -> tuple[RegistryResult, np.ndarray]:
-    """The plain registry as messages: the clients' ``{label: count}`` came with their
-    hello; the server registers them as :class:`~stratify.registry.plain.PlainRegistry`
-    does in-process, sends each client its own map and gets back the placeholder of each
-    of its sample positions. Returns the result and those placeholders, client after
-    client."""
+    """The registry as messages; returns the server's result and the placeholder of every
+    client position, client after client.
+
+    Encrypted (``config.secure``): :class:`~stratify.flower.registry.SecureRegistration`,
+    with the public context the key holder sent with its hello. Plain: the clients'
+    ``{label: count}`` came with their hello; the server registers them as
+    :class:`~stratify.registry.plain.PlainRegistry` does in-process, sends each client its
+    own map and gets back the placeholder of each of its sample positions.
+    """
+    records = [hello.config_records for hello in hellos]
+    if config.secure:
+        public = cast(bytes, records[KEY_HOLDER]["context"]["public"])
+        numbers = [int(cast(int, record["labels"]["number"])) for record in records]
+        registration = SecureRegistration(link, config.protocol, public, numbers, num_classes)
+        return registration.register([int(cast(int, r["node"]["size"])) for r in records])
+    counts = []
+    for record in records:
+        pairs = zip(
+            cast(list[int], record["labels"]["labels"]), cast(list[int], record["labels"]["counts"])
+        )
+        counts.append({int(label): int(count) for label, count in pairs})
     clients = range(config.clients)
     result = PlainRegistry(seed=config.seed).register(counts)
     requests = []
@@ -428,6 +452,16 @@ class FlowerRun:
         Wall time of every epoch (the registry's messages not included).
     traffic : Traffic
         What the server sent and received, counted message by message.
+    registry : RegistryResult or None
+        The registration as the server holds it (encrypted: placeholders only).
+    placeholders : numpy.ndarray or None
+        The placeholder of every client position, client after client.
+    registration_seconds : float
+        Wall time of the registry's messages after the hello (with which the nodes load
+        their data).
+    payloads : list or None
+        Every message the server sent and received, when the run recorded them
+        (:attr:`NodeLink.payloads`).
     """
 
     config: TrainConfig
@@ -436,15 +470,16 @@ class FlowerRun:
     accuracies: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     traffic: Traffic = field(default_factory=Traffic)
+    registry: RegistryResult | None = None
+    placeholders: np.ndarray | None = None
+    registration_seconds: float = 0.0
+    payloads: list[tuple[str, str, RecordDict]] | None = None
 
 
-def server_dataset(config: TrainConfig, sizes: Sequence[int], placeholders: np.ndarray) -> Dataset:
-    """The server's dataset: the test split (it evaluates the global model) and, for the
-    training split, stand-ins that hold no sample: an input of zeros that takes no memory
-    and the placeholder of each client position."""
-    loaded = load_dataset(
-        config.dataset, data_dir=config.data_dir, seed=config.seed, **config.dataset_options
-    )
+def server_dataset(loaded: Dataset, sizes: Sequence[int], placeholders: np.ndarray) -> Dataset:
+    """The server's dataset: the test split of ``loaded`` (it evaluates the global model)
+    and, for the training split, stand-ins that hold no sample: an input of zeros that
+    takes no memory and the placeholder of each client position."""
     total = int(sum(sizes))
     stand_in = torch.zeros((1, *loaded.input_shape)).expand(total, *loaded.input_shape)
     return Dataset(
@@ -459,7 +494,12 @@ def server_dataset(config: TrainConfig, sizes: Sequence[int], placeholders: np.n
 
 
 def run_on_grid(
-    grid: Grid, config: TrainConfig, *, timeout: float = 120.0, retries: int = 1
+    grid: Grid,
+    config: TrainConfig,
+    *,
+    timeout: float = 120.0,
+    retries: int = 1,
+    record: bool = False,
 ) -> FlowerRun:
     """Run ``config`` with its clients on the nodes of ``grid``.
 
@@ -468,18 +508,28 @@ def run_on_grid(
     grid : flwr.serverapp.Grid
         The grid the ``ServerApp`` was given.
     config : TrainConfig
-        The run (plain registry, no validation split: :func:`check_flower_config`).
+        The run (no validation split; the encrypted registry's packed protocols, their
+        nodes holding the federation's keys, or the plain registry:
+        :func:`check_flower_config`).
     timeout : float
         Seconds to wait for the replies of one exchange (and for the nodes to connect).
     retries : int
         Times an unanswered request is sent again before the run stops with
         :class:`ClientLostError`.
+    record : bool
+        Keep every message in :attr:`FlowerRun.payloads`.
     """
     check_flower_config(config)
-    link = NodeLink(grid, config, timeout, retries)
-    sizes, counts = link.connect()
-    agreed, placeholders = register_over_flower(link, config, counts)
-    dataset = server_dataset(config, sizes, placeholders)
+    loaded = load_dataset(
+        config.dataset, data_dir=config.data_dir, seed=config.seed, **config.dataset_options
+    )
+    link = NodeLink(grid, config, timeout, retries, record)
+    hellos = link.connect()
+    sizes = [int(cast(int, hello.config_records["node"]["size"])) for hello in hellos]
+    start = time.perf_counter()
+    agreed, placeholders = register_over_flower(link, config, hellos, loaded.num_classes)
+    registration_seconds = time.perf_counter() - start
+    dataset = server_dataset(loaded, sizes, placeholders)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     federation = Federation(
         [np.arange(offsets[k], offsets[k + 1]) for k in range(config.clients)], placeholders
@@ -492,7 +542,15 @@ def run_on_grid(
         registry=AgreedRegistry(agreed),
         trainer=trainer,
     )
-    run = FlowerRun(config, {}, traffic=link.traffic)
+    run = FlowerRun(
+        config,
+        {},
+        traffic=link.traffic,
+        registry=agreed,
+        placeholders=placeholders,
+        registration_seconds=registration_seconds,
+        payloads=link.payloads,
+    )
     for epoch in range(1, config.epochs + 1):
         start = time.perf_counter()
         stats = experiment.engine.run_epoch(epoch)

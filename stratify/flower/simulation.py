@@ -4,6 +4,7 @@ Ray cluster (docs/flower.md, "In Flower's simulation")."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ def simulate(
     timeout: float = 120.0,
     retries: int = 1,
     cpus: int = 2,
+    keys: str | os.PathLike | None = None,
+    record: bool = False,
 ) -> list[FlowerRun]:
     """Run every configuration in ``configs``, one after another, in one Flower simulation
     (the Ray cluster starts once); all of them must have the same number of clients.
@@ -36,6 +39,11 @@ def simulate(
         Of every exchange of messages (:class:`~stratify.flower.server.NodeLink`).
     cpus : int
         CPUs the simulation's Ray cluster may use (each node takes one while it works).
+    keys : path, optional
+        The federation key file every node loads for the secure runs
+        (:func:`~stratify.flower.keys.write_federation_keys`); the server never reads it.
+    record : bool
+        Keep every message the server sends and receives (:attr:`FlowerRun.payloads`).
 
     Returns
     -------
@@ -46,6 +54,11 @@ def simulate(
         raise ConfigError("a simulation runs configurations of one number of clients")
     for config in configs:
         check_flower_config(config)
+        if config.secure and keys is None:
+            raise ConfigError(
+                "a secure run over Flower needs the federation's key file for its nodes: "
+                "simulate(..., keys=PATH), written by stratify.flower.keys.write_federation_keys"
+            )
     runs: list[FlowerRun] = []
     failures: list[BaseException] = []
     server = ServerApp()
@@ -54,7 +67,9 @@ def simulate(
     def main(grid: Grid, context: Context) -> None:
         try:
             for config in configs:
-                runs.append(run_on_grid(grid, config, timeout=timeout, retries=retries))
+                runs.append(
+                    run_on_grid(grid, config, timeout=timeout, retries=retries, record=record)
+                )
         except BaseException as error:  # handed to the caller: the runtime would only log it
             failures.append(error)
 
@@ -62,7 +77,9 @@ def simulate(
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": cpus, "logging_level": logging.ERROR, "log_to_driver": False},
     }
-    run_simulation(server, client_app(), num_supernodes=configs[0].clients, backend_config=backend)
+    run_simulation(
+        server, client_app(keys), num_supernodes=configs[0].clients, backend_config=backend
+    )
     if failures:
         raise failures[0]
     return runs

@@ -23,7 +23,8 @@ A run outlives its registration: :meth:`_ProtocolRun.add_label` and
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +40,167 @@ Part = tuple[Vector, str]
 START_BLOCK_SIZE = 16
 #: the one slot a naive vector holds
 SLOT_ZERO = np.array([0])
+
+
+def packed_block_size(
+    unique_limit: int | None, labels_total: int, data_slots: int
+) -> tuple[int, int]:
+    """The packed layout's block size ``B`` of a registration, and its bound on unique labels.
+
+    ``B`` must hold every unique label; without a bound (``num_classes`` or
+    ``max_unique``), the clients' total number of labels is one the server can know (it
+    receives that many labels anyway).
+
+    Parameters
+    ----------
+    unique_limit : int or None
+        The declared bound on unique labels.
+    labels_total : int
+        Every client's number of labels, added up.
+    data_slots : int
+        Slots a protocol may fill in one ciphertext.
+    """
+    block_size = min(unique_limit or labels_total, data_slots)
+    return block_size, block_size if unique_limit is None else min(unique_limit, data_slots)
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where the packed protocols put labels, unique labels and counts in a vector's slots.
+
+    Every party computes with it: a client lays out its labels, its additions to ``U`` and
+    its counts; the server picks the compared slots; the key holder reads the match rows.
+    In-process (:class:`_PackedRun`) and over Flower (docs/flower.md) alike.
+
+    Parameters
+    ----------
+    block_size : int
+        ``B``: slots per block, at least the number of unique labels.
+    data_slots : int
+        Slots a vector holds (every vector is padded to all of them).
+    """
+
+    block_size: int
+    data_slots: int
+
+    @property
+    def labels_per_vector(self) -> int:
+        return self.data_slots // self.block_size
+
+    def chunks(self, codes: Sequence[int]) -> list[list[int]]:
+        """``codes`` cut into the runs that one label vector holds each.
+
+        Parameters
+        ----------
+        codes : sequence of int
+            A client's label codes, in its order.
+        """
+        step = self.labels_per_vector
+        return [list(codes[start : start + step]) for start in range(0, len(codes), step)]
+
+    def label_values(self, codes: Sequence[int]) -> np.ndarray:
+        """A label vector: code ``j`` replicated over block ``j``.
+
+        Parameters
+        ----------
+        codes : sequence of int
+            At most :attr:`labels_per_vector` codes.
+        """
+        values = np.zeros(self.data_slots, dtype=np.int64)
+        values[: len(codes) * self.block_size] = np.repeat(
+            np.asarray(codes, dtype=np.int64), self.block_size
+        )
+        return values
+
+    def tile_values(self, codes: Sequence[int], first: int) -> np.ndarray:
+        """``codes`` at slots ``first, first + 1, ...`` of every block: the unique labels
+        ``first..`` of the tile (``first=0`` and all of ``U``: the whole tile).
+
+        Parameters
+        ----------
+        codes : sequence of int
+            Codes of unique labels.
+        first : int
+            Their index in ``U``.
+        """
+        block = np.zeros(self.block_size, dtype=np.int64)
+        block[first : first + len(codes)] = codes
+        values = np.zeros(self.data_slots, dtype=np.int64)
+        values[: self.labels_per_vector * self.block_size] = np.tile(block, self.labels_per_vector)
+        return values
+
+    def count_values(self, placeholders: Sequence[int], counts: Sequence[int]) -> np.ndarray:
+        """A client's counts, each at its placeholder's slot.
+
+        Parameters
+        ----------
+        placeholders, counts : sequence of int
+            Each of its labels' placeholder and count.
+        """
+        values = np.zeros(self.data_slots, dtype=np.int64)
+        values[list(placeholders)] = counts
+        return values
+
+    def compared_slots(self, labels: int, num_unique: int) -> np.ndarray:
+        """The slots comparing ``labels`` labels with ``U``: the first ``|U|`` of each block.
+
+        Parameters
+        ----------
+        labels, num_unique : int
+            Labels in the compared vector, and ``|U|``.
+        """
+        starts = np.arange(labels)[:, None] * self.block_size
+        return (starts + np.arange(num_unique)[None, :]).ravel()
+
+    def rows(self, values: np.ndarray, labels: int, num_unique: int) -> np.ndarray:
+        """A decrypted comparison of ``labels`` labels with ``U``: one row per label, one
+        column per entry of ``U`` (zero where they are equal).
+
+        Parameters
+        ----------
+        values : numpy.ndarray
+            The decrypted comparison.
+        labels, num_unique : int
+            Labels in the compared vector, and ``|U|``.
+        """
+        blocks = values[: labels * self.block_size].reshape(labels, self.block_size)
+        return blocks[:, :num_unique]
+
+
+def matching(rows: np.ndarray) -> np.ndarray:
+    """Which entries of a comparison's :meth:`PackedLayout.rows` are matches.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        Decrypted differences (CKKS) or blinded residues (BFV).
+    """
+    return np.abs(rows) < MATCH_THRESHOLD
+
+
+def unique_index(client: int, name: str, hits: Sequence[int], bound: int | None) -> int:
+    """The one entry of ``U`` that a client's label matched in the mapping.
+
+    Parameters
+    ----------
+    client : int
+        The client.
+    name : str
+        How the error names the label: ``label 'x'`` where the client speaks, its position
+        in the client's encoding order where the server does (over Flower).
+    hits : sequence of int
+        The entries of ``U`` that matched.
+    bound : int or None
+        The bound on unique labels, which a label matching none was above.
+    """
+    if len(hits) == 0:
+        raise RegistryError(
+            f"client {client}: {name} matches no discovered unique label; the bound of "
+            f"{bound} (num_classes or max_unique) is below the number of distinct labels"
+        )
+    if len(hits) > 1:  # U entries are distinct codes, so only tampering does this
+        raise RegistryError(f"client {client}: {name} matches {len(hits)} unique labels at once")
+    return int(hits[0])
 
 
 class _ProtocolRun:
@@ -344,10 +506,8 @@ class _PackedRun(_ProtocolRun):
 
     def __init__(self, *args, block_size: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        slots = self.key_holder.data_slots
-        self.vector_size = slots  # every vector is padded to all slots
-        self.block_size = block_size
-        self.labels_per_vector = slots // block_size
+        self.vector_size = self.key_holder.data_slots  # every vector is padded to all slots
+        self.layout = PackedLayout(block_size, self.vector_size)
         self.stats.block_size = block_size
         self.unique_tile: Vector | None = None  # server side: U tiled over blocks
         #: the ciphertexts added to the tile since a comparison last checked it
@@ -355,57 +515,51 @@ class _PackedRun(_ProtocolRun):
         self.label_vectors: dict[int, list[Vector]] = {}  # server side, per client
         self.total: Vector | None = None  # server side: counts at placeholder slots
 
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    @property
+    def labels_per_vector(self) -> int:
+        return self.layout.labels_per_vector
+
     def chunks(self, client: int) -> list[list[int]]:
-        step = self.labels_per_vector
-        codes = self.codes[client]
-        return [codes[start : start + step] for start in range(0, len(codes), step)]
+        return self.layout.chunks(self.codes[client])
+
+    def send(self, client: int, values: np.ndarray) -> Vector:
+        """``client`` encrypts ``values`` and the server receives the ciphertext."""
+        blob = self.key_holder.encrypt(values, self.stats)
+        return self.server.receive(blob, f"client {client}", self.vector_size)
 
     def labels_of(self, client: int) -> list[Vector]:
         """Client ``client``'s label vectors at the server (label j replicated over block j)."""
         if client not in self.label_vectors:
-            vectors = []
-            for chunk in self.chunks(client):
-                values = np.zeros(self.vector_size, dtype=np.int64)
-                values[: len(chunk) * self.block_size] = np.repeat(chunk, self.block_size)
-                blob = self.key_holder.encrypt(values, self.stats)
-                vectors.append(self.server.receive(blob, f"client {client}", self.vector_size))
-            self.label_vectors[client] = vectors
+            self.label_vectors[client] = [
+                self.send(client, self.layout.label_values(chunk)) for chunk in self.chunks(client)
+            ]
         return self.label_vectors[client]
-
-    def compared_slots(self, labels: int) -> np.ndarray:
-        """The slots comparing ``labels`` labels with ``U``: the first ``|U|`` of each block."""
-        starts = np.arange(labels)[:, None] * self.block_size
-        return (starts + np.arange(self.num_unique)[None, :]).ravel()
 
     def compare_with_unique(self, client: int, vector: Vector, labels: int) -> np.ndarray:
         """``client``'s ``labels`` labels in ``vector`` against ``U``: one row per label."""
         assert self.unique_tile is not None  # U holds a label before anything is compared
-        values = self.compare(
-            client, vector, self.unique_tile, self.compared_slots(labels), self.tile_parts
-        )
+        compared = self.layout.compared_slots(labels, self.num_unique)
+        values = self.compare(client, vector, self.unique_tile, compared, self.tile_parts)
         self.tile_parts = []  # the tile passed the check: what it holds so far is sound
-        blocks = values[: labels * self.block_size].reshape(labels, self.block_size)
-        return blocks[:, : self.num_unique]
+        return self.layout.rows(values, labels, self.num_unique)
 
     def matches(self, client: int) -> list[list[int]]:
         """Per label of ``client``: the indices ``i < |U|`` with ``code == u_i``."""
         found: list[list[int]] = []
         for chunk, vector in zip(self.chunks(client), self.labels_of(client)):
-            equal = np.abs(self.compare_with_unique(client, vector, len(chunk))) < MATCH_THRESHOLD
+            equal = matching(self.compare_with_unique(client, vector, len(chunk)))
             found.extend(np.flatnonzero(row).tolist() for row in equal)
         return found
 
     def append_unique(self, client: int, new_codes: list[int]) -> None:
         """Client ``client`` adds its new labels to the tile: ``U += Enc(delta)``."""
-        delta = np.zeros(self.block_size, dtype=np.int64)
-        delta[self.num_unique : self.num_unique + len(new_codes)] = new_codes
-        values = np.zeros(self.vector_size, dtype=np.int64)
-        values[: self.labels_per_vector * self.block_size] = np.tile(delta, self.labels_per_vector)
-        blob = self.key_holder.encrypt(values, self.stats)
-        sender = f"client {client}"
-        vector = self.server.receive(blob, sender, self.vector_size)
+        vector = self.send(client, self.layout.tile_values(new_codes, self.num_unique))
         self.unique_tile = self.server.add(self.unique_tile, vector, self.stats)
-        self.tile_parts.append((vector, sender))
+        self.tile_parts.append((vector, f"client {client}"))
         self.num_unique += len(new_codes)
         self.unique_codes.extend(new_codes)
 
@@ -425,16 +579,13 @@ class _PackedRun(_ProtocolRun):
     def map_labels(self) -> list[list[int]]:
         indices = []
         for client in range(len(self.codes)):
-            found = self.matches(client)
-            for position, hits in enumerate(found):
-                if not hits:
-                    raise self.no_match(client, position)
-                if len(hits) > 1:  # U entries are distinct codes, so only tampering does this
-                    raise RegistryError(
-                        f"client {client}: label {self.labels[client][position]!r} matches "
-                        f"{len(hits)} unique labels at once"
-                    )
-            indices.append([hits[0] for hits in found])
+            labels = self.labels[client]
+            indices.append(
+                [
+                    unique_index(client, f"label {labels[position]!r}", hits, self.unique_limit)
+                    for position, hits in enumerate(self.matches(client))
+                ]
+            )
         return indices
 
     def aggregate(
@@ -448,13 +599,9 @@ class _PackedRun(_ProtocolRun):
 
     def add_encrypted_counts(self, client: int, placeholders: list[int], counts: list[int]) -> Part:
         """``client`` adds its counts to the total; its ciphertext."""
-        values = np.zeros(self.vector_size, dtype=np.int64)
-        values[placeholders] = counts  # each count at its placeholder's slot
-        sender = f"client {client}"
-        blob = self.key_holder.encrypt(values, self.stats)
-        vector = self.server.receive(blob, sender, self.vector_size)
+        vector = self.send(client, self.layout.count_values(placeholders, counts))
         self.total = self.server.add(self.total, vector, self.stats)
-        return vector, sender
+        return vector, f"client {client}"
 
     def total_counts(self, sender: str, parts: list[Part]) -> np.ndarray:
         """The global count of every placeholder, from the encrypted total."""
@@ -465,12 +612,8 @@ class _PackedRun(_ProtocolRun):
     def find_code(self, client: int, code: int) -> int | None:
         if self.unique_tile is None:
             return None
-        values = np.zeros(self.vector_size, dtype=np.int64)
-        values[: self.block_size] = code  # block 0 against all of U
-        blob = self.key_holder.encrypt(values, self.stats)
-        vector = self.server.receive(blob, f"client {client}", self.vector_size)
-        differences = self.compare_with_unique(client, vector, 1)[0]
-        hits = np.flatnonzero(np.abs(differences) < MATCH_THRESHOLD)
+        vector = self.send(client, self.layout.label_values([code]))  # block 0 against U
+        hits = np.flatnonzero(matching(self.compare_with_unique(client, vector, 1)[0]))
         if len(hits) > 1:  # U entries are distinct codes, so only tampering does this
             raise RegistryError(
                 f"client {client}: a new label matches {len(hits)} unique labels at once"
@@ -498,11 +641,8 @@ class _PackedRun(_ProtocolRun):
         # comparison and one decryption for the lot, and one append for the new ones
         if self.unique_tile is None or not 1 < len(codes) <= self.labels_per_vector:
             return super().add_labels(client, codes, labels)
-        values = np.zeros(self.vector_size, dtype=np.int64)
-        values[: len(codes) * self.block_size] = np.repeat(codes, self.block_size)
-        blob = self.key_holder.encrypt(values, self.stats)
-        vector = self.server.receive(blob, f"client {client}", self.vector_size)
-        rows = np.abs(self.compare_with_unique(client, vector, len(codes))) < MATCH_THRESHOLD
+        vector = self.send(client, self.layout.label_values(codes))
+        rows = matching(self.compare_with_unique(client, vector, len(codes)))
         found: list[int | None] = []
         for row in rows:
             hits = np.flatnonzero(row)
@@ -534,15 +674,10 @@ class _PackedRun(_ProtocolRun):
         Every label vector the server holds was laid out for the old block size, so they
         are dropped and re-sent on their next use.
         """
-        self.block_size = block_size
-        self.labels_per_vector = self.key_holder.data_slots // block_size
+        self.layout = PackedLayout(block_size, self.vector_size)
         self.stats.block_size = block_size
         self.label_vectors.clear()
-        block = np.zeros(block_size, dtype=np.int64)
-        block[: self.num_unique] = self.unique_codes
-        values = np.zeros(self.vector_size, dtype=np.int64)
-        values[: self.labels_per_vector * block_size] = np.tile(block, self.labels_per_vector)
-        blob = self.key_holder.encrypt(values, self.stats)
+        blob = self.key_holder.encrypt(self.layout.tile_values(self.unique_codes, 0), self.stats)
         self.unique_tile = self.server.receive(blob, "clients", self.vector_size)
         self.tile_parts = [(self.unique_tile, "clients")]
 

@@ -26,6 +26,7 @@ from stratify.registry.ckks.protocols import (
     _NaiveRun,
     _PackedRun,
     _ProtocolRun,
+    packed_block_size,
 )
 from stratify.registry.ckks.roles import (
     BlindKeyHolder,
@@ -176,11 +177,9 @@ class CKKSRegistry(LabelRegistry):
         if self.layout == "naive":
             run = _NaiveRun(key_holder, server, codes, labels, unique_limit, stats, code_owner)
         else:
-            slots = key_holder.data_slots
-            # B must hold every unique label; without a bound, the clients' total label
-            # count is one the server can know (it receives that many labels anyway)
-            block_size = min(unique_limit or sum(map(len, codes)), slots)
-            unique_limit = block_size if unique_limit is None else min(unique_limit, slots)
+            block_size, unique_limit = packed_block_size(
+                unique_limit, sum(map(len, codes)), key_holder.data_slots
+            )
             run = _PackedRun(
                 key_holder,
                 server,

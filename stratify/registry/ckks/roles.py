@@ -68,6 +68,10 @@ class KeyHolderRole(ABC):
         self.label_hash = label_hash
         self.hash_range = hash_range
 
+    def secret_context(self) -> bytes:
+        """The context with its secret key: what the clients share (never the server)."""
+        return self._context.serialize(save_secret_key=True)
+
     def public_context(self) -> bytes:
         """The context for the server: parameters and public key, no secret key.
 
@@ -184,6 +188,9 @@ class KeyHolder(KeyHolderRole):
         ``label -> int`` code in ``[0, hash_range)``.
     hash_range : int
         Exclusive upper bound on codes; out-of-range codes are rejected.
+    context : tenseal.Context, optional
+        The clients' context with its secret key, made with ``parameters`` and shared by
+        them (a Flower federation's key file: docs/flower.md); default a fresh one.
     """
 
     def __init__(
@@ -191,13 +198,15 @@ class KeyHolder(KeyHolderRole):
         parameters: CKKSParameters,
         label_hash: Callable[[Hashable], int],
         hash_range: int = LABEL_HASH_RANGE,
+        context: ts.Context | None = None,
     ) -> None:
-        context = ts.context(
-            ts.SCHEME_TYPE.CKKS,
-            poly_modulus_degree=parameters.poly_modulus_degree,
-            coeff_mod_bit_sizes=list(parameters.coeff_mod_bit_sizes),
-        )
-        context.global_scale = 2.0**parameters.scale_bits
+        if context is None:
+            context = ts.context(
+                ts.SCHEME_TYPE.CKKS,
+                poly_modulus_degree=parameters.poly_modulus_degree,
+                coeff_mod_bit_sizes=list(parameters.coeff_mod_bit_sizes),
+            )
+            context.global_scale = 2.0**parameters.scale_bits
         super().__init__(context, label_hash, hash_range)
         self.parameters = parameters
         self.data_slots = parameters.slots
@@ -250,6 +259,9 @@ class BlindKeyHolder(KeyHolderRole):
         ``label -> int`` code in ``[0, hash_range)``.
     hash_range : int
         Exclusive upper bound on codes; out-of-range codes are rejected.
+    context : tenseal.Context, optional
+        The clients' context with its secret key, made with ``parameters`` and shared by
+        them (a Flower federation's key file: docs/flower.md); default a fresh one.
     """
 
     def __init__(
@@ -257,17 +269,19 @@ class BlindKeyHolder(KeyHolderRole):
         parameters: BFVParameters,
         label_hash: Callable[[Hashable], int],
         hash_range: int = LABEL_HASH_RANGE,
+        context: ts.Context | None = None,
     ) -> None:
         if hash_range > parameters.plain_modulus:
             raise RegistryError(
                 f"codes up to {hash_range} do not fit the plain modulus {parameters.plain_modulus}"
             )
-        context = ts.context(
-            ts.SCHEME_TYPE.BFV,
-            poly_modulus_degree=parameters.poly_modulus_degree,
-            plain_modulus=parameters.plain_modulus,
-            coeff_mod_bit_sizes=list(parameters.coeff_mod_bit_sizes),
-        )
+        if context is None:
+            context = ts.context(
+                ts.SCHEME_TYPE.BFV,
+                poly_modulus_degree=parameters.poly_modulus_degree,
+                plain_modulus=parameters.plain_modulus,
+                coeff_mod_bit_sizes=list(parameters.coeff_mod_bit_sizes),
+            )
         super().__init__(context, label_hash, hash_range)
         self.parameters = parameters
         self.data_slots = parameters.slots - CHECK_SLOTS
