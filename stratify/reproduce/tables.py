@@ -291,6 +291,14 @@ TABLES: dict[str, Table] = {
             dips_report,
         ),
         Table(
+            "seed-papers-feddiverse",
+            "docs/results.md",
+            "docs/results/seed-papers-feddiverse.csv",
+            "stratify reproduce seed-papers --out OUT --data-dir DIR --seeds 0,1,2 "
+            "--methods feddiverse --device cpu --workers 1",
+            paired_report,
+        ),
+        Table(
             "seed-papers-lfd",
             "docs/results.md",
             "docs/results/seed-papers-lfd.csv",
