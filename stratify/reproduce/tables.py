@@ -278,7 +278,7 @@ TABLES: dict[str, Table] = {
             "paired-digits",
             "docs/results.md",
             "docs/results/paired-digits.csv",
-            "stratify reproduce paired --out OUT --dataset digits --seeds 0,1,2 --plateau 40 "
+            "stratify reproduce paired --out OUT --dataset digits --seeds 0,1,2,3,4 --plateau 40 "
             "--epochs 100 --tune --tune-factors 0.3,1,3 --tune-epochs 40 --tune-halving "
             "--tune-widen 1 --workers 2",
             paired_report,
