@@ -42,6 +42,7 @@ from stratify.flower.keys import (  # noqa: E402
     read_federation_keys,
     write_federation_keys,
 )
+from stratify.flower.link import NodeLink  # noqa: E402
 from stratify.flower.messages import (  # noqa: E402
     HELLO,
     MATCHES,
@@ -52,7 +53,6 @@ from stratify.flower.messages import (  # noqa: E402
 )
 from stratify.flower.server import (  # noqa: E402
     FlowerRun,
-    NodeLink,
     RemoteTrainer,
     register_over_flower,
 )

@@ -22,9 +22,10 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from stratify.errors import RegistryError
+from stratify.flower.link import ClientLostError
 from stratify.flower.messages import config_from_json
 from stratify.flower.node import client_app
-from stratify.flower.server import ClientLostError, FlowerRun, run_on_grid
+from stratify.flower.server import FlowerRun, run_on_grid
 from stratify.runfolder import write_file
 
 log = logging.getLogger("stratify.flower")

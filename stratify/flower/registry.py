@@ -48,7 +48,7 @@ from stratify.registry.ckks.roles import BlindServer, Server, ServerRole, Vector
 from stratify.registry.ckks.stats import ProtocolStats
 
 if TYPE_CHECKING:  # the server imports this module
-    from stratify.flower.server import NodeLink
+    from stratify.flower.link import NodeLink
 
 #: the client whose node holds the key and decrypts
 KEY_HOLDER = 0
@@ -212,7 +212,7 @@ class SecureRegistration:
     Parameters
     ----------
     link : NodeLink
-        The connected nodes (:class:`stratify.flower.server.NodeLink`).
+        The connected nodes (:class:`stratify.flower.link.NodeLink`).
     protocol : str
         ``packed-blind`` or ``packed``.
     public_context : bytes

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 from torch import nn
 
@@ -36,17 +36,16 @@ from stratify.client import (
 from stratify.compiled import CompileSwitch
 from stratify.config import TrainConfig
 from stratify.data.datasets import Dataset, load_dataset
-from stratify.errors import ConfigError, TrainingError
+from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
+from stratify.flower.link import NodeLink, Traffic
 from stratify.flower.messages import (
     GRADIENT,
-    HELLO,
     HOP,
     PLACEHOLDERS,
     TRAIN,
     check_flower_config,
-    config_record,
     index_record,
     read_indices,
     read_state,
@@ -60,146 +59,6 @@ from stratify.registry.plain import PlainRegistry
 from stratify.state import load_into
 
 log = logging.getLogger("stratify.flower")
-
-
-class ClientLostError(TrainingError):
-    """A client did not answer after every retry; the run stopped (no hang)."""
-
-
-@dataclass
-class Traffic:
-    """What the server app actually sent and received, counted message by message:
-    ``transfers`` model-sized payloads (a model down, a model up), ``uploads``
-    parameter-sized ones that are not models (a summed gradient up, SCAFFOLD's offset
-    down), ``messages`` every message the server sent."""
-
-    transfers: int = 0
-    uploads: int = 0
-    messages: int = 0
-
-
-class NodeLink:
-    """The server's end of the messages: client number -> node, bounded waits, retries.
-
-    Parameters
-    ----------
-    grid : flwr.serverapp.Grid
-        Flower's grid of the run (simulated or a SuperLink's).
-    config : TrainConfig
-        The run's settings, carried by every message so a node knows its data.
-    timeout : float
-        Seconds to wait for the replies of one exchange.
-    retries : int
-        Times an unanswered request is sent again before the run stops.
-    record : bool
-        Keep every message the server sends and receives in :attr:`payloads` (what the
-        server sees: the tests of docs/flower.md, "What each party sees").
-    """
-
-    def __init__(
-        self, grid: Grid, config: TrainConfig, timeout: float, retries: int, record: bool = False
-    ) -> None:
-        self.grid = grid
-        self.config = config
-        self.run_record = config_record(config)
-        self.timeout = timeout
-        self.retries = retries
-        self.traffic = Traffic()
-        self.nodes: dict[int, int] = {}
-        #: with ``record``: (``"sent"`` or ``"received"``, message type, content), in order
-        self.payloads: list[tuple[str, str, RecordDict]] | None = [] if record else None
-
-    def keep(self, direction: str, kind: str, content: RecordDict) -> None:
-        if self.payloads is not None:
-            self.payloads.append((direction, kind, content))
-
-    def connect(self) -> list[RecordDict]:
-        """Wait (up to ``timeout``) for the run's clients to answer; returns each client's
-        hello (its number of samples and its registry input)."""
-        answers: dict[int, RecordDict] = {}
-        deadline = time.monotonic() + self.timeout
-        while len(answers) < self.config.clients:
-            waiting = [node for node in self.grid.get_node_ids() if node not in self.nodes.values()]
-            replies = self.grid.send_and_receive(
-                [self.message(node, HELLO, RecordDict()) for node in waiting],
-                timeout=max(1.0, deadline - time.monotonic()),
-            )
-            for reply in replies:
-                if reply.has_error():
-                    raise ClientLostError(
-                        f"node {reply.metadata.src_node_id} could not load its data: "
-                        f"{reply.error.reason}"
-                    )
-                self.keep("received", HELLO, reply.content)
-                client = int(reply.content.config_records["node"]["client"])  # type: ignore[arg-type]
-                if client in self.nodes:
-                    raise ConfigError(f"two nodes are client {client}: give each its partition-id")
-                self.nodes[client] = reply.metadata.src_node_id
-                answers[client] = reply.content
-            if len(answers) < self.config.clients:
-                if time.monotonic() > deadline:
-                    missing = sorted(set(range(self.config.clients)) - set(answers))
-                    raise ClientLostError(
-                        f"clients {missing} did not answer within {self.timeout:g} s "
-                        f"({len(list(self.grid.get_node_ids()))} nodes connected)"
-                    )
-                time.sleep(0.2)
-        return [answers[client] for client in range(self.config.clients)]
-
-    def message(self, node: int, kind: str, content: RecordDict) -> Message:
-        """A new message to ``node`` (Flower sends a message once), carrying the run's
-        settings beside ``content``."""
-        content["run"] = self.run_record
-        self.traffic.messages += 1
-        self.keep("sent", kind, content)
-        return Message(content, dst_node_id=node, message_type=kind)
-
-    def exchange(self, requests: Sequence[tuple[int, str, RecordDict]]) -> list[RecordDict]:
-        """Send each ``(client, message type, content)`` to its client's node and return
-        the replies' contents in the requests' order. A request unanswered within
-        :attr:`timeout` (or answered with an error) is sent again up to :attr:`retries`
-        times; then :class:`ClientLostError` names the client and what was done."""
-        by_node = {self.nodes[client]: index for index, (client, _, _) in enumerate(requests)}
-        if len(by_node) != len(requests):
-            raise AssertionError("an exchange sends one message per node")
-        answers: dict[int, RecordDict] = {}
-        errors: dict[int, str] = {}
-        for attempt in range(self.retries + 1):
-            pending = [index for index in range(len(requests)) if index not in answers]
-            if not pending:
-                break
-            if attempt:
-                log.warning(
-                    "retry %d of %d: clients %s",
-                    attempt,
-                    self.retries,
-                    [requests[index][0] for index in pending],
-                )
-            messages = []
-            for index in pending:
-                client, kind, content = requests[index]
-                messages.append(self.message(self.nodes[client], kind, RecordDict(dict(content))))
-            for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
-                answered = by_node.get(reply.metadata.src_node_id)
-                if answered is None:
-                    continue
-                if reply.has_error():
-                    errors[answered] = reply.error.reason or "no reason given"
-                else:
-                    self.keep("received", requests[answered][1], reply.content)
-                    answers[answered] = reply.content
-        lost = [index for index in range(len(requests)) if index not in answers]
-        if lost:
-            details = "; ".join(
-                f"client {requests[index][0]} (node {self.nodes[requests[index][0]]}): "
-                + errors.get(index, f"no reply within {self.timeout:g} s")
-                for index in lost
-            )
-            raise ClientLostError(
-                f"{details}; sent {self.retries + 1} times ({requests[lost[0]][1]}), "
-                "so the run stopped here"
-            )
-        return [answers[index] for index in range(len(requests))]
 
 
 class AgreedRegistry(LabelRegistry):

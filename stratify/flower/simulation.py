@@ -36,7 +36,7 @@ def simulate(
     configs : sequence of TrainConfig
         The runs (plain registry; see :func:`~stratify.flower.server.run_on_grid`).
     timeout, retries : float, int
-        Of every exchange of messages (:class:`~stratify.flower.server.NodeLink`).
+        Of every exchange of messages (:class:`~stratify.flower.link.NodeLink`).
     cpus : int
         CPUs the simulation's Ray cluster may use (each node takes one while it works).
     keys : path, optional
