@@ -410,7 +410,10 @@ class FolderLock:
             missing.append(parent)
             parent = parent.parent
         for folder in reversed(missing):
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                continue  # made meanwhile by another process (a grid's workers start together)
             self.created_parents.append(folder)
 
     def remove_created_parents(self) -> None:

@@ -463,3 +463,29 @@ def test_read_file_refuses_a_fifo_without_waiting(tmp_path):
     with pytest.raises(CorruptRunError, match="metrics.jsonl is a FIFO, not a regular file"):
         read_file(tmp_path / "metrics.jsonl")
     assert time.monotonic() - started < 5
+
+
+def test_a_parent_folder_made_meanwhile_by_another_worker_is_taken_not_refused(
+    tmp_path, monkeypatch
+):
+    # two workers of one grid start together: both see the grid folder missing, one makes
+    # it first, and the other's mkdir meets it (FileExistsError); it must go on, and must
+    # not count the folder as its own to remove
+    parent = tmp_path / "seeds"
+    parent.mkdir()
+    real_exists = Path.exists
+    seen = []
+
+    def exists_once_missing(path):
+        if path == parent and not seen:
+            seen.append(path)
+            return False  # the other worker makes it right after this check
+        return real_exists(path)
+
+    monkeypatch.setattr(Path, "exists", exists_once_missing)
+    lock = runfolder.FolderLock(parent / "seed-0")
+    lock.acquire()
+    try:
+        assert seen and lock.held and lock.created_parents == []
+    finally:
+        lock.release()
