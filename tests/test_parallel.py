@@ -138,10 +138,8 @@ def group_alive(group):
 @pytest.mark.slow
 def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
     # the signal goes once seed 0's first epoch is saved: the epochs after it must outlast
-    # a poll delayed by a loaded machine. Compiled, the first epoch holds the compilation
-    # and the other 19 took under a second: with two test suites on the two cores both runs
-    # finished first (exit 0). Eager steps make every epoch a few tenths of a second.
-    epochs = 20
+    # a poll delayed by a loaded machine (with 3 epochs both runs once finished first)
+    epochs = 6
     out = tmp_path / "seeds"
     command = [
         sys.executable,
@@ -159,8 +157,6 @@ def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
         str(epochs),
         "--repeat-count",
         "150",
-        "--compile",
-        "off",
         "--seeds",
         "0,1",
         "--workers",
@@ -191,10 +187,7 @@ def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     for seed in (0, 1):
         reference = config(
-            tmp_path / f"alone-{seed}",
-            seed=seed,
-            epochs=epochs,
-            options={"repeat_count": 150, "compile": "off"},
+            tmp_path / f"alone-{seed}", seed=seed, epochs=epochs, options={"repeat_count": 150}
         )
         Run(reference).train()
         assert metrics(out / f"seed-{seed}") == metrics(reference.out)
