@@ -8,9 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
+from stratify.common_options import DEVICES
 from stratify.errors import ConfigError
-
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(device: str) -> torch.device:
