@@ -31,9 +31,11 @@ uses this API.
 
 from __future__ import annotations
 
+import ast
 import errno
 import fcntl
 import hashlib
+import importlib.util
 import io
 import json
 import math
@@ -111,12 +113,29 @@ def strict_json(value: Any, indent: int | None = None) -> str:
     return json.dumps(json_safe(value), indent=indent, allow_nan=False)
 
 
+def torch_version() -> str:
+    """``torch.__version__`` without importing torch: read from ``torch/version.py``, as
+    its build wrote it (``2.14.1+cu130``; the package metadata drops the ``+cu130``), or
+    from the package metadata where that file is not found."""
+    spec = importlib.util.find_spec("torch")  # finds the package without running it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse(Path(folder, "version.py").read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else None
+            if isinstance(target, ast.Name) and target.id == "__version__":
+                return str(ast.literal_eval(node.value))
+    return metadata.version("torch")
+
+
 def software_versions() -> dict[str, str]:
-    """What ``config.json`` records of the software a run ran with (torch's version read
-    from its installed metadata, so recording it does not import torch)."""
+    """What ``config.json`` records of the software a run ran with (recording it does
+    not import torch)."""
     return {
         "stratify": __version__,
-        "torch": metadata.version("torch"),
+        "torch": torch_version(),
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
