@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
-from stratify.common_options import DEVICES
 from stratify.errors import ConfigError
+from stratify.options import DEVICES
 
 
 def resolve_device(device: str) -> torch.device:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stratify.nn.catalog import MLP_HIDDEN, MODELS, NORMS
-from stratify.options import option
+from stratify.options import DEVICES, option
 from stratify.registry.base import PROTOCOLS
 from stratify.selection import SELECTIONS
 from stratify.validation import (
@@ -26,9 +26,6 @@ from stratify.validation import (
     check_seed,
     check_widths,
 )
-
-#: where tensors live: ``auto`` is ``cuda`` when torch sees a GPU, else ``cpu``
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
