@@ -40,6 +40,8 @@ TORCH_FREE = (
     "stratify.common_options",
     "stratify.nn.catalog",
     "stratify.cli.flags",
+    "stratify.cli.main",
+    "stratify.registry.ckks",
 )
 
 
@@ -85,8 +87,9 @@ def test_the_stream_paths_modules_outside_the_stream_package_do_not_load_torch()
     reason="stratify.stream's own modules import torch until the NumPy rewrite of issue 38 "
     "lands; then this passes and the marker must go",
 )
-def test_stream_config_does_not_load_torch():
-    assert first_torch_importer(["stratify.stream.config"]) == ""
+@pytest.mark.parametrize("module", ["stratify.stream.config", "stratify.cli.stream"])
+def test_the_stream_command_does_not_load_torch(module):
+    assert first_torch_importer([module]) == ""
 
 
 def test_an_array_checkpoint_is_written_and_read_without_torch(tmp_path):
