@@ -197,7 +197,7 @@ def _encode(value: Any, path: str, arrays: list[np.ndarray]) -> Any:
         if isinstance(value, kind):
             return kind(value)
     if type(value) is np.ndarray:
-        if value.dtype.hasobject or value.dtype.names is not None or value.dtype.kind == "V":
+        if value.dtype.kind in "OV":  # objects would need pickle; records are not kept
             raise TypeError(f"{path}: cannot store an array of dtype {value.dtype} ({STORABLE})")
         arrays.append(value)
         return {ARRAY_KEY: len(arrays) - 1}
