@@ -25,13 +25,13 @@ from stratify.cli.common import (
     DATA_DIR,
     DATASET_OPTION,
     JSON_OUTPUT,
-    Choice,
     checked,
     parse_int_list,
     parse_options,
     wide_console,
     write_output,
 )
+from stratify.cli.flags import Choice
 from stratify.compiled import COMPILE_MODES
 from stratify.config import TrainConfig
 from stratify.nn.models import MODELS, NORMS

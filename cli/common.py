@@ -12,7 +12,6 @@ from rich.console import Console
 
 from stratify.errors import ConfigError, DatasetError, OutputError
 from stratify.runfolder import write_file
-from stratify.validation import check_choice
 from stratify.vectorize import DEFAULT_GROUP_SIZE
 
 #: ``--data-dir``, read from ``STRATIFY_DATA_DIR`` when not given; no default folder.
@@ -33,16 +32,6 @@ DATASET_OPTION = click.option(
     metavar="KEY=VALUE",
     help="Dataset option, repeatable (e.g. -o correlation=0.9 for colored-mnist).",
 )
-
-
-class Choice(click.Choice):
-    """click's choice of a library setting (listed in ``--help``, completed by the shell),
-    refusing any other value before the command runs with the library's own line
-    (``unknown --model 'nope'; choose one of cnn, mlp, …``), as a Python caller sees it."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        flag = param.opts[0] if param is not None else "value"
-        return check_choice(value, flag, tuple(self.choices))
 
 
 #: ``--vectorize [K]``: runs that can share a step go in groups of K, stepped together

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stratify.cli.train import config_option
+from stratify.cli.flags import config_option
 from stratify.stream.config import StreamConfig
 from stratify.stream.learner import DivergenceError
 from stratify.stream.run import SOURCE_POSITIONS, STOP_GRACE_SECONDS, StreamRun

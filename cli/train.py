@@ -25,7 +25,8 @@ from rich.table import Table
 
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.board import RunBoard
-from stratify.cli.common import DATASET_OPTION, VECTORIZE_OPTION, Choice, parse_options
+from stratify.cli.common import DATASET_OPTION, VECTORIZE_OPTION, parse_options
+from stratify.cli.flags import FLAG_NAMES, config_option, metavar
 from stratify.cli.methods import option_rows
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, CorruptRunError, StratifyError
@@ -44,41 +45,6 @@ from stratify.reproduce.results import mean_std
 from stratify.run import EpochRecord, Run, read_secrets
 from stratify.runfiles import read_records
 from stratify.validation import check_positive_int, check_seeds
-
-METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
-
-#: flags of a TrainConfig field other than its own name: the method is ``--method``
-#: (one word for the concept, docs/architecture.md "Command line"), ``--algorithm`` its
-#: earlier name, kept as an alias
-FLAG_NAMES = {"algorithm": ("--method", "--algorithm")}
-
-
-def metavar(entry: dataclasses.Field) -> str:
-    choices = entry.metadata["choices"]
-    if choices:
-        return "[" + "|".join(choices) + "]"
-    return METAVARS.get(entry.metadata["type"], "TEXT")
-
-
-def config_option(entry: dataclasses.Field) -> Callable:
-    """The click option of a :class:`TrainConfig` field, with its help and default; a field
-    with choices is a click choice, refused before the command runs."""
-    name = flag(entry.name)
-    meta = entry.metadata
-    if meta["type"] is bool:
-        return click.option(
-            f"{name}/--no-{name[2:]}", default=entry.default, show_default=True, help=meta["help"]
-        )
-    return click.option(
-        *FLAG_NAMES.get(entry.name, (name,)),
-        entry.name,
-        type=Choice(meta["choices"]) if meta["choices"] else None,
-        default=entry.default,
-        show_default=entry.default is not None,
-        metavar=metavar(entry),
-        envvar=meta["envvar"],
-        help=meta["help"],
-    )
 
 
 def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:

@@ -9,8 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from stratify.errors import ConfigError
-
-DEVICES = ("auto", "cpu", "cuda")
+from stratify.options import DEVICES
 
 
 def resolve_device(device: str) -> torch.device:

@@ -13,25 +13,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stratify.algorithms import build_strategy, check_algorithm
-from stratify.backend import DEVICES
+from stratify.common_options import CommonOptions
 from stratify.data.datasets import DATASETS, dataset_options
 from stratify.data.datasets.base import check_options
 from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError, OutputError
 from stratify.measures import PlateauRule, plateau_budget
 from stratify.method import LR_SCHEDULES, Strategy
-from stratify.nn.models import MODELS, NORMS, check_model_norm
-from stratify.options import MODES, RunSettings, check_given, option
-from stratify.registry import PROTOCOLS
+from stratify.nn.catalog import check_model_norm
+from stratify.options import MODES, RunSettings, check_given, option, option_of
 from stratify.validation import (
-    check_bool,
     check_path,
-    check_positive,
     check_positive_int,
-    check_seed,
     check_share,
     check_text,
-    check_widths,
 )
 
 # The dataset's rate, for a method without one of its own there: every registered method
@@ -84,13 +79,12 @@ class TrainConfig(RunSettings):
     epochs: int = option(
         5, "Epochs (Stratify: passes of the SLS; baselines: rounds).", check=check_positive_int
     )
-    lr: float | None = option(
-        None,
-        "Base learning rate [default: the method's own where its paper or a validation "
+    lr: float | None = option_of(
+        CommonOptions,
+        "lr",
+        help="Base learning rate [default: the method's own where its paper or a validation "
         f"grid fixes one (`stratify methods`), else {DEFAULT_LR['digits', 'batch']} on "
         f"digits in batch mode and {FALLBACK_LR} otherwise].",
-        check=check_positive,
-        cli_type=float,
     )
     lr_schedule: str | None = option(
         None,
@@ -99,30 +93,10 @@ class TrainConfig(RunSettings):
         choices=LR_SCHEDULES,
         cli_type=str,
     )
-    model: str | None = option(
-        None,
-        "Model [default: cnn for images, mlp for tabular].",
-        choices=tuple(MODELS),
-        cli_type=str,
-    )
-    mlp_hidden: tuple[int, ...] | None = option(
-        None,
-        "Hidden-layer widths of --model mlp, comma-separated [default: 200,200].",
-        check=check_widths,
-        cli_type=str,
-    )
-    norm: str | None = option(
-        None,
-        "Norm layers of the ResNets [default: bn; cnn and mlp have no norm layers, so none "
-        "is their only norm].",
-        choices=tuple(NORMS),
-        cli_type=str,
-    )
-    seed: int = option(
-        0,
-        "Seeds data generation, partition, registry, schedule, selection and model init.",
-        check=check_seed,
-    )
+    model: str | None = option_of(CommonOptions, "model")
+    mlp_hidden: tuple[int, ...] | None = option_of(CommonOptions, "mlp_hidden")
+    norm: str | None = option_of(CommonOptions, "norm")
+    seed: int = option_of(CommonOptions, "seed")
     validation: float = option(
         0.0,
         "Share of the training samples held out (per label) before partitioning; the run "
@@ -139,11 +113,9 @@ class TrainConfig(RunSettings):
         check=check_positive_int,
         cli_type=int,
     )
-    device: str = option("auto", "Where tensors live.", choices=DEVICES)
-    secure: bool = option(
-        True, "Encrypted placeholder registry, or the plain one.", check=check_bool
-    )
-    protocol: str = option("packed-blind", "Protocol of the secure registry.", choices=PROTOCOLS)
+    device: str = option_of(CommonOptions, "device")
+    secure: bool = option_of(CommonOptions, "secure")
+    protocol: str = option_of(CommonOptions, "protocol")
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     out: str | None = None

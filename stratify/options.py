@@ -18,6 +18,8 @@ from stratify.errors import ConfigError
 from stratify.validation import Typed, check_choice
 
 MODES = ("single-sample", "batch")
+#: where tensors live: ``auto`` is ``cuda`` when torch sees a GPU, else ``cpu``
+DEVICES = ("auto", "cpu", "cuda")
 
 OptionsT = TypeVar("OptionsT", bound="StrategyOptions")
 

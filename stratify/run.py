@@ -31,6 +31,7 @@ from stratify.experiment import build_experiment
 from stratify.measures import accuracy_summary
 from stratify.method import EpochStats
 from stratify.registry import SECRETS_FILE, RegistrySecrets, make_registry
+from stratify.runfiles import RUN_FILES
 from stratify.runfolder import (
     RunFolder,
     check_same_settings,
@@ -40,8 +41,6 @@ from stratify.runfolder import (
     software_versions,
     strict_json,
 )
-
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", SECRETS_FILE)
 
 
 @dataclass

@@ -20,7 +20,11 @@ from typing import Any, TypeGuard
 
 from stratify.errors import CorruptRunError
 from stratify.files import file_kind, read_file
+from stratify.registry.client_secrets import SECRETS_FILE
 from stratify.validation import physical_memory
+
+#: the files a run folder (of ``train`` or ``stream``) may hold
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", SECRETS_FILE)
 
 #: parsed JSON takes about this many times its text's bytes in memory
 JSON_EXPANSION = 16
@@ -171,7 +175,8 @@ ZIP_MAGIC = b"PK\x03\x04"
 
 def check_checkpoint_file(path: Path) -> None:
     """Refuse a ``checkpoint.pt`` that is not even shaped like one: not a regular file,
-    or not a zip archive (``torch.save``'s format). Its content is checked when a run
+    or not a zip archive (the format of :func:`~stratify.runfolder.array_checkpoint_bytes`
+    and of ``torch.save``). Its content is checked when a run
     resumes from it (:mod:`stratify.checkpoints`)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -179,6 +184,6 @@ def check_checkpoint_file(path: Path) -> None:
         if not stat.S_ISREG(info.st_mode):
             raise CorruptRunError(f"{path} is {file_kind(info.st_mode)}, not a regular file")
         if os.read(fd, len(ZIP_MAGIC)) != ZIP_MAGIC:
-            raise CorruptRunError(f"{path} is not a checkpoint written by torch.save")
+            raise CorruptRunError(f"{path} is not a checkpoint (not a zip archive)")
     finally:
         os.close(fd)

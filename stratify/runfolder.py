@@ -31,9 +31,11 @@ uses this API.
 
 from __future__ import annotations
 
+import ast
 import errno
 import fcntl
 import hashlib
+import importlib.util
 import io
 import json
 import math
@@ -46,12 +48,13 @@ import stat
 import sys
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from stratify import __version__
 from stratify.errors import CheckpointError, CorruptRunError, OutputError
@@ -71,6 +74,17 @@ NAME_MAX = 255
 #: :func:`auxiliary_name` is given (``.replaced-`` and that part)
 TOKEN = "[0-9a-f]{8}"
 LONGEST_SUFFIX = len(".replaced-") + 8
+#: the first member of an array checkpoint (:func:`array_checkpoint_bytes`): the state
+#: as JSON, each array replaced by a reference to member ``arrays/<n>.npy``
+ARRAY_TREE = "stratify-checkpoint.json"
+ARRAY_FORMAT_VERSION = 1
+#: the key of the one-key JSON object that stands for an array in that tree; a state's
+#: own key starting with ``$`` is stored with one more ``$`` in front
+ARRAY_KEY = "$array"
+#: what an array checkpoint stores, for the message refusing anything else
+STORABLE = "NumPy arrays, dicts with str keys, lists, tuples, str, int, float, bool and None"
+#: zip members get a fixed time, so the same state gives the same bytes
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def _read_umask() -> int:
@@ -99,11 +113,29 @@ def strict_json(value: Any, indent: int | None = None) -> str:
     return json.dumps(json_safe(value), indent=indent, allow_nan=False)
 
 
+def torch_version() -> str:
+    """``torch.__version__`` without importing torch: read from ``torch/version.py``, as
+    its build wrote it (``2.14.1+cu130``; the package metadata drops the ``+cu130``), or
+    from the package metadata where that file is not found."""
+    spec = importlib.util.find_spec("torch")  # finds the package without running it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse(Path(folder, "version.py").read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else None
+            if isinstance(target, ast.Name) and target.id == "__version__":
+                return str(ast.literal_eval(node.value))
+    return metadata.version("torch")
+
+
 def software_versions() -> dict[str, str]:
-    """What ``config.json`` records of the software a run ran with."""
+    """What ``config.json`` records of the software a run ran with (recording it does
+    not import torch)."""
     return {
         "stratify": __version__,
-        "torch": torch.__version__,
+        "torch": torch_version(),
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
@@ -113,14 +145,155 @@ def checkpoint_bytes(state: Mapping[str, Any]) -> bytes:
     """``state`` serialised by ``torch.save`` in memory, for :meth:`RunFolder.write_bytes`
     (torch's own file writer reports a full disk as a RuntimeError and leaves a partial
     file; the run folder's writer reports it as one line and keeps the old file)."""
+    import torch  # only where the state holds tensors: see array_checkpoint_bytes
+
     buffer = io.BytesIO()
     torch.save(dict(state), buffer)
     return buffer.getvalue()
 
 
+def array_checkpoint_bytes(state: Mapping[str, Any]) -> bytes:
+    """``state`` as an array checkpoint, written and read without torch, for
+    :meth:`RunFolder.write_bytes`.
+
+    The checkpoint is a zip archive of stored (uncompressed) members: first
+    :data:`ARRAY_TREE`, the state as JSON with every array replaced by
+    ``{"$array": n}``, then ``arrays/<n>.npy`` for each array (NumPy's format, read back
+    without pickle). Ints, bools, strings, floats (NaN and infinities included) and
+    ``None`` come back as they were, each float exactly; a tuple comes back as a list,
+    each array with its dtype and shape, an array stored twice as two copies
+    (docs/architecture.md, "Run folder").
+
+    Parameters
+    ----------
+    state : mapping of str to object
+        Made of :data:`STORABLE`.
+
+    Raises
+    ------
+    TypeError
+        A value it cannot store (a tensor, a NumPy scalar other than a float, an object
+        array) or a dict key that is not a str, naming where in ``state`` it is.
+    """
+    arrays: list[np.ndarray] = []
+    tree = _encode(state, "state", arrays)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        header = {"version": ARRAY_FORMAT_VERSION, "arrays": len(arrays), "state": tree}
+        archive.writestr(zipfile.ZipInfo(ARRAY_TREE, ZIP_TIME), json.dumps(header))
+        for index, array in enumerate(arrays):
+            member = io.BytesIO()
+            np.lib.format.write_array(member, array, version=(1, 0), allow_pickle=False)
+            archive.writestr(zipfile.ZipInfo(f"arrays/{index}.npy", ZIP_TIME), member.getvalue())
+    return buffer.getvalue()
+
+
+def _encode(value: Any, path: str, arrays: list[np.ndarray]) -> Any:
+    """``value`` as JSON, its arrays appended to ``arrays``; ``path`` names it in errors."""
+    if value is None:
+        return None
+    # bool before int (True is an int); the subclasses (np.float64, an IntEnum) as the base
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    if type(value) is np.ndarray:
+        if value.dtype.kind in "OV":  # objects would need pickle; records are not kept
+            raise TypeError(f"{path}: cannot store an array of dtype {value.dtype} ({STORABLE})")
+        arrays.append(value)
+        return {ARRAY_KEY: len(arrays) - 1}
+    if isinstance(value, Mapping):
+        encoded = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{path}: cannot store the {type(key).__name__} key {key!r:.40}")
+            encoded["$" + key if key.startswith("$") else key] = _encode(
+                item, f"{path}[{key!r}]", arrays
+            )
+        return encoded
+    if isinstance(value, (list, tuple)):
+        return [_encode(item, f"{path}[{index}]", arrays) for index, item in enumerate(value)]
+    raise TypeError(
+        f"{path}: cannot store a {type(value).__module__}.{type(value).__name__} ({STORABLE})"
+    )
+
+
+def is_array_checkpoint(data: bytes) -> bool:
+    """Whether ``data`` starts as :func:`array_checkpoint_bytes` writes: a zip archive
+    whose first member is :data:`ARRAY_TREE` (its name follows the 30-byte local header)."""
+    name = ARRAY_TREE.encode()
+    return (
+        data[:4] == b"PK\x03\x04"
+        and data[26:28] == len(name).to_bytes(2, "little")
+        and data[30 : 30 + len(name)] == name
+    )
+
+
+def read_array_checkpoint(data: bytes) -> Any:
+    """The state in ``data``, an array checkpoint (:func:`array_checkpoint_bytes`).
+
+    Raises
+    ------
+    Exception
+        Whatever is wrong with a damaged or crafted file (``zipfile.BadZipFile``,
+        ``ValueError``, ``KeyError``…): :func:`read_checkpoint` turns any into one line.
+    """
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        if any(info.compress_type != zipfile.ZIP_STORED for info in archive.infolist()):
+            raise ValueError("a compressed member")  # never written: may be a zip bomb
+        header = json.loads(archive.read(ARRAY_TREE))
+        if not isinstance(header, dict) or header.get("version") != ARRAY_FORMAT_VERSION:
+            raise ValueError("not a known version")
+        count = header["arrays"]
+        if type(count) is not int or not 0 <= count < len(archive.infolist()):
+            raise ValueError("a wrong array count")
+        arrays = [_read_npy(archive.read(f"arrays/{index}.npy")) for index in range(count)]
+    return _decode(header["state"], arrays)
+
+
+def _read_npy(data: bytes) -> np.ndarray:
+    """The array in ``data`` (``.npy``, version 1.0), its size checked against its header
+    before anything is allocated, never unpickled."""
+    stream = io.BytesIO(data)
+    if np.lib.format.read_magic(stream) != (1, 0):
+        raise ValueError("not a version 1.0 .npy member")
+    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    if dtype.hasobject:
+        raise ValueError("an object array")
+    count = math.prod(shape)
+    if len(data) - stream.tell() != count * dtype.itemsize:
+        raise ValueError("an array member of the wrong size")
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=stream.tell())
+    # a copy: frombuffer's array is read-only, and a resumed state is updated in place
+    return array.reshape(shape, order="F" if fortran_order else "C").copy()
+
+
+def _decode(node: Any, arrays: list[np.ndarray]) -> Any:
+    """The value JSON ``node`` stands for (:func:`_encode` undone)."""
+    if isinstance(node, dict):
+        if node.keys() == {ARRAY_KEY}:
+            index = node[ARRAY_KEY]
+            if type(index) is not int or not 0 <= index < len(arrays):
+                raise ValueError("a reference to no array")
+            return arrays[index]
+        return {
+            key[1:] if key.startswith("$") else key: _decode(item, arrays)
+            for key, item in node.items()
+        }
+    if isinstance(node, list):
+        return [_decode(item, arrays) for item in node]
+    return node
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The checkpoint in ``path``, read with ``weights_only`` (tensors, numbers, strings
-    and containers only, so a crafted file cannot run code when it is read).
+    """The checkpoint in ``path``: an array checkpoint (:func:`array_checkpoint_bytes`,
+    read without torch, its arrays as NumPy arrays) or ``torch.save``'s (read with
+    ``weights_only``: tensors, numbers, strings and containers only). Neither can run
+    code when it is read, whatever the file holds.
+
+    Parameters
+    ----------
+    path : Path
+        The checkpoint file.
 
     Raises
     ------
@@ -136,11 +309,17 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     except OSError as error:
         reason = f"{path} is unreadable ({describe_os_error(error)})"
         raise CheckpointError(f"--resume: {reason}; {advice}", reason) from None
+    arrays = is_array_checkpoint(data)
+    if not arrays:
+        import torch  # only for torch.save's format
     try:
-        with warnings.catch_warnings():
-            # torch warns about what it checks (sparse tensors): the verdict is ours to give
-            warnings.simplefilter("ignore")
-            checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if arrays:
+            checkpoint = read_array_checkpoint(data)
+        else:
+            with warnings.catch_warnings():
+                # torch warns about what it checks (sparse tensors): the verdict is ours
+                warnings.simplefilter("ignore")
+                checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as error:  # any unreadable checkpoint is the same user error
         reason = f"{path} is unreadable ({type(error).__name__})"
         raise CheckpointError(f"--resume: {reason}; {advice}", reason) from None

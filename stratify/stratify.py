@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from stratify.client import LocalJob
+from stratify.common_options import CommonOptions
 from stratify.compiled import (
     AUTO_COMPILE_AFTER_STEPS,
     COMPILE_MODES,
@@ -31,18 +32,17 @@ from stratify.errors import ConfigError
 from stratify.federation import SamplePools
 from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
 from stratify.nn.norm import has_batch_norm
-from stratify.options import StrategyOptions, option
+from stratify.options import StrategyOptions, option, option_of
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
 from stratify.selection import (
     HOPS,
-    SELECTIONS,
     ClientSelector,
     Plan,
     merge_trailing_singleton,
     plan_global_batches,
     plan_single_sample,
 )
-from stratify.validation import check_fits_in_memory, check_momentum, check_positive_int
+from stratify.validation import check_fits_in_memory, check_positive_int
 
 #: samples between two progress reports of the single-sample loop
 PROGRESS_EVERY = 1000
@@ -60,18 +60,11 @@ EXHAUSTED = ("refill", "skip")
 class StratifyOptions(StrategyOptions):
     """Options of :class:`Stratify` (defaults: the Stratify paper's single-sample setting)."""
 
-    chunk: int = option(
-        5,
-        "Chunk size CS: consecutive schedule entries that may stay with one client.",
-        check=check_positive_int,
-        modes=("single-sample",),
-    )
+    chunk: int = option_of(CommonOptions, "chunk")
     batch_labels: int = option(
         64, "Labels (samples) B per global batch.", check=check_positive_int, modes=("batch",)
     )
-    selection: str = option(
-        "uniform", "How a client is chosen among those holding the label.", choices=SELECTIONS
-    )
+    selection: str = option_of(CommonOptions, "selection")
     repeats: str = option(
         "uniform",
         "Label repeats r_l of the SLS: round(N/|L|) each, or min(n_l, cap).",
@@ -95,9 +88,7 @@ class StratifyOptions(StrategyOptions):
         choices=BATCH_PATHS,
         modes=("batch",),
     )
-    momentum: float = option(
-        0.0, "SGD momentum of the global optimizer, in [0, 1).", check=check_momentum
-    )
+    momentum: float = option_of(CommonOptions, "momentum")
     hops: str = option(
         "server",
         "How the model moves between two holders: relayed by the server (an upload and a "

@@ -31,29 +31,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from stratify.errors import ConfigError
+from stratify.nn.catalog import MLP_HIDDEN, MODELS, NORMS, check_model_norm, default_norm
 from stratify.nn.norm import SumBatchNorm
-
-MODELS: dict[str, str] = {
-    "cnn": "simple CNN of NIID-Bench/Stratify (conv6-conv16-fc120-fc84), images or 1-D tabular",
-    "mlp": "multi-layer perceptron F→200→200→classes, tabular (images are flattened)",
-    "resnet9": "DAWNBench ResNet-9 (64-128-256-512, two residual blocks), images ≥ 8 px",
-    "resnet18": "CIFAR-style ResNet-18 (3×3 stem, BasicBlocks [2,2,2,2]), images ≥ 8 px",
-    "resnet20": "CIFAR ResNet-20 of He et al. 2016 (3×3 blocks, 16/32/64), images ≥ 8 px",
-}
-
-NORMS: dict[str, str] = {
-    "bn": "torch BatchNorm",
-    "gn": "GroupNorm with min(32, C) groups (reduced until they divide C)",
-    "sumbn": "sum-based BatchNorm: exact BN over a batch made of several clients (Stratify)",
-    "sumbn-client-mean": "BatchNorm averaging per-client statistics (FedTAN)",
-    "none": "no normalisation",
-}
-
-#: Models without norm layers: their only norm is "none".
-NORM_FREE_MODELS = ("cnn", "mlp")
-
-#: Norms that normalise with the statistics of the batch, which one sample cannot give.
-BATCH_STATISTICS_NORMS = ("bn", "sumbn", "sumbn-client-mean")
 
 #: Smallest image side the ResNets take: ResNet-9's three max-pools halve it to 1.
 MIN_RESNET_SIDE = 8
@@ -198,7 +177,7 @@ class MLP(nn.Module):
     """
 
     def __init__(
-        self, input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (200, 200)
+        self, input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = MLP_HIDDEN
     ) -> None:
         super().__init__()
         widths = (math.prod(input_shape), *hidden)
@@ -427,48 +406,6 @@ def default_model(input_shape: tuple[int, ...]) -> str:
     """The model a run trains when none is given: ``cnn`` for ``(C, H, W)`` images,
     ``mlp`` for the rest (tabular features)."""
     return "cnn" if len(input_shape) == 3 else "mlp"
-
-
-def default_norm(model: str) -> str:
-    """The norm a model is built with when none is given: ``bn`` for the ResNets, ``none``
-    for the norm-free ``cnn`` and ``mlp``."""
-    return "none" if model in NORM_FREE_MODELS else "bn"
-
-
-def check_model_norm(name: str | None, norm: str | None, mode: str | None = None) -> None:
-    """Refuse a norm that model ``name`` cannot take, before anything is built or loaded.
-
-    Parameters
-    ----------
-    name : str or None
-        One of :data:`MODELS`; ``None`` stands for the default model (:func:`default_model`:
-        ``cnn`` or ``mlp``, whichever the data needs; both are norm-free).
-    norm : str or None
-        One of :data:`NORMS`; ``None``: the model's own (:func:`default_norm`).
-    mode : str, optional
-        ``"single-sample"`` also refuses the norms of :data:`BATCH_STATISTICS_NORMS`.
-
-    Raises
-    ------
-    stratify.errors.ConfigError
-        A norm on a norm-free model, or batch statistics in single-sample mode.
-    """
-    resnets = ", ".join(model for model in MODELS if model not in NORM_FREE_MODELS)
-    if norm not in (None, "none") and (name is None or name in NORM_FREE_MODELS):
-        which = f"model {name!r}" if name else "the default model (cnn for images, mlp otherwise)"
-        raise ConfigError(
-            f"{which} has no normalisation layers, so norm {norm!r} cannot apply; "
-            f"use a ResNet ({resnets}) or norm 'none'"
-        )
-    if name is None or mode != "single-sample":
-        return
-    resolved = default_norm(name) if norm is None else norm
-    if resolved in BATCH_STATISTICS_NORMS:
-        raise ConfigError(
-            f"model {name!r} with norm {resolved!r} normalises with batch statistics, which one "
-            "sample cannot give; in --mode single-sample use --norm gn (or none), or use "
-            "--mode batch"
-        )
 
 
 def build_model(

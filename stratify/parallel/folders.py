@@ -15,8 +15,7 @@ from stratify.config import TrainConfig, run_complete
 from stratify.errors import (
     CorruptRunError,
 )
-from stratify.run import RUN_FILES
-from stratify.runfiles import check_checkpoint_file, read_json_object, read_records
+from stratify.runfiles import RUN_FILES, check_checkpoint_file, read_json_object, read_records
 from stratify.runfolder import json_safe
 
 

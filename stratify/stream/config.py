@@ -4,8 +4,10 @@
 generates its flags from the fields, as ``train`` does from
 :class:`~stratify.config.TrainConfig` (docs/architecture.md, "Options"). A setting that
 ``train`` has too (the model's widths, the seed, the registry, the chunk size…) is not
-declared again: its field is :func:`~stratify.options.option_of` the train one, with
-only what differs for a stream (a default, a help sentence) changed.
+declared again: its field is :func:`~stratify.options.option_of` the one of
+:class:`~stratify.common_options.CommonOptions` that ``train`` copies too, with only what
+differs for a stream (a default, a help sentence) changed. Nothing this module imports
+loads torch (docs/architecture.md, "Options").
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ import math
 import os
 from dataclasses import dataclass
 
-import torch
-
-from stratify.config import TrainConfig
+from stratify.common_options import CommonOptions
 from stratify.errors import ConfigError
-from stratify.nn.models import MODELS, build_model
+from stratify.nn.catalog import MODELS, mlp_weight_count
 from stratify.options import RunSettings, option, option_of
-from stratify.stratify import StratifyOptions
 from stratify.stream.classifier import NEW_CLASS_ROWS
 from stratify.stream.events import MISSING
 from stratify.stream.policies import STREAM_ALGORITHMS
@@ -153,7 +152,7 @@ class StreamConfig(RunSettings):
         choices=STREAM_ALGORITHMS,
     )
     model: str = option_of(
-        TrainConfig,
+        CommonOptions,
         "model",
         default="mlp",
         help="Model, sized from the first event's features: mlp | cnn | resnet9 | "
@@ -161,9 +160,9 @@ class StreamConfig(RunSettings):
         choices=tuple(MODELS),
         cli_type=str,
     )
-    mlp_hidden: tuple[int, ...] | None = option_of(TrainConfig, "mlp_hidden")
+    mlp_hidden: tuple[int, ...] | None = option_of(CommonOptions, "mlp_hidden")
     norm: str | None = option_of(
-        TrainConfig,
+        CommonOptions,
         "norm",
         help="gn | none for the ResNets (one sample has no batch statistics) [default: the "
         "model's own; cnn and mlp have no norm layers].",
@@ -229,10 +228,10 @@ class StreamConfig(RunSettings):
         f"{MAX_UNIT_WORK:,}).",
         check=check_unit_work,
     )
-    chunk: int = option_of(StratifyOptions, "chunk", modes=("single-sample", "batch"))
-    selection: str = option_of(StratifyOptions, "selection")
+    chunk: int = option_of(CommonOptions, "chunk", modes=("single-sample", "batch"))
+    selection: str = option_of(CommonOptions, "selection")
     lr: float = option_of(
-        TrainConfig,
+        CommonOptions,
         "lr",
         default=0.01,
         help="Learning rate: of the single-sample steps, or the clients' local one for "
@@ -240,7 +239,7 @@ class StreamConfig(RunSettings):
         cli_type=float,
     )
     momentum: float = option_of(
-        StratifyOptions, "momentum", help="SGD momentum of the single-sample steps, in [0, 1)."
+        CommonOptions, "momentum", help="SGD momentum of the single-sample steps, in [0, 1)."
     )
     retrain_every: int | None = option(
         None,
@@ -299,13 +298,13 @@ class StreamConfig(RunSettings):
         check=check_positive_int,
     )
     seed: int = option_of(
-        TrainConfig,
+        CommonOptions,
         "seed",
         help="Seeds the schedule, the selection and the model's initial weights.",
     )
-    device: str = option_of(TrainConfig, "device", help="Where the model and the buffers live.")
-    secure: bool = option_of(TrainConfig, "secure", check=check_flag)
-    protocol: str = option_of(TrainConfig, "protocol")
+    device: str = option_of(CommonOptions, "device", help="Where the model and the buffers live.")
+    secure: bool = option_of(CommonOptions, "secure", check=check_flag)
+    protocol: str = option_of(CommonOptions, "protocol")
     out: str | None = None
 
     resumable_changes = RESUMABLE_STREAM_CHANGES
@@ -344,12 +343,21 @@ def check_buffer_memory(capacity: int, features: int) -> None:
 
 def check_model_memory(config: StreamConfig, input_shape: tuple[int, ...], rows: int) -> None:
     """Refuse, before it is built, a model whose weights and gradients would not fit in
-    memory (its size counted on torch's meta device, which allocates nothing)."""
-    with torch.device("meta"):
-        model = build_model(
-            config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
-        )
-    weights = sum(parameter.numel() for parameter in model.parameters())
+    memory: the MLP's size is counted from its widths, another model's on torch's meta
+    device, which allocates nothing."""
+    if config.model == "mlp":
+        weights = mlp_weight_count(input_shape, rows, config.mlp_hidden)
+    else:
+        # torch only for the models that need it: the default MLP's stream never loads it
+        import torch
+
+        from stratify.nn.models import build_model
+
+        with torch.device("meta"):
+            model = build_model(
+                config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
+            )
+        weights = sum(parameter.numel() for parameter in model.parameters())
     shape = ",".join(map(str, input_shape))
     check_fits_in_memory(
         2 * 4 * weights,

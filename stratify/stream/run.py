@@ -35,7 +35,7 @@ import torch
 
 from stratify.errors import ConfigError
 from stratify.files import guard_input, release_input
-from stratify.run import RUN_FILES
+from stratify.runfiles import RUN_FILES
 from stratify.runfolder import (
     RunFolder,
     check_same_settings,
