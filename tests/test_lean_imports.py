@@ -82,11 +82,6 @@ def test_the_stream_paths_modules_outside_the_stream_package_do_not_load_torch()
     assert first_torch_importer(modules) == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stratify.stream's own modules import torch until the NumPy rewrite of issue 38 "
-    "lands; then this passes and the marker must go",
-)
 @pytest.mark.parametrize("module", ["stratify.stream.config", "stratify.cli.stream"])
 def test_the_stream_command_does_not_load_torch(module):
     assert first_torch_importer([module]) == ""

@@ -104,23 +104,21 @@ def test_each_event_is_predicted_before_it_is_learned():
     seen_parameters = []
 
     def spying_predict(x):
-        seen_parameters.append(
-            torch.cat([p.detach().flatten() for p in learner.model.parameters()])
-        )
+        seen_parameters.append(np.concatenate([p.ravel() for p in learner.model.parameters()]))
         return predict(x)
 
     learner._predict = spying_predict  # type: ignore[method-assign]
     stream = events([0, 1], ["a", "b"], 120, seed=4)
     for event in stream:
         before = (
-            torch.cat([p.detach().flatten() for p in learner.model.parameters()])
+            np.concatenate([p.ravel() for p in learner.model.parameters()])
             if learner.started
             else None
         )
         calls = len(seen_parameters)
         outcomes.append(learner.ingest(event))
         if len(seen_parameters) > calls and before is not None:
-            assert torch.equal(seen_parameters[-1], before)  # the model before this event
+            assert np.array_equal(seen_parameters[-1], before)  # the model before this event
     assert learner.prequential.seen == 120 == learner.stats.events
     assert learner.prequential.accuracy == pytest.approx(np.mean(outcomes))
     window = learner.config.window
@@ -136,14 +134,14 @@ def learner_state(learner: StreamLearner):
         list(learner.clients),
         list(learner.classes),
         learner.prequential.seen,
-        [p.detach().clone() for p in learner.model.parameters()],
+        [np.array(p, copy=True) for p in learner.model.parameters()],
     )
 
 
 def assert_unchanged(learner: StreamLearner, before) -> None:
     after = learner_state(learner)
     assert after[:6] == before[:6] and after[2] is before[2]
-    assert all(torch.equal(a, b) for a, b in zip(after[6], before[6]))
+    assert all(np.array_equal(a, b) for a, b in zip(after[6], before[6]))
 
 
 def test_refused_events_change_nothing_and_the_stream_goes_on():
@@ -286,7 +284,7 @@ def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_roun
         assert learner.ingest(event) == again.ingest(event)
     assert learner.registrations == again.registrations
     for mine, theirs in zip(learner.model.parameters(), again.model.parameters()):
-        assert torch.equal(mine, theirs)
+        assert np.array_equal(mine, theirs)
 
 
 @pytest.mark.parametrize("new_class", ["auto", "imprint", "random"])
@@ -294,13 +292,10 @@ def test_a_new_class_is_predicted_from_its_second_example_when_imprinted(new_cla
     """The first example of a class imprints its classifier row (docs/architecture.md,
     "Streaming"): the next examples of the class are predicted right before any step was
     trained on them; a random row (the earlier behaviour) predicts them as known classes."""
-    from stratify.stream.classifier import classifier_head
-
     learner = StreamLearner(config(new_class=new_class))
     for event in events([0, 1, 2], ["a", "b", "c"], 300, seed=0):
         learner.ingest(event)
-    head = classifier_head(learner.model)
-    known_norm = float(head.weight[:3].detach().norm(dim=1).mean())
+    known_norm = float(np.linalg.norm(learner.model.weights[-1][:3], axis=1).mean())
     learner.learn_one(cluster(3, np.random.default_rng(1)), 3, client="a")
     rng = np.random.default_rng(2)
     hits = sum(learner.predict_one(cluster(3, rng)) == 3 for _ in range(20))
@@ -309,8 +304,8 @@ def test_a_new_class_is_predicted_from_its_second_example_when_imprinted(new_cla
         return
     assert hits >= 18
     # scaled like the known rows (one step on it since moves it a little)
-    row = classifier_head(learner.model).weight[3]
-    assert float(row.detach().norm()) == pytest.approx(known_norm, rel=0.1)
+    row = learner.model.weights[-1][3]
+    assert float(np.linalg.norm(row)) == pytest.approx(known_norm, rel=0.1)
     assert min(class_accuracy(learner, label) for label in (0, 1, 2)) > 0.8
 
 
@@ -341,10 +336,13 @@ def test_imprinting_leaves_the_first_class_and_a_dead_embedding_alone():
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_the_numpy_path_learns_what_the_torch_path_learns(monkeypatch, momentum):
-    """An MLP on CPU predicts and steps in NumPy (stratify.stream.step); the same learner
-    with that path off (autograd and torch ops) gives the same predictions and weights
-    over a few hundred events, within float tolerance."""
+    """An MLP on CPU predicts and steps in NumPy (stratify.stream.mlp, .step); the same
+    learner given a torch MLP with the same initial weights and that path off (autograd
+    and torch ops) gives the same predictions and weights over a few hundred events,
+    within float tolerance."""
+    from stratify.nn.models import MLP
     from stratify.stream import step as step_module
+    from stratify.stream.mlp import NumpyMLP
 
     stream = events([0, 1, 2, 3], ["a", "b", "c"], 300, seed=5)
     # at lr 0.05 with momentum 0.9 (a step of 0.5 in effect) the imprinted rows make this
@@ -353,14 +351,21 @@ def test_the_numpy_path_learns_what_the_torch_path_learns(monkeypatch, momentum)
     lr = 0.05 if momentum == 0 else 0.02
     numpy_learner = StreamLearner(config(momentum=momentum, mlp_hidden=(32, 16), lr=lr))
     outcomes = [numpy_learner.ingest(event) for event in stream]
+    assert isinstance(numpy_learner.model, NumpyMLP)
     assert numpy_learner.arrays is not None and numpy_learner.policy.step.arrays is not None
     monkeypatch.setattr(step_module.MLPArrays, "of", classmethod(lambda cls, model: None))
-    torch_learner = StreamLearner(config(momentum=momentum, mlp_hidden=(32, 16), lr=lr))
+    # the stream starts with one classifier row, grown (and imprinted) for each new class
+    initial = NumpyMLP.build(FEATURES, 1, (32, 16), seed=0)
+    model = MLP((FEATURES,), 1, hidden=(32, 16))
+    model.load_state_dict({name: torch.from_numpy(v) for name, v in initial.state_dict().items()})
+    torch_learner = StreamLearner(
+        config(momentum=momentum, mlp_hidden=(32, 16), lr=lr), model=model
+    )
     assert outcomes == [torch_learner.ingest(event) for event in stream]
     assert torch_learner.arrays is None and torch_learner.policy.step.arrays is None
     assert torch_learner.stats.steps == numpy_learner.stats.steps == 300
     for mine, theirs in zip(numpy_learner.model.parameters(), torch_learner.model.parameters()):
-        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-4, atol=1e-5)
     rng = np.random.default_rng(6)
     for _ in range(20):
         x = cluster(int(rng.integers(4)), rng)

@@ -10,10 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from stratify.nn.catalog import mlp_weight_count
 from stratify.nn.models import build_model
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.classifier import widen_classifier, widen_head
 from stratify.stream.events import EventError, load_test_set, parse_line
+from stratify.stream.mlp import NumpyMLP
 from stratify.stream.prequential import Prequential
 from stratify.stream.schedule import StreamSchedule, select_client
 from stratify.stream.step import SingleSampleStep
@@ -244,7 +246,124 @@ def test_the_lean_step_is_torch_sgd(model_name, momentum):
         assert step.velocity is not None and again.velocity is not None
         for mine, theirs in zip(step.velocity, again.velocity):
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
-    optimizer.load_state_dict(step.state_dict())
+    # and its own state (NumPy arrays) restores it
+    restored = SingleSampleStep(reference, lr=0.05, momentum=momentum)
+    restored.load_state_dict(step.state_dict())
+    assert (restored.velocity is None) == (momentum == 0)
+    for mine, theirs in zip(step.velocity or [], restored.velocity or []):
+        torch.testing.assert_close(mine, theirs)
+
+
+# -- the NumPy MLP -------------------------------------------------------------------------
+
+
+def torch_twin(model: NumpyMLP) -> nn.Module:
+    """A torch MLP with ``model``'s weights."""
+    twin = build_model("mlp", (model.features,), model.rows, hidden=HIDDEN)
+    twin.load_state_dict({name: torch.from_numpy(v) for name, v in model.state_dict().items()})
+    return twin
+
+
+HIDDEN = (8, 5)
+
+
+def test_the_numpy_mlp_is_the_torch_mlp_in_numpy():
+    """Built from a seed (nn.Linear's bounds), named as the torch MLP's state_dict, and
+    computing the same logits; every weight is a view of one array."""
+    model = NumpyMLP.build(6, 3, HIDDEN, seed=4)
+    assert [w.shape for w in model.weights] == [(8, 6), (5, 8), (3, 5)]
+    for weight, bias in zip(model.weights, model.biases):
+        bound = 1 / weight.shape[1] ** 0.5
+        assert np.abs(weight).max() <= bound and np.abs(bias).max() <= bound
+        assert np.shares_memory(weight, model.storage) and weight.dtype == np.float32
+    assert mlp_weight_count((6,), 3, HIDDEN) == model.storage.size
+    again, other = NumpyMLP.build(6, 3, HIDDEN, seed=4), NumpyMLP.build(6, 3, HIDDEN, seed=5)
+    assert np.array_equal(again.storage, model.storage)
+    assert not np.array_equal(other.storage, model.storage)
+    twin = torch_twin(model)
+    assert list(twin.state_dict()) == model.names()
+    x = np.random.default_rng(0).normal(size=(7, 6)).astype(np.float32)
+    np.testing.assert_allclose(
+        model.logits(x), twin(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        model.embedding(x[0]), twin.embed(torch.from_numpy(x[:1]))[0].detach().numpy(), rtol=1e-5
+    )
+    with pytest.raises(ValueError, match="do not match"):
+        model.load_state_dict({"head.weight": np.zeros((3, 5))})
+
+
+def test_the_numpy_mlp_grows_as_the_torch_one():
+    """A wider head keeps the known logits and draws new rows by (seed, row); a wider
+    input keeps every output for zero new features; both map every old array to its
+    successor, for the step's velocity."""
+    model = NumpyMLP.build(4, 2, HIDDEN, seed=0)
+    x = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    before = model.logits(x)
+    old = list(model.arrays)
+    replaced = model.widen_classifier(4, seed=11)
+    assert model.rows == 4 and set(replaced) == {id(array) for array in old}
+    np.testing.assert_array_equal(model.logits(x)[:, :2], before)
+    again = NumpyMLP.build(4, 2, HIDDEN, seed=0)
+    again.widen_classifier(4, seed=11)
+    assert np.array_equal(again.storage, model.storage)
+    other = NumpyMLP.build(4, 2, HIDDEN, seed=0)
+    other.widen_classifier(4, seed=12)
+    assert not np.array_equal(other.weights[-1][2:], model.weights[-1][2:])
+    assert np.abs(model.weights[-1][2:]).max() <= 1 / 5**0.5
+    model.widen_input(6)
+    wide = np.concatenate([x, np.zeros((5, 2), dtype=np.float32)], axis=1)
+    np.testing.assert_allclose(model.logits(wide)[:, :2], before, rtol=1e-6)
+    with pytest.raises(ValueError, match="cannot shrink"):
+        model.widen_classifier(3, seed=0)
+
+
+def test_the_numpy_mlp_imprints_a_row_as_the_torch_rule():
+    from stratify.stream.classifier import imprint_row
+
+    model = NumpyMLP.build(4, 3, HIDDEN, seed=2)
+    twin = torch_twin(model)
+    embedding = np.array([0.0, 3.0, 0.0, 4.0, 1.0], dtype=np.float32)
+    assert not model.imprint_row(0, embedding) and not model.imprint_row(2, np.zeros(5))
+    assert model.imprint_row(2, embedding)
+    assert imprint_row(twin.head, 2, torch.from_numpy(embedding))
+    np.testing.assert_allclose(model.weights[-1], twin.head.weight.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(model.biases[-1], twin.head.bias.detach().numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_step_of_the_numpy_mlp_is_torch_sgd(momentum):
+    """On its own arrays, across a grown classifier: the loss and the weights of
+    torch.optim.SGD on the same network."""
+    model = NumpyMLP.build(6, 2, HIDDEN, seed=3)
+    reference = torch_twin(model)
+    step = SingleSampleStep(model, lr=0.05, momentum=momentum)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=momentum)
+    rng = np.random.default_rng(1)
+    for number in range(30):
+        if number == 10:  # a third class: both heads take the NumPy one's new row
+            step.follow(model, model.widen_classifier(3, seed=0))
+            reference.head = nn.Linear(5, 3)
+            reference.load_state_dict(
+                {name: torch.from_numpy(v) for name, v in model.state_dict().items()}
+            )
+            optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=momentum)
+            if momentum:  # the velocity carried over, zero for the new row
+                velocity = [torch.as_tensor(v) for v in step.velocity]
+                for parameter, value in zip(reference.parameters(), velocity):
+                    optimizer.state[parameter]["momentum_buffer"] = value.clone()
+        x = rng.normal(size=6).astype(np.float32)
+        target = number % (2 if number < 10 else 3)
+        loss = step.step_array(x, target)
+        optimizer.zero_grad()
+        expected = nn.functional.cross_entropy(
+            reference(torch.from_numpy(x)[None]), torch.tensor([target])
+        )
+        expected.backward()
+        optimizer.step()
+        assert loss == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 # -- prequential accuracy -----------------------------------------------------------------
@@ -301,11 +420,11 @@ def test_a_line_that_is_no_event_says_why(line, reason, tmp_path):
 def test_events_from_lists_and_npy_rows(tmp_path):
     event = parse_line('{"client": "a", "label": "cat", "x": [[1, 2], [3, 4]]}', 3)
     assert (event.client, event.label, event.line) == ("a", "cat", 3)
-    assert event.x.dtype == torch.float32 and event.x.shape == (2, 2)
+    assert event.x.dtype == np.float32 and event.x.shape == (2, 2)
     assert parse_line("   \n", 4) is None
     np.save(tmp_path / "rows.npy", np.arange(6, dtype=np.float64).reshape(3, 2))
     row = parse_line('{"client": 0, "label": 1, "path": "rows.npy", "row": 2}', 1, tmp_path)
-    assert row.x.tolist() == [4.0, 5.0] and row.x.dtype == torch.float32
+    assert row.x.tolist() == [4.0, 5.0] and row.x.dtype == np.float32
     whole = parse_line('{"client": 0, "label": 1, "path": "rows.npy"}', 1, tmp_path)
     assert whole.x.shape == (3, 2)
     with pytest.raises(EventError, match=r'"row" must be an integer in \[0, 3\)'):

@@ -19,6 +19,7 @@ from streams import FEATURES, FLAGS, SETTINGS, event_line, stream_config
 
 from stratify.cli.main import main
 from stratify.errors import ConfigError, StratifyError
+from stratify.runfolder import read_checkpoint
 from stratify.stream import StreamConfig
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.learner import StreamLearner
@@ -56,7 +57,7 @@ def comparable_records(records: list[dict]) -> list[dict]:
 
 def assert_same_learner(first: StreamLearner, second: StreamLearner) -> None:
     for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()):
-        assert torch.equal(a, b)
+        assert np.array_equal(a, b)
     assert first.buffers.num_clients == second.buffers.num_clients
     used = first.buffers.num_clients * first.buffers.capacity  # storage may be allocated beyond
     for name in ("occupied", "sample_id", "uses", "placeholder", "counts"):
@@ -185,16 +186,29 @@ def test_an_unreadable_checkpoint_is_one_error(tmp_path):
 # -- resume -------------------------------------------------------------------------------
 
 
+def as_tensors(state):
+    """``state`` with its arrays as tensors, as a format-2 checkpoint (torch.save) had."""
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state)
+    if isinstance(state, dict):
+        return {key: as_tensors(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [as_tensors(value) for value in state]
+    return state
+
+
 def test_a_checkpoint_from_before_imprinting_resumes_with_random_rows_only(tmp_path):
-    """A checkpoint written before --new-class existed drew new rows at random: it
-    resumes with --new-class random, and the default is refused in one line naming it."""
+    """A checkpoint written before --new-class existed (format 2: torch.save of tensors)
+    drew new rows at random: it resumes with --new-class random, and the default is
+    refused in one line naming it."""
     source = tmp_path / "events.jsonl"
     write_events(source, 120)
     out = tmp_path / "run"
     StreamRun(stream_config(source, out, new_class="random")).run()
-    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    checkpoint = read_checkpoint(out / "checkpoint.pt")
+    assert checkpoint["format"] == 3  # an array checkpoint, torch-free
     del checkpoint["config"]["new_class"]
-    torch.save(checkpoint, out / "checkpoint.pt")
+    torch.save({**as_tensors(checkpoint), "format": 2}, out / "checkpoint.pt")
     with pytest.raises(ConfigError, match="new_class: checkpoint 'random' vs now 'auto'"):
         StreamRun(stream_config(source, out), resume=True)
     StreamRun(stream_config(source, out, new_class="random"), resume=True).run()
@@ -221,7 +235,7 @@ def test_resume_after_a_crash_continues_exactly_where_the_checkpoint_was(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         crashing.run()
     before_crash = list(trained)
-    checkpoint = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
+    checkpoint = read_checkpoint(tmp_path / "crashed" / "checkpoint.pt")
     assert checkpoint["lines"] == 200
     saved_buffers = checkpoint["learner"]["buffers"]
     buffered = set(saved_buffers["sample_id"][saved_buffers["occupied"]].tolist())
@@ -275,7 +289,7 @@ def test_resume_after_a_kill_of_the_command_fed_by_a_pipe(tmp_path):
         pytest.fail("the command did not reach event 250 in time")
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    assert torch.load(out / "checkpoint.pt", weights_only=True)["lines"] == 200
+    assert read_checkpoint(out / "checkpoint.pt")["lines"] == 200
 
     resumed = StreamRun(stream_config(source, out), resume=True)
     assert resumed.lines == 200

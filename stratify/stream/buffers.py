@@ -5,17 +5,22 @@ evicts that client's oldest one; with ``max_uses`` set, a sample leaves its buff
 after its ``max_uses``-th training step. An evicted slot is zeroed, so nothing is kept
 past its buffer (docs/architecture.md, "Streaming").
 
-All buffers live in one tensor on the model's device (client ``k`` owns slots
-``k·capacity … (k+1)·capacity − 1``), so a training step slices its sample out of it
-like the batch engine slices ``x_train``.
+All buffers live in one array (client ``k`` owns slots ``k·capacity … (k+1)·capacity −
+1``), so a training step slices its sample out of it like the batch engine slices
+``x_train``: a NumPy array on CPU (seen by a torch model as a tensor sharing its memory),
+a tensor on a GPU.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from stratify.stream.events import as_numpy
+
+if TYPE_CHECKING:
+    import torch
 
 #: counters of :class:`ClientBuffers`, in their state dict
 COUNTERS = ("arrivals", "evicted_full", "evicted_used")
@@ -30,19 +35,20 @@ class ClientBuffers:
         Samples each client may hold.
     sample_shape : tuple of int
         Shape of one sample's features.
-    device : torch.device
-        Where the samples are stored (the model's device).
+    device : str
+        Where the samples are stored (the model's device: ``cpu`` or ``cuda``).
     max_uses : int, optional
         Training steps a sample may take part in before it is evicted (default: no
         limit; it stays until newer samples push it out).
 
     Attributes
     ----------
-    x, y : torch.Tensor
-        Every slot's features and class target (a row of the classifier).
     x_array, y_array : numpy.ndarray or None
-        On CPU, NumPy views of ``x`` and ``y`` (the same memory), which the per-event
-        work reads and writes: a NumPy access costs a fraction of a torch call.
+        On CPU, every slot's features and class target (a row of the classifier); the
+        per-event work reads and writes them (a NumPy access costs a fraction of a torch
+        call). ``None`` on a GPU.
+    x, y : torch.Tensor
+        The same as tensors (on CPU sharing the arrays' memory), for a torch model.
     occupied : numpy.ndarray
         Whether a slot holds a sample.
     placeholder, uses, arrival, sample_id : numpy.ndarray
@@ -61,16 +67,20 @@ class ClientBuffers:
         self,
         capacity: int,
         sample_shape: tuple[int, ...],
-        device: torch.device,
+        device: str = "cpu",
         max_uses: int | None = None,
     ) -> None:
         self.capacity = capacity
         self.sample_shape = tuple(sample_shape)
         self.device = device
+        self.on_cpu = device == "cpu"
         self.max_uses = max_uses
         self.num_clients = 0
-        self.x = torch.zeros((0, *self.sample_shape), device=device)
-        self.y = torch.zeros(0, dtype=torch.int64, device=device)
+        self.x_array: np.ndarray | None = None
+        self.y_array: np.ndarray | None = None
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+        self.store(np.zeros((0, *self.sample_shape), dtype=np.float32), np.zeros(0, dtype=np.int64))
         self.occupied = np.zeros(0, dtype=bool)
         self.placeholder = np.zeros(0, dtype=np.int64)
         self.uses = np.zeros(0, dtype=np.int64)
@@ -80,13 +90,40 @@ class ClientBuffers:
         self.arrivals = 0
         self.evicted_full = 0
         self.evicted_used = 0
-        self.follow_storage()
 
-    def follow_storage(self) -> None:
-        """Take the NumPy views of :attr:`x` and :attr:`y` (after they were replaced)."""
-        on_cpu = self.device.type == "cpu"
-        self.x_array: np.ndarray | None = self.x.numpy() if on_cpu else None
-        self.y_array: np.ndarray | None = self.y.numpy() if on_cpu else None
+    def store(self, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor) -> None:
+        """Hold ``x`` and ``y`` (arrays on CPU, tensors on the device) as the storage."""
+        if self.on_cpu:
+            self.x_array = np.ascontiguousarray(as_numpy(x), dtype=np.float32)
+            self.y_array = np.ascontiguousarray(as_numpy(y), dtype=np.int64)
+            self._x = self._y = None  # tensor views, made when a torch model asks
+            return
+        import torch
+
+        self._x = torch.as_tensor(x).to(self.device, torch.float32)
+        self._y = torch.as_tensor(y).to(self.device, torch.int64)
+
+    @property
+    def x(self) -> torch.Tensor:
+        """Every slot's features as a tensor (on CPU: the same memory as :attr:`x_array`)."""
+        if self._x is None:
+            import torch
+
+            self._x = torch.from_numpy(self.x_array)
+        return self._x
+
+    @property
+    def y(self) -> torch.Tensor:
+        """Every slot's class target as a tensor (on CPU: :attr:`y_array`'s memory)."""
+        if self._y is None:
+            import torch
+
+            self._y = torch.from_numpy(self.y_array)
+        return self._y
+
+    def targets(self) -> np.ndarray:
+        """Every slot's class target as a NumPy array (a copy on a GPU)."""
+        return self.y_array if self.y_array is not None else self.y.cpu().numpy()
 
     # -- clients and placeholders ---------------------------------------------------------
 
@@ -103,13 +140,20 @@ class ClientBuffers:
     def _allocate(self, slots: int) -> None:
         """Grow the storage to ``slots`` slots, keeping every buffered sample."""
         extra = slots - len(self.occupied)
-        self.x = torch.cat([self.x, self.x.new_zeros((extra, *self.sample_shape))])
-        self.y = torch.cat([self.y, self.y.new_zeros(extra)])
+        if self.x_array is not None and self.y_array is not None:
+            x: Any = np.zeros((slots, *self.sample_shape), dtype=np.float32)
+            y: Any = np.zeros(slots, dtype=np.int64)
+            x[: len(self.x_array)], y[: len(self.y_array)] = self.x_array, self.y_array
+        else:
+            import torch
+
+            x = torch.cat([self.x, self.x.new_zeros((extra, *self.sample_shape))])
+            y = torch.cat([self.y, self.y.new_zeros(extra)])
         self.occupied = np.concatenate([self.occupied, np.zeros(extra, dtype=bool)])
         for name in ("placeholder", "uses", "arrival", "sample_id"):
             values = getattr(self, name)
             setattr(self, name, np.concatenate([values, np.zeros(extra, dtype=np.int64)]))
-        self.follow_storage()
+        self.store(x, y)
 
     def add_placeholder(self, placeholder: int) -> None:
         """Make room in :attr:`counts` for placeholders up to ``placeholder``."""
@@ -120,11 +164,14 @@ class ClientBuffers:
     def widen(self, sample_shape: tuple[int]) -> None:
         """Flat samples of ``sample_shape`` from now on (named features: at least as many
         as now); the buffered samples get zeros for the new features."""
-        grown = self.x.new_zeros((len(self.x), *sample_shape))
-        grown[:, : self.sample_shape[0]] = self.x
-        self.x = grown
+        if self.x_array is not None:
+            grown: Any = np.zeros((len(self.x_array), *sample_shape), dtype=np.float32)
+            grown[:, : self.sample_shape[0]] = self.x_array
+        else:
+            grown = self.x.new_zeros((len(self.x), *sample_shape))
+            grown[:, : self.sample_shape[0]] = self.x
         self.sample_shape = tuple(sample_shape)
-        self.follow_storage()
+        self.store(grown, self.y_array if self.y_array is not None else self.y)
 
     def region(self, client: int) -> slice:
         """The slots of ``client``'s buffer."""
@@ -135,7 +182,7 @@ class ClientBuffers:
     def insert(
         self,
         client: int,
-        x: torch.Tensor | np.ndarray,
+        x: np.ndarray | torch.Tensor,
         target: int,
         placeholder: int,
         sample_id: int,
@@ -158,10 +205,11 @@ class ClientBuffers:
         else:
             slot = region.start + int(np.argmin(occupied))
         if self.x_array is not None and self.y_array is not None:
-            values = x.numpy() if isinstance(x, torch.Tensor) else x
-            self.x_array[slot] = values.reshape(self.sample_shape)
+            self.x_array[slot] = as_numpy(x).reshape(self.sample_shape)
             self.y_array[slot] = target
         else:
+            import torch
+
             self.x[slot].copy_(torch.as_tensor(x).reshape(self.sample_shape))
             self.y[slot] = target
         self.occupied[slot] = True
@@ -179,7 +227,7 @@ class ClientBuffers:
         label's registration (placeholder ``-1``) their ``placeholder``: the schedule sees
         them from now on."""
         region = self.region(client)
-        targets = self.y_array if self.y_array is not None else self.y.cpu().numpy()
+        targets = self.targets()
         waiting = (
             self.occupied[region] & (self.placeholder[region] < 0) & (targets[region] == target)
         )
@@ -245,17 +293,18 @@ class ClientBuffers:
     # -- checkpoint -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The buffers' contents (client data) and bookkeeping, as tensors and numbers."""
+        """The buffers' contents (client data) and bookkeeping, as NumPy arrays and numbers."""
         used = self.num_clients * self.capacity
+        x = self.x_array if self.x_array is not None else self.x.cpu().numpy()
         return {
             "num_clients": self.num_clients,
-            "x": self.x[:used].cpu(),
-            "y": self.y[:used].cpu(),
+            "x": x[:used].copy(),
+            "y": self.targets()[:used].copy(),
             **{
-                name: torch.from_numpy(getattr(self, name)[:used].copy())
+                name: getattr(self, name)[:used].copy()
                 for name in ("occupied", "placeholder", "uses", "arrival", "sample_id")
             },
-            "counts": torch.from_numpy(self.counts.copy()),
+            "counts": self.counts.copy(),
             **{name: getattr(self, name) for name in COUNTERS},
         }
 
@@ -269,12 +318,10 @@ class ClientBuffers:
                 f"capacity {self.capacity} and samples of shape {self.sample_shape}"
             )
         self.num_clients = num_clients
-        self.x = x.to(self.device, torch.float32).clone()
-        self.y = state["y"].to(self.device, torch.int64).clone()
-        self.occupied = state["occupied"].numpy().astype(bool)
+        self.store(np.array(x, dtype=np.float32), np.array(state["y"], dtype=np.int64))
+        self.occupied = np.array(state["occupied"], dtype=bool)
         for name in ("placeholder", "uses", "arrival", "sample_id"):
-            setattr(self, name, state[name].numpy().astype(np.int64))
-        self.counts = state["counts"].numpy().astype(np.int64)
+            setattr(self, name, np.array(state[name], dtype=np.int64))
+        self.counts = np.array(state["counts"], dtype=np.int64)
         for name in COUNTERS:
             setattr(self, name, int(state[name]))
-        self.follow_storage()

@@ -9,18 +9,26 @@ carries its momentum over to the new parameters (zero for the new rows). A class
 then *imprinted* from the first sample of the class (:func:`imprint_row`;
 ``--new-class``, by default for an MLP: docs/architecture.md "Streaming"), so the class
 is predicted from its second example on instead of after dozens of steps.
+
+These functions work on torch models; the stream's NumPy MLP does the same with its own
+methods (:class:`~stratify.stream.mlp.NumpyMLP`). torch is imported by the functions, so
+that importing this module does not load it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
 from stratify.errors import ConfigError
-from stratify.nn.models import MLP
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from stratify.nn.models import MLP
 
 #: how a class new to the stream gets its classifier row (``--new-class``): ``auto``
 #: imprints an MLP's rows and draws other models' at random (docs/architecture.md,
@@ -30,6 +38,8 @@ NEW_CLASS_ROWS = ("auto", "imprint", "random")
 
 def classifier_head(model: nn.Module) -> nn.Linear:
     """``model.head``, which must be the final ``nn.Linear``."""
+    from torch import nn
+
     head = getattr(model, "head", None)
     if not isinstance(head, nn.Linear):
         raise ConfigError(
@@ -41,6 +51,8 @@ def classifier_head(model: nn.Module) -> nn.Linear:
 
 def row_generator(seed: int, row: int) -> torch.Generator:
     """The generator that initialises classifier row ``row`` of a run seeded ``seed``."""
+    import torch
+
     entropy = np.random.SeedSequence([seed, row, 0x6E6577]).generate_state(1)[0]
     return torch.Generator().manual_seed(int(entropy))
 
@@ -58,6 +70,9 @@ def widen_head(head: nn.Linear, rows: int, seed: int) -> nn.Linear:
         Run seed; row ``r`` is drawn from :func:`row_generator` ``(seed, r)`` with
         ``nn.Linear``'s bound ``1/sqrt(in_features)`` for weights and bias alike.
     """
+    import torch
+    from torch import nn
+
     old_rows, width = head.out_features, head.in_features
     if rows < old_rows:
         raise ValueError(f"a classifier of {old_rows} rows cannot shrink to {rows}")
@@ -108,6 +123,9 @@ def widen_input(model: MLP, features: int) -> dict[int, torch.Tensor]:
         ``id`` of each replaced parameter -> the parameter that replaces it, as
         :func:`widen_classifier` returns.
     """
+    import torch
+    from torch import nn
+
     layers = model.layers
     position = next(i for i, layer in enumerate(layers) if isinstance(layer, nn.Linear))
     first = layers[position]
@@ -128,24 +146,25 @@ def widen_input(model: MLP, features: int) -> dict[int, torch.Tensor]:
     return replaced
 
 
-@torch.no_grad()
 def head_input(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """What ``model.head`` receives for the batch ``x`` (the features the classifier
     reads: an MLP's last hidden layer), in eval mode."""
+    import torch
+
     seen: list[torch.Tensor] = []
     head = classifier_head(model)
     hook = head.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
     training = model.training
     model.eval()
     try:
-        model(x)
+        with torch.no_grad():
+            model(x)
     finally:
         hook.remove()
         model.train(training)
     return seen[0]
 
 
-@torch.no_grad()
 def imprint_row(head: nn.Linear, row: int, embedding: torch.Tensor) -> bool:
     """Set classifier row ``row`` from one sample of its class (weight imprinting: Qi,
     Brown and Lowe, "Low-Shot Learning with Imprinted Weights", CVPR 2018).
@@ -171,11 +190,14 @@ def imprint_row(head: nn.Linear, row: int, embedding: torch.Tensor) -> bool:
     bool
         Whether the row was imprinted.
     """
+    import torch
+
     norm = float(embedding.norm())
     if row == 0 or norm == 0 or not math.isfinite(norm):
         return False
-    known = head.weight[:row]
-    head.weight[row] = embedding.to(known) * (float(known.norm(dim=1).mean()) / norm)
-    if head.bias is not None:
-        head.bias[row] = head.bias[:row].mean()
+    with torch.no_grad():
+        known = head.weight[:row]
+        head.weight[row] = embedding.to(known) * (float(known.norm(dim=1).mean()) / norm)
+        if head.bias is not None:
+            head.bias[row] = head.bias[:row].mean()
     return True

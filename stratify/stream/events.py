@@ -20,15 +20,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from stratify.checkpoints import NUMERIC_DTYPES
 from stratify.errors import ConfigError, StratifyError
 
 #: what a client may be: JSON integers and strings; a label may also be a boolean
@@ -135,18 +134,21 @@ def describe(value: object) -> str:
     return type(value).__name__
 
 
-def check_features(x: object) -> torch.Tensor:
-    """Features as a float32 tensor, whatever they came as; :class:`EventError` if they
-    are not a non-empty array of finite numbers.
+def check_features(x: object) -> np.ndarray:
+    """Features as a float32 NumPy array, whatever they came as; :class:`EventError` if
+    they are not a non-empty array of finite numbers.
 
     Parameters
     ----------
     x : list, tuple, numpy.ndarray or torch.Tensor
-        Numbers, possibly nested in lists of equal length (booleans count as 0 and 1). A
-        tensor keeps its device; anything else gives a CPU tensor. Named features (a
-        dict) go through :class:`FeatureSchema` instead.
+        Numbers, possibly nested in lists of equal length (booleans count as 0 and 1); a
+        tensor is copied off its device. Named features (a dict) go through
+        :class:`FeatureSchema` instead.
     """
-    if isinstance(x, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor can only come from a loaded torch
+    if torch is not None and isinstance(x, torch.Tensor):
+        from stratify.checkpoints import NUMERIC_DTYPES
+
         # a sparse, nested or meta tensor has no plain values to check (torch's own errors
         # on them are no EventError)
         if x.is_nested or x.layout != torch.strided or x.is_meta:
@@ -156,12 +158,20 @@ def check_features(x: object) -> torch.Tensor:
             raise EventError(f"the features must be real numbers, got a tensor of {x.dtype}")
         features = x.detach().to(torch.float32)
         check_values(features.numel(), features.dim(), lambda: bool(features.isfinite().all()))
-        return features
+        return features.cpu().numpy()
     # lists and arrays are checked in NumPy: on a sample of a few dozen numbers each torch
     # call costs more than the check itself
     array = numeric_array(x)
     check_values(array.size, array.ndim, lambda: bool(np.isfinite(array).all()))
-    return torch.from_numpy(array)
+    return array
+
+
+def as_numpy(values: Any) -> np.ndarray:
+    """``values`` (an array, or a tensor on any device) as a NumPy array (no copy where
+    it already is one)."""
+    if isinstance(values, np.ndarray):
+        return values
+    return values.detach().cpu().numpy()
 
 
 def check_values(size: int, dims: int, finite: Callable[[], bool]) -> None:
@@ -237,8 +247,8 @@ class FeatureSchema:
             check_feature_name(name)
         return cls(list(x), missing)
 
-    def vector(self, x: Mapping[Any, Any]) -> torch.Tensor:
-        """``x``'s values in schema order, as a float32 tensor (:class:`EventError` for an
+    def vector(self, x: Mapping[Any, Any]) -> np.ndarray:
+        """``x``'s values in schema order, as a float32 array (:class:`EventError` for an
         unknown, missing, non-numeric or non-finite feature)."""
         values = np.zeros(len(self.names), dtype=np.float64)
         present = np.zeros(len(self.names), dtype=bool)
@@ -266,7 +276,7 @@ class FeatureSchema:
         if not np.isfinite(vector).all():
             name = self.names[int(np.argmin(np.isfinite(vector)))]
             raise EventError(f"feature {name!r} is NaN, infinite or beyond float32")
-        return torch.from_numpy(vector)
+        return vector
 
 
 def check_feature_name(name: object) -> str:
@@ -372,7 +382,7 @@ def event_from(
     return Event(client=client, label=label, x=x, line=line, id=event_id, checked=checked)
 
 
-def read_npy_row(path: object, row: object, base_dir: Path | None) -> torch.Tensor:
+def read_npy_row(path: object, row: object, base_dir: Path | None) -> np.ndarray:
     """The features stored at ``path`` (a ``.npy`` file), or its row ``row``."""
     if not isinstance(path, str) or not path:
         raise EventError('"path" must name a .npy file')

@@ -25,6 +25,11 @@ learn without testing, and predict without learning.
 The server's side (schedule, routing, model) sees placeholders and buffer counts only;
 real labels stay with the clients: in their buffers, their label maps and the map from
 labels to classifier rows (docs/architecture.md, "Streaming").
+
+With its defaults (an MLP on CPU trained by single-sample updates) the learner's model is
+the NumPy MLP of :mod:`.mlp` and nothing on its path imports torch; a torch model (given,
+another ``--model``, a GPU, or a policy that trains torch models) loads torch when the
+learner starts.
 """
 
 from __future__ import annotations
@@ -33,16 +38,11 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
-from stratify.backend import configure_cpu_for_single_sample, resolve_device
 from stratify.errors import ConfigError, RegistryError, TrainingError
-from stratify.nn.models import MLP, build_model
-from stratify.nn.norm import has_batch_norm
 from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.stream.buffers import ClientBuffers
@@ -59,11 +59,13 @@ from stratify.stream.events import (
     EventError,
     FeatureSchema,
     Identifier,
+    as_numpy,
     check_feature_name,
     check_features,
     check_identifier,
     check_label,
 )
+from stratify.stream.mlp import NumpyMLP
 from stratify.stream.policies import (
     PeriodicFedAvg,
     SingleSampleUpdates,
@@ -73,12 +75,14 @@ from stratify.stream.policies import (
 )
 from stratify.stream.prequential import Prequential
 from stratify.stream.scaling import RunningScaler
-from stratify.stream.step import MLPArrays, quiet
+from stratify.stream.step import MLPArrays, configure_blas_for_single_sample, quiet
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 #: held-out samples evaluated per forward pass
 EVAL_BATCH = 1000
-#: layers that compute differently in train and eval mode
-MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
 #: step losses kept on the device before they are summed (always after the same number of
 #: steps, so a resumed stream sums exactly as an uninterrupted one)
 PENDING_LOSSES = 1024
@@ -143,6 +147,8 @@ class StreamStats:
 
     def _sum_pending(self) -> None:
         if self.pending_losses:
+            import torch
+
             self.loss_sum += float(torch.stack(self.pending_losses).sum())
             self.loss_count += len(self.pending_losses)
             self.pending_losses = []
@@ -162,33 +168,37 @@ class StreamStats:
             "trained_samples": self.trained_samples,
             "loss_sum": self.loss_sum,
             "loss_count": self.loss_count,
-            "pending_losses": torch.stack(pending).cpu() if pending else torch.zeros(0),
+            "pending_losses": np.array([float(loss) for loss in pending], dtype=np.float32),
             "undone": self.undone,
             "predicted": self.predicted,
         }
 
-    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+    def load_state_dict(self, state: dict[str, Any], device: str) -> None:
         for name in ("events", "steps", "trained_samples", "loss_count", "undone", "predicted"):
             setattr(self, name, int(state[name]))
         self.loss_sum = float(state["loss_sum"])
-        pending = state["pending_losses"]
-        if pending.dim() != 1:
+        pending = np.asarray(state["pending_losses"], dtype=np.float32)
+        if pending.ndim != 1:
             raise ValueError("pending losses must be a vector")
-        self.pending_losses = list(pending.to(device, torch.float32).unbind())
+        self.pending_losses = []
+        if len(pending):  # only a torch model's steps leave losses on the device
+            import torch
+
+            self.pending_losses = list(torch.from_numpy(pending).to(device).unbind())
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """What the model said about one sample: the row it predicts and every row's
+    """What the model said about one sample: the row it predicts and every known row's
     probability (empty when the classifier has no class yet)."""
 
     row: int
-    probabilities: torch.Tensor
+    probabilities: np.ndarray
 
     def probability(self, row: int | None) -> float:
         if row is None or row >= len(self.probabilities):
             return 0.0
-        return float(self.probabilities.numpy()[row])
+        return float(self.probabilities[row])
 
 
 def make_stream_registry(config: StreamConfig) -> LabelRegistry:
@@ -209,9 +219,10 @@ class StreamLearner:
         The stream's settings (buffers, schedule, model, registry, scaling).
     model : torch.nn.Module, optional
         A model to keep training, e.g. one pre-trained in batch mode (default: a
-        ``config.model`` sized from the first event's features). Its ``head`` must be a
-        ``nn.Linear`` for the classifier to grow. A model trained on raw features wants
-        ``scale="none"``.
+        ``config.model`` sized from the first event's features: on CPU, an MLP is the
+        NumPy :class:`~stratify.stream.mlp.NumpyMLP` when the policy trains one). Its
+        ``head`` must be a ``nn.Linear`` for the classifier to grow. A model trained on
+        raw features wants ``scale="none"``.
     classes : sequence, optional
         The labels ``model``'s classifier rows stand for, in row order.
     registry : LabelRegistry, optional
@@ -247,9 +258,6 @@ class StreamLearner:
         if policy is not None and not isinstance(policy, StreamPolicy):
             raise ConfigError(f"policy must be a StreamPolicy, got {type(policy).__name__}")
         self.config = config
-        self.device = resolve_device(config.device)
-        if self.device.type == "cpu":
-            configure_cpu_for_single_sample()
         self.registry = registry if registry is not None else make_stream_registry(config)
         registered = len(self.registry.result.client_maps) if self.registry.result else 0
         if registered != len(clients):
@@ -263,6 +271,13 @@ class StreamLearner:
         if len(self.class_of) != len(self.classes) or len(self.client_of) != len(self.clients):
             raise ConfigError("classes and clients must be distinct")
         self.policy = policy if policy is not None else default_policy(config)
+        self.device = stream_device(config, model, self.policy)
+        if self.device == "cpu":
+            configure_blas_for_single_sample()
+        #: whether the model is (to be) the NumPy MLP: no torch on the learner's path
+        self.numpy_model = (
+            model is None and config.model == "mlp" and self.device == "cpu"
+        ) and self.policy.numpy_models
         self.prequential = Prequential(config.window)
         self.stats = StreamStats()
         #: (client, label) in the order the clients registered them
@@ -271,17 +286,18 @@ class StreamLearner:
         self.unregistered: dict[int, list[Identifier]] = {}
         #: client -> events it received since the first of them
         self.waiting: dict[int, int] = {}
-        self.model: nn.Module = model  # type: ignore[assignment]  # set by start()
+        self.model: Any = model  # NumpyMLP or torch module; set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
         self.scaler: RunningScaler | None = None
         self.schema: FeatureSchema | None = None
         self.input_shape: tuple[int, ...] | None = None
         self.mode_matters = True
-        #: NumPy views of an MLP's weights on CPU, for the prediction (:mod:`.step`)
+        #: an MLP's weights on CPU as NumPy arrays (the NumPy MLP itself, or views of a
+        #: torch MLP's), for the prediction (:mod:`.step`)
         self.arrays: MLPArrays | None = None
-        #: the model's parameters, detached: walking its modules for them every event
-        #: would cost as much as a small model's step
-        self.weights: list[torch.Tensor] = []
+        #: the model's parameters (arrays, or tensors detached): walking its modules for
+        #: them every event would cost as much as a small model's step
+        self.weights: list[Any] = []
         self._context: StreamContext | None = None
         #: named features already warned about as missing (``--missing zero``)
         self.warned_missing: set[str] = set()
@@ -299,6 +315,8 @@ class StreamLearner:
     @property
     def rows(self) -> int:
         """Rows of the classifier."""
+        if isinstance(self.model, NumpyMLP):
+            return self.model.rows
         return classifier_head(self.model).out_features
 
     def context(self) -> StreamContext:
@@ -323,35 +341,21 @@ class StreamLearner:
         config = self.config
         features = math.prod(input_shape)
         check_buffer_memory(config.capacity, features)
-        if self.model is None:
-            if rows is None:
-                rows = config.num_classes or max(1, len(self.classes))
+        if rows is None:
+            rows = config.num_classes or max(1, len(self.classes))
+        if self.model is None and self.numpy_model:
             check_model_memory(config, tuple(input_shape), rows)
-            torch.manual_seed(config.seed)
-            model = build_model(
-                config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
-            )
-            self.model = model.to(self.device)
+            self.model = NumpyMLP.build(features, rows, config.mlp_hidden, config.seed)
+            self.mode_matters = False
         else:
-            self.model = self.model.to(self.device)
-        if has_batch_norm(self.model):
-            raise ConfigError(
-                f"{type(self.model).__name__} normalises with batch statistics, which one "
-                "sample cannot give; use --norm gn (or none)"
-            )
-        head = classifier_head(self.model)
-        if head.out_features < len(self.classes) or (
-            config.num_classes is not None and head.out_features != config.num_classes
+            self.start_torch_model(tuple(input_shape), rows)
+        if self.rows < len(self.classes) or (
+            config.num_classes is not None and self.rows != config.num_classes
         ):
             raise ConfigError(
-                f"the model's classifier has {head.out_features} rows for "
+                f"the model's classifier has {self.rows} rows for "
                 f"{len(self.classes)} known classes and --num-classes {config.num_classes}"
             )
-        # switching a model between train and eval mode walks all its modules: on a small
-        # model that costs as much as the prediction, so it is done only where it matters
-        self.mode_matters = any(
-            isinstance(module, MODE_DEPENDENT) for module in self.model.modules()
-        )
         self.follow_model()
         self.input_shape = tuple(input_shape)
         self.buffers = ClientBuffers(
@@ -365,21 +369,56 @@ class StreamLearner:
             self.buffers.add_placeholder(self.registry.result.num_placeholders - 1)
         self.policy.setup(self.context())
 
+    def start_torch_model(self, input_shape: tuple[int, ...], rows: int) -> None:
+        """Build (unless given) the torch model on the device, with torch's CPU settings
+        for single-sample steps, and check that it can learn one sample at a time."""
+        import torch
+        from torch import nn
+
+        from stratify.backend import configure_cpu_for_single_sample
+        from stratify.nn.models import build_model
+        from stratify.nn.norm import has_batch_norm
+
+        if self.device == "cpu":
+            configure_cpu_for_single_sample()
+        config = self.config
+        if self.model is None:
+            check_model_memory(config, input_shape, rows)
+            torch.manual_seed(config.seed)
+            self.model = build_model(
+                config.model, input_shape, rows, norm=config.norm, hidden=config.mlp_hidden
+            )
+        self.model = self.model.to(self.device)
+        if has_batch_norm(self.model):
+            raise ConfigError(
+                f"{type(self.model).__name__} normalises with batch statistics, which one "
+                "sample cannot give; use --norm gn (or none)"
+            )
+        classifier_head(self.model)  # refuses a model whose classifier cannot grow
+        # switching a model between train and eval mode walks all its modules: on a small
+        # model that costs as much as the prediction, so it is done only where it matters
+        mode_dependent = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._NormBase)
+        self.mode_matters = any(
+            isinstance(module, mode_dependent) for module in self.model.modules()
+        )
+
     def follow_model(self) -> None:
         """Take the model's parameters now (after it was built or its classifier grew)."""
         self.arrays = MLPArrays.of(self.model)
-        self.weights = [parameter.detach() for parameter in self.model.parameters()]
+        if isinstance(self.model, NumpyMLP):
+            self.weights = list(self.model.arrays)
+        else:
+            self.weights = [parameter.detach() for parameter in self.model.parameters()]
         self._context = None
 
     # -- features -------------------------------------------------------------------------
 
-    def features(
-        self, x: object, fix_shape: bool = True, checked: bool = False
-    ) -> torch.Tensor | None:
-        """``x`` checked and shaped as the stream's samples, on the device (raw: not
-        standardised). The first event fixes the shape (``config.input_shape`` or its
-        own) and, for named features, the feature names; before it, with
-        ``fix_shape=False``, returns ``None`` (nothing to predict with yet). ``checked``:
+    def features(self, x: object, fix_shape: bool = True, checked: bool = False) -> Any:
+        """``x`` checked and shaped as the stream's samples (raw: not standardised): a
+        NumPy array on CPU, a tensor on the GPU. The first event fixes the shape
+        (``config.input_shape`` or its own) and, for named features, the feature names;
+        before it, with ``fix_shape=False``, returns ``None`` (nothing to predict with
+        yet). ``checked``:
         ``x`` is what :func:`~stratify.stream.events.check_features` returned (a parsed
         event's), so only its number of features is checked.
 
@@ -405,22 +444,25 @@ class StreamLearner:
         else:
             if self.schema is not None:
                 raise EventError("the stream's features are named (an object), not a list")
-            vector = x if checked and isinstance(x, torch.Tensor) else check_features(x)
+            vector = x if checked and isinstance(x, np.ndarray) else check_features(x)
         if not self.started:
             if not fix_shape:
                 return None
             shape = self.config.input_shape or tuple(vector.shape)
-            if math.prod(shape) != vector.numel():
+            if math.prod(shape) != vector.size:
                 raise EventError(
-                    f"{vector.numel()} features do not fit --input-shape "
-                    f"{','.join(map(str, shape))}"
+                    f"{vector.size} features do not fit --input-shape {','.join(map(str, shape))}"
                 )
             self.start(shape)
         assert self.input_shape is not None
         expected = math.prod(self.input_shape)
-        if vector.numel() != expected:
-            raise EventError(f"{vector.numel()} features, the stream's samples have {expected}")
-        return vector.reshape(self.input_shape).to(self.device)
+        if vector.size != expected:
+            raise EventError(f"{vector.size} features, the stream's samples have {expected}")
+        if self.device == "cpu":
+            return vector.reshape(self.input_shape)
+        import torch
+
+        return torch.from_numpy(vector).reshape(self.input_shape).to(self.device)
 
     def known_keys(self, x: Mapping[Any, Any], learning: bool) -> Mapping[Any, Any]:
         """Named features as river takes them, with ``--missing zero``: a missing one is
@@ -458,7 +500,7 @@ class StreamLearner:
         """
         assert self.schema is not None and self.input_shape is not None
         checked = [check_feature_name(name) for name in names]
-        if self.config.input_shape is not None or not isinstance(self.model, MLP):
+        if self.config.input_shape is not None or not self.is_mlp():
             raise EventError(
                 f"feature {checked[0]!r} is new, and the model's input is fixed (an MLP "
                 "sized from the first event grows; give --missing error to refuse such events)"
@@ -469,7 +511,10 @@ class StreamLearner:
             check_model_memory(self.config, (features,), self.rows)
         except ConfigError as error:
             raise EventError(str(error)) from None
-        replaced = widen_input(self.model, features)
+        if isinstance(self.model, NumpyMLP):
+            replaced = self.model.widen_input(features)
+        else:
+            replaced = widen_input(self.model, features)
         self.schema = FeatureSchema(self.schema.names + checked, self.config.missing)
         self.input_shape = (features,)
         self.buffers.widen(self.input_shape)
@@ -484,6 +529,14 @@ class StreamLearner:
             "features, the events so far had them as 0",
             stacklevel=5,
         )
+
+    def is_mlp(self) -> bool:
+        """Whether the model is an MLP (NumPy's or :class:`stratify.nn.models.MLP`)."""
+        if isinstance(self.model, NumpyMLP):
+            return True
+        from stratify.nn.models import MLP
+
+        return isinstance(self.model, MLP)
 
     def model_features(self, x: torch.Tensor) -> torch.Tensor:
         """Raw features as the model sees them at prediction: standardised by the
@@ -645,11 +698,9 @@ class StreamLearner:
                 predicted=prediction.row if prediction is not None else -1,
                 probability=prediction.probability(row) if prediction is not None else 0.0,
             )
-        # one sample's values as NumPy on CPU: the scaler and the buffers take them there
-        values = raw.numpy() if self.device.type == "cpu" else raw
         if self.scaler is not None:
-            self.scaler.update(values)
-        self.buffers.insert(client, values, row, placeholder, line)
+            self.scaler.update(raw)
+        self.buffers.insert(client, raw, row, placeholder, line)
         if new_class and self.imprints:
             self.imprint(row, raw)
         self.stats.events += 1
@@ -667,7 +718,7 @@ class StreamLearner:
         """Let the policy train, and check that the loss and the weights stayed finite."""
         undo = self.config.on_diverge == "skip"
         if undo:
-            saved = [weight.clone() for weight in self.weights]
+            saved = [copy_of(weight) for weight in self.weights]
             point = self.policy.save_point()
         done: Training = self.policy.after_arrival(self.context())
         if done.steps == 0 or self.finite(done):
@@ -678,8 +729,8 @@ class StreamLearner:
             self.stats.loss_count += done.loss_count
             return
         if undo:
-            with torch.no_grad():
-                torch._foreach_copy_(self.weights, saved)
+            for weight, value in zip(self.weights, saved):
+                weight[...] = value
             self.policy.restore_point(point)
             self.stats.undone += 1
             return
@@ -704,6 +755,8 @@ class StreamLearner:
                 for flat in self.arrays.flat:
                     squares += float(np.dot(flat, flat))
             return math.isfinite(squares) and math.isfinite(done.loss_sum)
+        import torch
+
         total = torch.stack(torch._foreach_norm(self.weights)).sum()
         if done.losses:
             total = total + torch.stack(done.losses).sum()
@@ -714,7 +767,7 @@ class StreamLearner:
         share of all they buffer: a class that appeared late, whose every sample should
         be trained at once (its client then registers it without waiting)."""
         held = np.bincount(
-            self.buffers.y.cpu().numpy()[self.buffers.occupied], minlength=len(self.classes)
+            self.buffers.targets()[self.buffers.occupied], minlength=len(self.classes)
         )
         return 2 * len(self.classes) * int(held[row]) < int(held.sum())
 
@@ -771,7 +824,11 @@ class StreamLearner:
         row = len(self.classes)
         self.classes.append(label)
         self.class_of[label] = row
-        if row >= self.rows:
+        if row >= self.rows and isinstance(self.model, NumpyMLP):
+            replaced = self.model.widen_classifier(row + 1, self.config.seed)
+            self.follow_model()
+            self.policy.classifier_grown(self.context(), replaced)
+        elif row >= self.rows:
             replaced = widen_classifier(self.model, row + 1, self.config.seed)
             self.follow_model()
             self.policy.classifier_grown(self.context(), replaced)
@@ -783,53 +840,79 @@ class StreamLearner:
         an MLP's only; a CNN on raw pixels learned worse with it (docs/architecture.md,
         "Streaming")."""
         choice = self.config.new_class
-        return choice == "imprint" or (choice == "auto" and isinstance(self.model, MLP))
+        return choice == "imprint" or (choice == "auto" and self.is_mlp())
 
-    def imprint(self, row: int, raw: torch.Tensor) -> None:
+    def imprint(self, row: int, raw: Any) -> None:
         """Imprint classifier row ``row`` from the sample ``raw`` (raw features) that
         brought its class, as training sees it (:func:`~.classifier.imprint_row`)."""
-        embedding = head_input(self.model, self.training_features(raw).unsqueeze(0))[0]
+        if isinstance(self.model, NumpyMLP):
+            with quiet():
+                self.model.imprint_row(
+                    row, self.model.embedding(self.array_features(raw).reshape(-1))
+                )
+            return
+        x = self.training_features(self.as_tensor(raw))
+        embedding = head_input(self.model, x.unsqueeze(0))[0]
         imprint_row(classifier_head(self.model), row, embedding)
 
-    def _predict(self, raw: torch.Tensor) -> Prediction:
+    def as_tensor(self, raw: Any) -> torch.Tensor:
+        """Raw features (:meth:`features`) as a tensor on the device."""
+        import torch
+
+        return torch.as_tensor(raw).to(self.device)
+
+    def _predict(self, raw: Any) -> Prediction:
         """The prediction for one sample of raw features (:meth:`features`)."""
         known = max(1, len(self.classes))
         if self.arrays is not None:
             # NumPy only, under one errstate: torch's no_grad and a second errstate cost
             # as much as the softmax (docs/architecture.md, "Streaming")
-            x = self.array_features(raw.numpy()).reshape(-1)
+            x = self.array_features(raw).reshape(-1)
             with quiet():
                 logits = self.arrays.activations(x)[-1][:known]
                 exp = np.exp(logits - logits.max())
                 probabilities = exp / exp.sum()
-            return Prediction(int(probabilities.argmax()), torch.from_numpy(probabilities))
+            return Prediction(int(probabilities.argmax()), probabilities)
+        import torch
+
         with torch.no_grad():
-            x_model = self.model_features(raw)
+            x_model = self.model_features(self.as_tensor(raw))
             if self.mode_matters:
                 self.model.eval()
             output = self.model(x_model.unsqueeze(0))[0, :known]
             if self.mode_matters:
                 self.model.train()
             probabilities_tensor = torch.softmax(output.float(), dim=0)
-        return Prediction(int(probabilities_tensor.argmax()), probabilities_tensor.cpu())
+        return Prediction(int(probabilities_tensor.argmax()), probabilities_tensor.cpu().numpy())
 
-    @torch.no_grad()
-    def test_accuracy(self, x_test: torch.Tensor, labels: Sequence[Identifier]) -> float | None:
-        """Accuracy on held-out samples (raw features, standardised as predictions are);
-        a label the stream has not brought yet counts as wrong. ``None`` before the first
-        event."""
+    def test_accuracy(self, x_test: Any, labels: Sequence[Identifier]) -> float | None:
+        """Accuracy on held-out samples (raw features, one row each, standardised as
+        predictions are); a label the stream has not brought yet counts as wrong.
+        ``None`` before the first event."""
         if self.input_shape is None:
             return None
         shape = self.input_shape
-        targets = torch.tensor([self.class_of.get(label, -1) for label in labels])
-        correct = 0
-        self.model.eval()
+        x_test = as_numpy(x_test)
+        targets = np.array([self.class_of.get(label, -1) for label in labels])
+        predicted = np.empty(len(targets), dtype=np.int64)
         for start in range(0, len(targets), EVAL_BATCH):
-            batch = x_test[start : start + EVAL_BATCH].to(self.device).reshape(-1, *shape)
-            predicted = self.model(self.model_features(batch)).argmax(dim=1).cpu()
-            correct += int((predicted == targets[start : start + EVAL_BATCH]).sum())
+            batch = x_test[start : start + EVAL_BATCH].reshape(-1, *shape)
+            predicted[start : start + len(batch)] = self.predict_rows(batch)
+        return float((predicted == targets).sum()) / len(targets)
+
+    def predict_rows(self, batch: np.ndarray) -> np.ndarray:
+        """The predicted row of every sample of a batch of raw features."""
+        if isinstance(self.model, NumpyMLP):
+            with quiet():
+                return self.model.logits(self.array_features(batch)).argmax(axis=1)
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            x = self.model_features(torch.from_numpy(batch).to(self.device))
+            predicted = self.model(x).argmax(dim=1).cpu().numpy()
         self.model.train()
-        return correct / len(targets)
+        return predicted
 
     # -- reporting and checkpoints --------------------------------------------------------
 
@@ -873,7 +956,7 @@ class StreamLearner:
         return {
             "input_shape": list(self.input_shape or ()),
             "rows": self.rows if self.started else 0,
-            "model": self.model.state_dict() if self.started else {},
+            "model": model_state(self.model) if self.started else {},
             "classes": list(self.classes),
             "clients": list(self.clients),
             "schema": list(self.schema.names) if self.schema is not None else None,
@@ -920,11 +1003,50 @@ class StreamLearner:
             return
         self.model = None  # type: ignore[assignment]  # rebuilt by start() at its saved size
         self.start(tuple(int(size) for size in state["input_shape"]), rows=int(state["rows"]))
-        self.model.load_state_dict(state["model"])
+        load_model_state(self.model, state["model"])
         self.buffers.load_state_dict(state["buffers"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.policy.load_state_dict(state["policy"])
+
+
+def stream_device(config: StreamConfig, model: object, policy: StreamPolicy) -> str:
+    """Where a stream's model and buffers live: ``cpu`` or ``cuda``. ``auto`` is the CPU
+    for the default MLP of a policy that trains the NumPy MLP (a single-sample step of it
+    is launch-bound on a GPU: docs/architecture.md, "Streaming"), else ``cuda`` when torch
+    sees a GPU; torch is loaded only to ask it."""
+    if config.device == "cpu" or (
+        config.device == "auto" and model is None and config.model == "mlp" and policy.numpy_models
+    ):
+        return "cpu"
+    from stratify.backend import resolve_device
+
+    return resolve_device(config.device).type
+
+
+def model_state(model: Any) -> dict[str, np.ndarray]:
+    """The weights of ``model`` (the NumPy MLP, or a torch module) as NumPy arrays under
+    its ``state_dict`` names."""
+    if isinstance(model, NumpyMLP):
+        return model.state_dict()
+    return {name: value.detach().cpu().numpy() for name, value in model.state_dict().items()}
+
+
+def load_model_state(model: Any, state: dict[str, Any]) -> None:
+    """Load :func:`model_state`'s weights into ``model``."""
+    if isinstance(model, NumpyMLP):
+        model.load_state_dict(state)
+        return
+    import torch
+
+    model.load_state_dict(
+        {name: torch.as_tensor(np.asarray(value)) for name, value in state.items()}
+    )
+
+
+def copy_of(weight: Any) -> Any:
+    """A copy of an array or a tensor."""
+    return weight.copy() if isinstance(weight, np.ndarray) else weight.clone()
 
 
 def default_policy(config: StreamConfig) -> StreamPolicy:

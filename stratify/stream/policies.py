@@ -12,7 +12,9 @@ As a :class:`~stratify.method.Strategy` does, a policy sees a narrow
 and returns what it did (:class:`Training`); the learner keeps the counters. The policy
 owns its optimizer state (Stratify's: a :class:`~stratify.stream.step.SingleSampleStep`):
 when parameters are replaced (a grown classifier, a widened input),
-:meth:`StreamPolicy.classifier_grown` tells it which.
+:meth:`StreamPolicy.classifier_grown` tells it which. A policy says on its class whether
+it can train the stream's NumPy MLP (:attr:`StreamPolicy.numpy_models`); the engine and
+torch are imported only by a policy that needs them.
 """
 
 from __future__ import annotations
@@ -20,21 +22,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
-from stratify.config import TrainConfig
-from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError
-from stratify.experiment import build_experiment
-from stratify.federation import Federation
-from stratify.registry import PlainRegistry
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.schedule import StreamSchedule
 from stratify.stream.step import SingleSampleStep
+
+if TYPE_CHECKING:
+    import torch
 
 #: what ``--algorithm`` of ``stratify stream`` may be
 STREAM_ALGORITHMS = ("stratify", "fedavg-periodic")
@@ -46,8 +44,10 @@ class StreamContext:
 
     Attributes
     ----------
-    model : torch.nn.Module
-        The global model (the policy trains it in place).
+    model : NumpyMLP or torch.nn.Module
+        The global model (the policy trains it in place): the stream's NumPy MLP
+        (:class:`~stratify.stream.mlp.NumpyMLP`) only for a policy whose
+        :attr:`~StreamPolicy.numpy_models` is true.
     buffers : ClientBuffers
         The clients' buffers (read-only for the policy, except :meth:`ClientBuffers.use`).
     rows : int
@@ -58,7 +58,7 @@ class StreamContext:
         The same on a NumPy sample (the CPU path of an MLP, :mod:`.step`).
     """
 
-    model: nn.Module
+    model: Any
     buffers: ClientBuffers
     rows: int
     transform: Callable[[torch.Tensor], torch.Tensor]
@@ -95,6 +95,9 @@ class StreamPolicy(ABC):
     """Training hooks a :class:`~stratify.stream.learner.StreamLearner` calls."""
 
     name: str = "policy"
+    #: whether it trains a :class:`~stratify.stream.mlp.NumpyMLP` (else the learner
+    #: builds torch models for it)
+    numpy_models: bool = False
 
     def setup(self, context: StreamContext) -> None:
         """Called once the learner has its model and buffers."""
@@ -104,7 +107,7 @@ class StreamPolicy(ABC):
         """Train after an event was buffered (test-then-train: it was predicted first);
         returns what was done."""
 
-    def classifier_grown(self, context: StreamContext, replaced: dict[int, torch.Tensor]) -> None:
+    def classifier_grown(self, context: StreamContext, replaced: dict[int, Any]) -> None:
         """The classifier got new rows: ``replaced`` maps the ``id`` of every replaced
         parameter to its successor (carry any state kept over the old ones)."""
 
@@ -157,6 +160,7 @@ class SingleSampleUpdates(StreamPolicy):
     """
 
     name = "stratify"
+    numpy_models = True
 
     def __init__(
         self,
@@ -203,7 +207,7 @@ class SingleSampleUpdates(StreamPolicy):
         done.transfers = self.schedule.transfers - transfers
         return done
 
-    def classifier_grown(self, context: StreamContext, replaced: dict[int, torch.Tensor]) -> None:
+    def classifier_grown(self, context: StreamContext, replaced: dict[int, Any]) -> None:
         assert self.step is not None  # setup ran
         self.step.follow(context.model, replaced)
 
@@ -303,6 +307,12 @@ class PeriodicFedAvg(StreamPolicy):
         held = [slots for slots in held if len(slots)]
         if not held:
             return Training()
+        from stratify.config import TrainConfig
+        from stratify.data.datasets import Dataset
+        from stratify.experiment import build_experiment
+        from stratify.federation import Federation
+        from stratify.registry import PlainRegistry
+
         x = context.transform(buffers.x)
         dataset = Dataset(
             name="stream-buffers",
@@ -325,7 +335,7 @@ class PeriodicFedAvg(StreamPolicy):
         engine = build_experiment(
             config,
             dataset=dataset,
-            federation=Federation(held, buffers.y.cpu().numpy()),
+            federation=Federation(held, buffers.targets()),
             registry=PlainRegistry(seed=self.seed),
             model=context.model,
         ).engine

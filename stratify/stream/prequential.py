@@ -14,7 +14,6 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-import torch
 
 #: probabilities are clipped to ``[LOG_LOSS_FLOOR, 1]`` before the log, as common
 #: log-loss implementations do (a class without a classifier row has probability 0)
@@ -40,6 +39,10 @@ class Prequential:
         #: confusion[true row, predicted row]; a prediction of no row (an empty
         #: classifier) is counted in the last column
         self.confusion = np.zeros((0, 1), dtype=np.int64)
+        #: samples of each true row so far (the confusion matrix's row sums)
+        self.supports: list[int] = []
+        #: the row with the most samples so far (-1 before any)
+        self.majority = -1
 
     def record(
         self,
@@ -62,12 +65,18 @@ class Prequential:
             The probability the model gave the true class (0 when it had no row).
         """
         if target is not None:
-            rows = self.confusion.shape[0]
-            supports = self.confusion.sum(axis=1)
-            majority = int(np.argmax(supports)) if rows and supports.max() > 0 else -1
-            self.majority_correct += majority == target
+            self.majority_correct += self.majority == target
             self._grow(max(target, predicted) + 1)
             self.confusion[target, predicted if predicted >= 0 else -1] += 1
+            self.supports[target] += 1
+            # the majority class so far, the first row among equals (as argmax): kept as
+            # the supports grow, since summing the confusion matrix per event costs more
+            # than the rest of the record
+            top = self.supports[self.majority] if self.majority >= 0 else 0
+            if self.supports[target] > top or (
+                self.supports[target] == top and target < self.majority
+            ):
+                self.majority = target
             if not math.isfinite(probability):  # non-finite logits: no usable probability
                 probability = 0.0
             self.log_loss_sum -= math.log(max(probability, LOG_LOSS_FLOOR))
@@ -85,6 +94,7 @@ class Prequential:
             grown[:have, :have] = self.confusion[:, :have]
             grown[:have, -1] = self.confusion[:, -1]
             self.confusion = grown
+            self.supports.extend([0] * (rows - have))
 
     @property
     def window_accuracy(self) -> float | None:
@@ -134,23 +144,27 @@ class Prequential:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "window": torch.tensor(list(self.window), dtype=torch.bool),
+            "window": np.array(self.window, dtype=bool),
             "correct": self.correct,
             "seen": self.seen,
             "majority_correct": self.majority_correct,
             "log_loss_sum": self.log_loss_sum,
-            "confusion": torch.from_numpy(self.confusion.copy()),
+            "confusion": self.confusion.copy(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.window.clear()
-        self.window.extend(bool(value) for value in state["window"].tolist())
+        self.window.extend(bool(value) for value in np.asarray(state["window"]).tolist())
         self.window_correct = sum(self.window)
         self.correct = int(state["correct"])
         self.seen = int(state["seen"])
         self.majority_correct = int(state["majority_correct"])
         self.log_loss_sum = float(state["log_loss_sum"])
-        confusion = state["confusion"].numpy().astype(np.int64)
+        confusion = np.array(state["confusion"], dtype=np.int64)
         if confusion.ndim != 2 or confusion.shape[1] != confusion.shape[0] + 1:
             raise ValueError(f"a confusion matrix of shape {confusion.shape}")
         self.confusion = confusion
+        self.supports = [int(count) for count in confusion.sum(axis=1)]
+        self.majority = (
+            int(np.argmax(self.supports)) if self.supports and max(self.supports) > 0 else -1
+        )

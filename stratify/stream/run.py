@@ -31,15 +31,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import torch
+import numpy as np
 
 from stratify.errors import ConfigError
 from stratify.files import guard_input, release_input
 from stratify.runfiles import RUN_FILES
 from stratify.runfolder import (
     RunFolder,
+    array_checkpoint_bytes,
     check_same_settings,
-    checkpoint_bytes,
+    json_safe,
     read_checkpoint,
     software_versions,
 )
@@ -62,8 +63,10 @@ from stratify.stream.events import (
 from stratify.stream.learner import Prediction, StreamLearner
 from stratify.stream.outputs import JsonLinesAppender, check_predictions_target
 
-#: checkpoint layout version
-CHECKPOINT_FORMAT = 2
+#: checkpoint layout version: 3 is an array checkpoint (NumPy arrays, no torch); 2, a
+#: torch.save file of tensors, is still read (its tensors become arrays)
+CHECKPOINT_FORMAT = 3
+READABLE_FORMATS = (2, 3)
 #: seconds between two progress callbacks (the live display)
 PROGRESS_SECONDS = 0.25
 #: consumed lines whose fingerprint a checkpoint keeps, at the start and at the end
@@ -204,7 +207,7 @@ class StreamRun:
             assert self.folder is not None  # --resume needs --out
             path = self.folder.path / "checkpoint.pt"
             checkpoint = read_checkpoint(path)
-            if checkpoint.get("format") != CHECKPOINT_FORMAT:
+            if checkpoint.get("format") not in READABLE_FORMATS:
                 raise ConfigError(
                     f"--resume: {path} is not a stream checkpoint of this version; start a "
                     "new run with --overwrite"
@@ -214,11 +217,13 @@ class StreamRun:
                 # a checkpoint of an earlier version drew a new class's row at random: it
                 # resumes with --new-class random
                 saved = {"new_class": "random", **saved}
-            check_same_settings(saved, config.comparable(), RESUMABLE_STREAM_CHANGES, path)
-            self.checkpoint_state = checkpoint
+            # as the checkpoint stores them (a tuple comes back a list)
+            current = json_safe(config.comparable())
+            check_same_settings(saved, current, RESUMABLE_STREAM_CHANGES, path)
+            self.checkpoint_state = as_arrays(checkpoint)
         self.test_features: list[Any] = []
         self.test_labels: list[Identifier] = []
-        self.x_test: torch.Tensor | None = None
+        self.x_test: np.ndarray | None = None
         if config.test is not None:
             self.test_features, self.test_labels = load_test_set(
                 config.test, config.max_line_bytes, self.files_root
@@ -322,7 +327,7 @@ class StreamRun:
             "pending": list(self.pending.values()),
             "learner": self.learner.state_dict(),
         }
-        self.folder.write_bytes("checkpoint.pt", checkpoint_bytes(state))
+        self.folder.write_bytes("checkpoint.pt", array_checkpoint_bytes(state))
         self.folder.write_json("summary.json", self.summary())
         self.folder.commit()
         self.last_checkpoint = time.monotonic()
@@ -380,7 +385,7 @@ class StreamRun:
         return {**dataclasses.asdict(self.config), "versions": software_versions()}
 
     def prepare_test_set(self) -> None:
-        """Turn the held-out samples into one tensor of the stream's features (once the
+        """Turn the held-out samples into one array of the stream's features (once the
         first event has fixed their number, or their names)."""
         if not self.test_features or self.x_test is not None:
             return
@@ -391,8 +396,8 @@ class StreamRun:
             except EventError as error:
                 raise ConfigError(f"--test {self.config.test} sample {number}: {error}") from None
             assert vector is not None
-            rows.append(vector.cpu())
-        self.x_test = torch.stack(rows)
+            rows.append(vector if isinstance(vector, np.ndarray) else vector.cpu().numpy())
+        self.x_test = np.stack(rows)
 
     # -- the stream -----------------------------------------------------------------------
 
@@ -574,7 +579,7 @@ class StreamRun:
             "x": event.x,
             "line": event.line,
             "row": -1 if prediction is None else prediction.row,
-            "probabilities": torch.zeros(0) if prediction is None else prediction.probabilities,
+            "probabilities": np.zeros(0) if prediction is None else prediction.probabilities,
         }
 
     def late_label(self, item: LateLabel) -> bool:
@@ -751,3 +756,16 @@ def looks_complete(raw: RawLine) -> bool:
     except (ValueError, RecursionError):
         return False
     return True
+
+
+def as_arrays(state: Any) -> Any:
+    """``state`` with every torch tensor (a format-2 checkpoint's) replaced by a NumPy
+    array; torch is only loaded if the checkpoint's reader loaded it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(state, torch.Tensor):
+        return state.detach().cpu().numpy()
+    if isinstance(state, dict):
+        return {key: as_arrays(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [as_arrays(value) for value in state]
+    return state

@@ -11,10 +11,12 @@ training uses the statistics of every event learned so far, the sample included
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 #: what ``--scale`` may be
 SCALES = ("running", "none")
@@ -36,11 +38,11 @@ class RunningScaler:
     ----------
     shape : tuple of int
         Shape of one sample.
-    device : torch.device
+    device : str
         Where the standardisation of a tensor happens (the model's device).
     """
 
-    def __init__(self, shape: tuple[int, ...], device: torch.device) -> None:
+    def __init__(self, shape: tuple[int, ...], device: str = "cpu") -> None:
         self.device = device
         self.count = 0
         self.mean = np.zeros(shape, dtype=np.float64)
@@ -55,7 +57,7 @@ class RunningScaler:
 
     def update(self, x: np.ndarray | torch.Tensor) -> None:
         """Add one sample to the statistics."""
-        values = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+        values = x if isinstance(x, np.ndarray) else x.detach().cpu().numpy()
         values = values.astype(np.float64).reshape(self.mean.shape)
         self.count += 1
         delta = values - self.mean
@@ -89,7 +91,9 @@ class RunningScaler:
         if self.count == 0:
             return x
         out = (x - self.shift) * self.factor
-        return np.clip(out, -CLIP, CLIP, out=out)
+        # the ufuncs themselves: np.clip's dispatch costs more than clipping a sample
+        np.maximum(out, -CLIP, out=out)
+        return np.minimum(out, CLIP, out=out)
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (one sample or a batch) standardised, clipped to ``[-10, 10]``, float32.
@@ -97,6 +101,8 @@ class RunningScaler:
         if self.count == 0:
             return x
         if self._tensors is None:
+            import torch
+
             self._tensors = (
                 torch.from_numpy(self.shift).to(self.device),
                 torch.from_numpy(self.factor).to(self.device),
@@ -107,8 +113,8 @@ class RunningScaler:
     def state_dict(self) -> dict[str, Any]:
         return {
             "count": self.count,
-            "mean": torch.from_numpy(self.mean.copy()),
-            "m2": torch.from_numpy(self.m2.copy()),
+            "mean": self.mean.copy(),
+            "m2": self.m2.copy(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -116,7 +122,7 @@ class RunningScaler:
         if tuple(mean.shape) != self.mean.shape or tuple(m2.shape) != self.m2.shape:
             raise ValueError(f"scaler statistics of shape {tuple(mean.shape)} do not fit")
         self.count = int(state["count"])
-        self.mean = mean.to(torch.float64).numpy().copy()
-        self.m2 = m2.to(torch.float64).numpy().copy()
+        self.mean = np.array(mean, dtype=np.float64)
+        self.m2 = np.array(m2, dtype=np.float64)
         if self.count:
             self.refresh()

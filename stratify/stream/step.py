@@ -7,26 +7,27 @@ first gradient), without ``torch.optim``: creating a torch optimizer imports
 ``torch._dynamo`` (seconds of start-up and hundreds of MB), and its per-step bookkeeping
 costs more than a small model's step.
 
-For the MLPs of :mod:`stratify.nn.models` on CPU (the default model of tabular streams),
-forward, backward and the update are written out in NumPy over views of the model's own
-parameters and of the velocity (:class:`MLPArrays`, :meth:`SingleSampleStep.step_array`):
-a batch-of-one step of torch's eager autograd costs tens of
-dispatcher calls of a few microseconds each, while the arithmetic of a 200-200 MLP on one
-sample takes about as long as one of them. Any other model, or any model on a GPU, steps
-with ``torch.autograd.grad`` and fused ``_foreach`` updates.
+For an MLP on CPU (the default model of a stream: :class:`~stratify.stream.mlp.NumpyMLP`,
+or a torch :class:`~stratify.nn.models.MLP` through views of its parameters), forward,
+backward and the update are written out in NumPy (:class:`MLPArrays`,
+:meth:`SingleSampleStep.step_array`): a batch-of-one step of torch's eager autograd costs
+tens of dispatcher calls of a few microseconds each, while the arithmetic of a 200-200 MLP
+on one sample takes about as long as one of them. Any other model, or any model on a GPU,
+steps with ``torch.autograd.grad`` and fused ``_foreach`` updates. This module imports
+torch only for such models.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as functional
-from torch import nn
+from scipy.linalg import blas
 
-from stratify.nn.models import MLP
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 #: a diverging model overflows silently, as torch does: the learner's divergence check
@@ -36,48 +37,79 @@ def quiet() -> np.errstate:
     return np.errstate(over="ignore", invalid="ignore")
 
 
-class MLPArrays:
-    """NumPy views of an MLP's weights: its forward pass and single-sample gradients.
+def configure_blas_for_single_sample() -> None:
+    """One BLAS thread for NumPy and SciPy, process-wide: a single sample's products are
+    too small to split, and on two busy cores a threaded rank-1 update of a 200×200 layer
+    took 92 µs against 7 µs on one thread (docs/architecture.md, "Streaming")."""
+    from threadpoolctl import threadpool_limits
 
-    The arrays share memory with the model's parameters, so an update through them is an
-    update of the model, and a change of the model (``load_state_dict``, an optimizer) is
-    seen here; a replaced parameter (a grown classifier) needs a new :class:`MLPArrays`.
+    threadpool_limits(1, user_api="blas")
+
+
+class MLPArrays:
+    """An MLP's weights as NumPy arrays: its forward pass and single-sample gradients.
 
     Parameters
     ----------
-    model : stratify.nn.models.MLP
-        On CPU, float32 (see :meth:`of`).
+    weights, biases : list of numpy.ndarray
+        Per layer (the head last), float32: a ``(out, in)`` weight and an ``(out,)`` bias.
+        They may be views of a torch MLP's parameters (:meth:`of`): an update through
+        them is then an update of the model, and a change of the model
+        (``load_state_dict``, an optimizer) is seen here; a replaced parameter (a grown
+        classifier) needs a new :class:`MLPArrays`.
+    parameters : list, optional
+        What the arrays are views of (a torch model's parameters, in :attr:`arrays`
+        order); default: the arrays themselves.
     """
 
-    def __init__(self, model: MLP) -> None:
-        linears = [layer for layer in model.layers if isinstance(layer, nn.Linear)]
-        linears.append(model.head)
-        self.parameters: list[torch.Tensor] = [
-            p for layer in linears for p in (layer.weight, layer.bias)
-        ]
-        self.weights = [layer.weight.detach().numpy() for layer in linears]
-        self.biases = [layer.bias.detach().numpy() for layer in linears]
-        #: every array in :attr:`parameters` order (weight, bias of each layer)
+    def __init__(
+        self,
+        weights: list[np.ndarray],
+        biases: list[np.ndarray],
+        parameters: list[Any] | None = None,
+    ) -> None:
+        self.weights = weights
+        self.biases = biases
+        #: every array in parameter order (weight, bias of each layer)
         self.arrays = [a for pair in zip(self.weights, self.biases) for a in pair]
+        #: what the arrays are (views of): a step's velocity follows them
+        #: (:meth:`SingleSampleStep.follow`)
+        self.sources: list[Any] = self.arrays if parameters is None else parameters
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in self.arrays):
+            # the BLAS updates of SingleSampleStep write through the arrays' memory
+            raise ValueError("an MLP's arrays must be C-contiguous float32")
         #: :attr:`arrays` flattened (views of the same memory), for the learner's check
         #: that every weight is finite
         self.flat = [a.reshape(-1) for a in self.arrays]
-        #: one array of each weight's shape, for :meth:`outer`
-        self.scratch = [np.empty_like(weight) for weight in self.weights]
 
     @classmethod
-    def of(cls, model: nn.Module) -> MLPArrays | None:
-        """Views of ``model`` if it is an MLP of float32 CPU tensors with biases, else
-        ``None`` (it steps with autograd)."""
+    def of(cls, model: object) -> MLPArrays | None:
+        """``model`` itself if it is one, views of a torch MLP of float32 CPU tensors
+        with biases, else ``None`` (it steps with autograd)."""
+        if isinstance(model, MLPArrays):
+            return model
+        import torch
+        from torch import nn
+
+        from stratify.nn.models import MLP
+
         if type(model) is not MLP:
             return None
         parameters = list(model.parameters())
-        if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in parameters):
+        if any(
+            p.device.type != "cpu" or p.dtype != torch.float32 or not p.is_contiguous()
+            for p in parameters
+        ):
             return None
         linears = [layer for layer in model.layers if isinstance(layer, nn.Linear)]
-        if any(layer.bias is None for layer in [*linears, model.head]):
+        linears.append(model.head)
+        if any(layer.bias is None for layer in linears):
             return None
-        return cls(model)  # type: ignore[arg-type]
+        return cls(
+            [layer.weight.detach().numpy() for layer in linears],
+            [layer.bias.detach().numpy() for layer in linears],
+            [p for layer in linears for p in (layer.weight, layer.bias)],
+        )
 
     def activations(self, x: np.ndarray) -> list[np.ndarray]:
         """Every layer's input for one flattened sample, and the logits last (call under
@@ -96,9 +128,8 @@ class MLPArrays:
     ) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
         """The cross-entropy loss of one sample and its gradient as factors: per layer,
         ``(delta, input)``, whose outer product is the weight's gradient and ``delta``
-        the bias's (call under :func:`quiet`). A weight's gradient is never built apart:
-        :meth:`SingleSampleStep.step_array` adds it straight into the weight (or the
-        velocity) through :attr:`scratch`."""
+        the bias's (call under :func:`quiet`); :meth:`SingleSampleStep.step_array` adds
+        the products straight into the weights (or the velocity)."""
         values = self.activations(x)
         logits = values[-1]
         top = float(logits.max())
@@ -116,20 +147,13 @@ class MLPArrays:
         factors.reverse()
         return loss, factors
 
-    def outer(self, layer: int, delta: np.ndarray, x: np.ndarray, scale: float) -> np.ndarray:
-        """``scale · outer(delta, x)`` in layer ``layer``'s scratch array (reused every
-        step: a fresh array of a 200×200 layer costs as much as the product)."""
-        out = self.scratch[layer]
-        np.multiply((delta * np.float32(scale))[:, None], x, out=out)
-        return out
-
 
 class SingleSampleStep:
     """SGD with momentum over ``model``'s parameters, one sample per step.
 
     Parameters
     ----------
-    model : torch.nn.Module
+    model : NumpyMLP or torch.nn.Module
         Trained in place.
     lr : float
         Learning rate.
@@ -137,7 +161,7 @@ class SingleSampleStep:
         Momentum ``μ`` (0: plain SGD, no velocity kept).
     """
 
-    def __init__(self, model: nn.Module, lr: float, momentum: float) -> None:
+    def __init__(self, model: MLPArrays | nn.Module, lr: float, momentum: float) -> None:
         self.lr = lr
         self.momentum = momentum
         self.arrays: MLPArrays | None = None
@@ -145,29 +169,32 @@ class SingleSampleStep:
         self.follow(model)
 
     @property
-    def velocity(self) -> list[torch.Tensor] | None:
-        """One tensor per parameter once a step was taken (with momentum), else ``None``."""
+    def velocity(self) -> list[Any] | None:
+        """One array (NumPy model) or tensor per parameter once a step was taken (with
+        momentum), else ``None``."""
         return self._velocity
 
     @velocity.setter
-    def velocity(self, value: list[torch.Tensor] | None) -> None:
+    def velocity(self, value: list[Any] | None) -> None:
         self._velocity = value
         #: NumPy views of the velocity, for :meth:`step_array`
         self.velocity_arrays = (
-            [v.numpy() for v in value] if value is not None and self.arrays is not None else []
+            [v if isinstance(v, np.ndarray) else v.numpy() for v in value]
+            if value is not None and self.arrays is not None
+            else []
         )
 
-    def follow(self, model: nn.Module, replaced: dict[int, torch.Tensor] | None = None) -> None:
+    def follow(self, model: MLPArrays | nn.Module, replaced: dict[int, Any] | None = None) -> None:
         """Step ``model``'s parameters now, carrying every velocity over; a replaced
         parameter's (``replaced``: ``id`` of the old one → the new one) is padded with
         zeros for its new rows or columns."""
         old = getattr(self, "parameters", [])
         self.model = model
         self.arrays = MLPArrays.of(model)
-        self.parameters: list[torch.Tensor] = (
-            self.arrays.parameters
+        self.parameters: list[Any] = (
+            self.arrays.sources
             if self.arrays is not None
-            else [p for p in model.parameters() if p.requires_grad]
+            else [p for p in model.parameters() if p.requires_grad]  # type: ignore[union-attr]
         )
         if self.velocity is None or not old:
             return
@@ -178,9 +205,9 @@ class SingleSampleStep:
         for parameter in self.parameters:
             value = carried.get(id(parameter))
             if value is None:
-                value = torch.zeros_like(parameter)
+                value = zeros_like(parameter)
             elif value.shape != parameter.shape:  # grown rows or columns: zeros there
-                padded = value.new_zeros(parameter.shape)
+                padded = zeros_like(parameter)
                 padded[tuple(slice(0, size) for size in value.shape)] = value
                 value = padded
             velocity.append(value)
@@ -191,6 +218,10 @@ class SingleSampleStep:
         the loss before the step (a float, or a tensor left on the device)."""
         if self.arrays is not None:
             return self.step_array(x.reshape(-1).numpy(), target)
+        import torch
+        import torch.nn.functional as functional
+
+        assert not isinstance(self.model, MLPArrays)
         output = self.model(x)
         targets = torch.tensor([target], device=output.device)
         loss_tensor = functional.cross_entropy(output, targets)
@@ -201,7 +232,11 @@ class SingleSampleStep:
 
     def step_array(self, x: np.ndarray, target: int) -> float:
         """One SGD step of an MLP on CPU (:attr:`arrays` set) on the flat sample ``x``,
-        all in NumPy over the model's own memory; returns the loss before the step."""
+        in NumPy and BLAS over the model's own memory; returns the loss before the step.
+
+        A weight's gradient is never built apart: it is a rank-1 update (BLAS ``sger``)
+        of the weight, or of its velocity, in place (a C-order ``out × in`` array is the
+        Fortran-order ``in × out`` one BLAS updates)."""
         arrays = self.arrays
         assert arrays is not None
         lr, momentum = self.lr, self.momentum
@@ -209,26 +244,26 @@ class SingleSampleStep:
             loss, factors = arrays.backward(x, target)
             if momentum == 0:
                 for layer, (delta, inputs) in enumerate(factors):
-                    arrays.weights[layer] += arrays.outer(layer, delta, inputs, -lr)
+                    blas.sger(-lr, inputs, delta, a=arrays.weights[layer].T, overwrite_a=True)
                     arrays.biases[layer] -= lr * delta
                 return loss
             if self.velocity is None:
-                self.velocity = [torch.zeros_like(p) for p in self.parameters]
+                self.velocity = [zeros_like(p) for p in self.parameters]
                 momentum = 0.0  # torch's first velocity is the gradient itself
             velocity = self.velocity_arrays
             for layer, (delta, inputs) in enumerate(factors):
                 weight_velocity, bias_velocity = velocity[2 * layer], velocity[2 * layer + 1]
                 weight_velocity *= momentum
-                weight_velocity += arrays.outer(layer, delta, inputs, 1.0)
+                blas.sger(1.0, inputs, delta, a=weight_velocity.T, overwrite_a=True)
                 bias_velocity *= momentum
                 bias_velocity += delta
-                arrays.weights[layer] -= np.multiply(
-                    weight_velocity, np.float32(lr), out=arrays.scratch[layer]
-                )
+                blas.saxpy(weight_velocity.reshape(-1), arrays.weights[layer].reshape(-1), a=-lr)
                 arrays.biases[layer] -= lr * bias_velocity
         return loss
 
     def _update(self, gradients: list[torch.Tensor]) -> None:
+        import torch
+
         with torch.no_grad():
             if self.momentum == 0:
                 torch._foreach_add_(self.parameters, gradients, alpha=-self.lr)
@@ -240,20 +275,27 @@ class SingleSampleStep:
                 torch._foreach_add_(self.velocity, gradients)
             torch._foreach_add_(self.parameters, self.velocity, alpha=-self.lr)
 
-    def save_point(self) -> list[torch.Tensor] | None:
+    def save_point(self) -> list[Any] | None:
         """A copy of the velocity, for :meth:`restore_point`."""
-        return None if self.velocity is None else [v.clone() for v in self.velocity]
+        return (
+            None
+            if self.velocity is None
+            else [v.copy() if isinstance(v, np.ndarray) else v.clone() for v in self.velocity]
+        )
 
-    def restore_point(self, point: list[torch.Tensor] | None) -> None:
+    def restore_point(self, point: list[Any] | None) -> None:
         """Put back the velocity :meth:`save_point` copied (none: forget it)."""
         self.velocity = point
 
     def state_dict(self) -> dict[str, Any]:
-        """The velocity in ``torch.optim.SGD``'s ``state_dict`` layout (checkpoints of
-        either read the same)."""
+        """The velocity in ``torch.optim.SGD``'s ``state_dict`` layout, as NumPy arrays
+        under the parameters' positions written as strings (a checkpoint's keys)."""
         state = {}
         if self.velocity is not None:
-            state = {index: {"momentum_buffer": v.cpu()} for index, v in enumerate(self.velocity)}
+            state = {
+                str(index): {"momentum_buffer": as_array(v)}
+                for index, v in enumerate(self.velocity)
+            }
         group = {
             "lr": self.lr,
             "momentum": self.momentum,
@@ -275,6 +317,31 @@ class SingleSampleStep:
             if tuple(value.shape) != tuple(parameter.shape):
                 raise ValueError(f"a velocity of shape {tuple(value.shape)} does not fit")
         self.velocity = [
-            value.to(parameter.device, parameter.dtype).clone()
-            for value, parameter in zip(buffers, self.parameters)
+            like(value, parameter) for value, parameter in zip(buffers, self.parameters)
         ]
+
+
+def as_array(value: Any) -> np.ndarray:
+    """A NumPy copy of an array or a tensor (on any device)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return value.detach().cpu().numpy().copy()
+
+
+def zeros_like(parameter: Any) -> Any:
+    """Zeros of ``parameter``'s shape and kind (NumPy array, or tensor on its device)."""
+    if isinstance(parameter, np.ndarray):
+        return np.zeros_like(parameter)
+    import torch
+
+    return torch.zeros_like(parameter)
+
+
+def like(value: Any, parameter: Any) -> Any:
+    """A copy of ``value`` (an array or a tensor) as ``parameter`` is: a float32 NumPy
+    array, or a tensor of its device and dtype."""
+    if isinstance(parameter, np.ndarray):
+        return np.array(as_array(value), dtype=parameter.dtype)
+    import torch
+
+    return torch.as_tensor(as_array(value)).to(parameter.device, parameter.dtype)
