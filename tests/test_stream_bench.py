@@ -119,3 +119,26 @@ def test_bench_stream_writes_its_figures(tmp_path):
             assert row["river_ratio"] == pytest.approx(
                 row["events_per_s"] / row["river_events_per_s"]
             )
+
+
+def test_the_peak_memory_is_the_childs_own_not_its_parents():
+    """Linux folds the parent's peak into a child's ``ru_maxrss`` at exec: with torch
+    loaded here (hundreds of MB), a child that holds a few MB reports the parent's size
+    there, and its own through ``VmHWM``."""
+    import os
+    import time
+
+    from stratify.bench.stream import resident_peak_mib
+
+    if not os.path.exists(f"/proc/{os.getpid()}/status"):
+        pytest.skip("no /proc on this system: the bench falls back to ru_maxrss")
+    torch.zeros(1)  # torch is loaded in this process
+    own = resident_peak_mib(os.getpid())
+    assert own is not None and own > 200
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    time.sleep(0.5)
+    peak = resident_peak_mib(child.pid)
+    _, _, usage = os.wait4(child.pid, 0)
+    assert peak is not None and peak < 50 < own
+    assert usage.ru_maxrss / 1024 > own / 2  # the parent's size, not the child's
+
