@@ -124,7 +124,9 @@ def torch_version() -> str:
         except (OSError, SyntaxError, ValueError):
             continue
         for node in tree.body:
-            target = node.targets[0] if isinstance(node, ast.Assign) else None
+            if not isinstance(node, ast.Assign):
+                continue
+            target = node.targets[0]
             if isinstance(target, ast.Name) and target.id == "__version__":
                 return str(ast.literal_eval(node.value))
     return metadata.version("torch")

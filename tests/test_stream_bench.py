@@ -141,4 +141,3 @@ def test_the_peak_memory_is_the_childs_own_not_its_parents():
     _, _, usage = os.wait4(child.pid, 0)
     assert peak is not None and peak < 50 < own
     assert usage.ru_maxrss / 1024 > own / 2  # the parent's size, not the child's
-

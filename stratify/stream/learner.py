@@ -511,6 +511,7 @@ class StreamLearner:
             check_model_memory(self.config, (features,), self.rows)
         except ConfigError as error:
             raise EventError(str(error)) from None
+        replaced: dict[int, Any]
         if isinstance(self.model, NumpyMLP):
             replaced = self.model.widen_input(features)
         else:
@@ -824,12 +825,12 @@ class StreamLearner:
         row = len(self.classes)
         self.classes.append(label)
         self.class_of[label] = row
-        if row >= self.rows and isinstance(self.model, NumpyMLP):
-            replaced = self.model.widen_classifier(row + 1, self.config.seed)
-            self.follow_model()
-            self.policy.classifier_grown(self.context(), replaced)
-        elif row >= self.rows:
-            replaced = widen_classifier(self.model, row + 1, self.config.seed)
+        if row >= self.rows:
+            replaced: dict[int, Any]
+            if isinstance(self.model, NumpyMLP):
+                replaced = self.model.widen_classifier(row + 1, self.config.seed)
+            else:
+                replaced = widen_classifier(self.model, row + 1, self.config.seed)
             self.follow_model()
             self.policy.classifier_grown(self.context(), replaced)
         return row
