@@ -330,7 +330,7 @@ def test_imprinting_leaves_the_first_class_and_a_dead_embedding_alone():
     assert imprint_row(head, 2, torch.tensor([0.0, 3.0, 0.0, 4.0]))
     scale = float(before[:2].norm(dim=1).mean()) / 5.0
     torch.testing.assert_close(head.weight[2], torch.tensor([0.0, 3.0, 0.0, 4.0]) * scale)
-    assert float(head.bias[2]) == pytest.approx(float(head.bias[:2].mean()))
+    assert float(head.bias[2].detach()) == pytest.approx(float(head.bias[:2].detach().mean()))
     assert torch.equal(head.weight[:2], before[:2])
 
 
@@ -373,3 +373,27 @@ def test_the_numpy_path_learns_what_the_torch_path_learns(monkeypatch, momentum)
         assert mine.keys() == theirs.keys()
         for label in mine:
             assert mine[label] == pytest.approx(theirs[label], abs=1e-5)
+
+
+def test_the_numpy_mlp_is_the_default_model_and_torch_serves_the_rest():
+    """Defaults (an MLP, --device auto) train the NumPy MLP on CPU; a policy that trains
+    torch models (the periodic FedAvg baseline), another model or a given model gets a
+    torch model."""
+    from torch import nn
+
+    from stratify.nn.models import MLP
+    from stratify.stream.mlp import NumpyMLP
+
+    sample = cluster(0, np.random.default_rng(0))
+    default = StreamLearner(StreamConfig(secure=False, mlp_hidden=(8,)))
+    default.learn_one(sample, 0)
+    assert default.device == "cpu" and isinstance(default.model, NumpyMLP)
+    baseline = StreamLearner(config(algorithm="fedavg-periodic"))
+    baseline.learn_one(sample, 0)
+    assert type(baseline.model) is MLP and not baseline.policy.numpy_models
+    cnn = StreamLearner(config(model="cnn", mlp_hidden=None, input_shape=(1, 8, 8)))
+    cnn.learn_one(np.zeros(64, dtype=np.float32), 0)
+    assert isinstance(cnn.model, nn.Module) and cnn.arrays is None
+    given = StreamLearner(config(), model=MLP((FEATURES,), 1, hidden=(16,)))
+    given.learn_one(sample, 0)
+    assert type(given.model) is MLP and given.arrays is not None  # NumPy views of its weights

@@ -302,7 +302,12 @@ class StreamConfig(RunSettings):
         "seed",
         help="Seeds the schedule, the selection and the model's initial weights.",
     )
-    device: str = option_of(CommonOptions, "device", help="Where the model and the buffers live.")
+    device: str = option_of(
+        CommonOptions,
+        "device",
+        help="Where the model and the buffers live; auto is the CPU for the MLP (NumPy, no "
+        "torch), a GPU torch sees for other models.",
+    )
     secure: bool = option_of(CommonOptions, "secure", check=check_flag)
     protocol: str = option_of(CommonOptions, "protocol")
     out: str | None = None

@@ -276,8 +276,11 @@ class StreamLearner:
             configure_blas_for_single_sample()
         #: whether the model is (to be) the NumPy MLP: no torch on the learner's path
         self.numpy_model = (
-            model is None and config.model == "mlp" and self.device == "cpu"
-        ) and self.policy.numpy_models
+            model is None
+            and config.model == "mlp"
+            and self.device == "cpu"
+            and self.policy.numpy_models
+        )
         self.prequential = Prequential(config.window)
         self.stats = StreamStats()
         #: (client, label) in the order the clients registered them
