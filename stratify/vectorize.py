@@ -37,13 +37,11 @@ from stratify.compiled import (
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, TrainingError
 from stratify.method import EpochStats, LocalWork
+from stratify.nn.catalog import BATCH_STATISTICS_NORMS
 from stratify.run import Run
 
 #: ``--vectorize`` given without a number: runs per group
 DEFAULT_GROUP_SIZE = 16
-
-#: norms whose statistics come from the batch: one sample cannot give them
-BATCH_STATISTICS_NORMS = ("bn", "sumbn", "sumbn-client-mean")
 
 #: steps between two progress reports of a lane
 PROGRESS_EVERY = 1000
