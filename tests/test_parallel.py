@@ -135,6 +135,12 @@ def group_alive(group):
     return True
 
 
+def terminal_sigint() -> None:
+    """In a child before exec: SIGINT unblocked and at its default action."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
     # the signal goes once seed 0's first epoch is saved: the epochs after it must outlast
@@ -164,7 +170,10 @@ def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
         "--out",
         str(out),
     ]
-    # a session of its own: Ctrl-C in a terminal reaches the whole process group
+    # a session of its own: Ctrl-C in a terminal reaches the whole process group; and
+    # SIGINT delivered, with its default action, as a terminal's command has it, whatever
+    # this process has: an ignored or blocked SIGINT is inherited through exec (a
+    # background job of a script ignores it), and the runs would then finish (exit 0)
     process = subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -172,12 +181,15 @@ def test_ctrl_c_stops_every_worker_and_resume_finishes_the_runs(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=terminal_sigint,
     )
     started = wait_for(lambda: (out / "seed-0" / "checkpoint.pt").exists())
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert started, stderr
-    assert process.returncode == 130, stderr
+    # what this process had, for a failure's diagnosis (the child was reset either way)
+    here = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    assert process.returncode == 130, (here, stderr)
     assert "--resume" in stderr
     assert wait_for(lambda: not group_alive(process.pid), 20), "a worker outlived Ctrl-C"
     assert folder_state(config(out / "seed-0", epochs=epochs)).kind in ("resumable", "finished")
