@@ -75,7 +75,7 @@ from stratify.stream.policies import (
 )
 from stratify.stream.prequential import Prequential
 from stratify.stream.scaling import RunningScaler
-from stratify.stream.step import MLPArrays, configure_blas_for_single_sample, quiet
+from stratify.stream.step import MLPArrays, configure_blas_for_single_sample, copy_of, quiet
 
 if TYPE_CHECKING:
     import torch
@@ -1046,11 +1046,6 @@ def load_model_state(model: Any, state: dict[str, Any]) -> None:
     model.load_state_dict(
         {name: torch.as_tensor(np.asarray(value)) for name, value in state.items()}
     )
-
-
-def copy_of(weight: Any) -> Any:
-    """A copy of an array or a tensor."""
-    return weight.copy() if isinstance(weight, np.ndarray) else weight.clone()
 
 
 def default_policy(config: StreamConfig) -> StreamPolicy:

@@ -51,6 +51,7 @@ from stratify.stream.events import (
     Identifier,
     LateLabel,
     RawLine,
+    as_numpy,
     check_identifier,
     check_source,
     is_regular_file,
@@ -763,7 +764,7 @@ def as_arrays(state: Any) -> Any:
     array; torch is only loaded if the checkpoint's reader loaded it."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(state, torch.Tensor):
-        return state.detach().cpu().numpy()
+        return as_numpy(state)
     if isinstance(state, dict):
         return {key: as_arrays(value) for key, value in state.items()}
     if isinstance(state, list):

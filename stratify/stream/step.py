@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.linalg import blas
 
+from stratify.stream.events import as_numpy
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -277,11 +279,7 @@ class SingleSampleStep:
 
     def save_point(self) -> list[Any] | None:
         """A copy of the velocity, for :meth:`restore_point`."""
-        return (
-            None
-            if self.velocity is None
-            else [v.copy() if isinstance(v, np.ndarray) else v.clone() for v in self.velocity]
-        )
+        return None if self.velocity is None else [copy_of(v) for v in self.velocity]
 
     def restore_point(self, point: list[Any] | None) -> None:
         """Put back the velocity :meth:`save_point` copied (none: forget it)."""
@@ -293,7 +291,7 @@ class SingleSampleStep:
         state = {}
         if self.velocity is not None:
             state = {
-                str(index): {"momentum_buffer": as_array(v)}
+                str(index): {"momentum_buffer": as_numpy(v).copy()}
                 for index, v in enumerate(self.velocity)
             }
         group = {
@@ -321,11 +319,9 @@ class SingleSampleStep:
         ]
 
 
-def as_array(value: Any) -> np.ndarray:
-    """A NumPy copy of an array or a tensor (on any device)."""
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    return value.detach().cpu().numpy().copy()
+def copy_of(value: Any) -> Any:
+    """A copy of an array or a tensor (of the same kind)."""
+    return value.copy() if isinstance(value, np.ndarray) else value.clone()
 
 
 def zeros_like(parameter: Any) -> Any:
@@ -341,7 +337,7 @@ def like(value: Any, parameter: Any) -> Any:
     """A copy of ``value`` (an array or a tensor) as ``parameter`` is: a float32 NumPy
     array, or a tensor of its device and dtype."""
     if isinstance(parameter, np.ndarray):
-        return np.array(as_array(value), dtype=parameter.dtype)
+        return np.array(as_numpy(value), dtype=parameter.dtype)
     import torch
 
-    return torch.as_tensor(as_array(value)).to(parameter.device, parameter.dtype)
+    return torch.as_tensor(as_numpy(value)).to(parameter.device, parameter.dtype).clone()
