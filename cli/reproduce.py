@@ -40,7 +40,6 @@ from stratify.reproduce.runner import (
     cell_specs,
     check_setups,
     grid_folder,
-    rate_setters,
     reproduce,
 )
 from stratify.reproduce.tuning import (
@@ -327,7 +326,7 @@ def reproduce_command(
         phases = []
         if tuning is not None:
             title = "tuning" if not tuning.halving else "tuning, first rung"
-            phases.append((title, tuning_specs(rate_setters(cells), tuning, out)))
+            phases.append((title, tuning_specs(cells, tuning, out)))
         phases += [
             (title, cell_specs(phase)) for title, phase in cell_phases(chosen_grid, cells, settings)
         ]

@@ -108,7 +108,8 @@ class TrainConfig(RunSettings):
         None,
         "Stop once the validation accuracy has plateaued: after at least this many epochs, "
         "when its median over the last 10% of the epochs run (at least 10) is less than 0.5 "
-        "points above its median over as many epochs before (--epochs is the cap; needs "
+        "points above its median over as many epochs before and over 5 points above chance "
+        "(--epochs is the cap; needs "
         "--validation). Default: run every epoch.",
         check=check_positive_int,
         cli_type=int,
@@ -158,19 +159,26 @@ class TrainConfig(RunSettings):
         self.options = {key: getattr(strategy.options, key) for key in given}
 
 
-def plateau_rule(config: TrainConfig) -> PlateauRule | None:
-    """The rule that ends ``config``'s run early, or ``None`` (every epoch runs)."""
+def plateau_rule(config: TrainConfig, classes: int | None = None) -> PlateauRule | None:
+    """The rule that ends ``config``'s run early, or ``None`` (every epoch runs); with
+    the data's ``classes``, a run still within 5 points of chance has not plateaued."""
     if config.stop_on_plateau is None:
         return None
-    return PlateauRule(config.stop_on_plateau, config.epochs)
+    chance = 1.0 / classes if classes else None
+    return PlateauRule(config.stop_on_plateau, config.epochs, chance=chance)
 
 
-def run_complete(config: TrainConfig, validation_accuracies: Sequence[float | None]) -> bool:
+def run_complete(
+    config: TrainConfig,
+    validation_accuracies: Sequence[float | None],
+    classes: int | None = None,
+) -> bool:
     """Whether a run of ``config`` that has these validation accuracies so far (one per
-    finished epoch) is over: every epoch run, or its validation accuracy plateaued."""
+    finished epoch) is over: every epoch run, or its validation accuracy plateaued
+    (:func:`plateau_rule`; ``classes``: the data's, for the chance level)."""
     if len(validation_accuracies) >= config.epochs:
         return True
-    rule = plateau_rule(config)
+    rule = plateau_rule(config, classes)
     if rule is None or any(accuracy is None for accuracy in validation_accuracies):
         return False
     budget = plateau_budget([float(a) for a in validation_accuracies if a is not None], rule)

@@ -132,6 +132,10 @@ def accuracy_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 # -- the plateau budget -----------------------------------------------------------------
 
+#: an accuracy within this many points of chance (100 / classes) tells nothing apart: two
+#: such runs get no verdict, and a run there has not plateaued, it has not started
+NEAR_CHANCE_POINTS = 5.0
+
 
 @dataclass(frozen=True)
 class PlateauRule:
@@ -142,7 +146,11 @@ class PlateauRule:
     validation accuracy of its last ``w`` rounds exceeds the median of the ``w`` rounds
     before them by less than ``gain_points``, where ``w = max(minimum_window,
     ceil(window · r))`` (the last 10% of the rounds, at least 10; a run is undecided
-    before ``2 · w`` rounds); at ``cap`` rounds it stops in any case. Medians of windows,
+    before ``2 · w`` rounds); at ``cap`` rounds it stops in any case. With ``chance``
+    given, a last window whose median is within :data:`NEAR_CHANCE_POINTS` of it has not
+    plateaued: a run that has not left chance yet goes on (on `digits`, FedAvgM with
+    momentum at a small rate stays at chance for 30–60 rounds and then climbs to 97%; it
+    stopped at R_min under the gain rule alone). Medians of windows,
     not single rounds or the best so far: a curve that swings by tens of points from round
     to round (a few local steps a round, a small data set) and still climbs has a rising
     median, while its best so far can stand still for several rounds after one lucky round
@@ -162,6 +170,8 @@ class PlateauRule:
         The share of the rounds run so far that the gain is measured over.
     minimum_window : int
         The fewest rounds in each of the two windows compared.
+    chance : float, optional
+        The chance accuracy (``1 / classes``) as a fraction; ``None``: not judged.
     """
 
     minimum_rounds: int
@@ -169,6 +179,7 @@ class PlateauRule:
     gain_points: float = 0.5
     window: float = 0.10
     minimum_window: int = 10
+    chance: float | None = None
 
     def __post_init__(self) -> None:
         if self.minimum_rounds < 1 or self.cap < self.minimum_rounds:
@@ -225,7 +236,8 @@ def plateau_budget(accuracies: Sequence[float], rule: PlateauRule) -> PlateauBud
             continue
         last = statistics.median(accuracies[rounds - window : rounds])
         before = statistics.median(accuracies[rounds - 2 * window : rounds - window])
-        if 100 * (last - before) < rule.gain_points:
+        started = rule.chance is None or 100 * (last - rule.chance) > NEAR_CHANCE_POINTS
+        if started and 100 * (last - before) < rule.gain_points:
             return PlateauBudget(rounds, "plateau", rule.minimum_rounds, rule.cap)
     if len(accuracies) >= rule.cap:
         return PlateauBudget(rule.cap, "cap", rule.minimum_rounds, rule.cap)

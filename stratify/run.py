@@ -299,7 +299,8 @@ class Run:
     @property
     def done(self) -> bool:
         """Every epoch run, or (``--stop-on-plateau``) the validation accuracy plateaued."""
-        return run_complete(self.config, [r.validation_accuracy for r in self.records])
+        accuracies = [r.validation_accuracy for r in self.records]
+        return run_complete(self.config, accuracies, self.dataset.num_classes)
 
     def stopped(self, error: TrainingError, epoch: int) -> TrainingError:
         """A diverged epoch's error, saying what the run keeps and which flags to lower."""

@@ -28,6 +28,7 @@ from stratify.reproduce.grids import (
     Grid,
     Settings,
     method_column,
+    paired_column,
     partition_row,
     plan_cells,
     runnable,
@@ -271,9 +272,12 @@ def fedavg_at_005(monkeypatch):
     monkeypatch.setattr(strategy_class("fedavg"), "own_lrs", {("digits", "batch"): 0.05})
 
 
-def fake_trial(folder: Path, accuracies: list[float]) -> None:
-    """A tuning run's folder holding these epochs' validation accuracies."""
+def fake_trial(folder: Path, accuracies: list[float], classes: int | None = None) -> None:
+    """A tuning run's folder holding these epochs' validation accuracies (and, given
+    ``classes``, a config.json that recorded them)."""
     folder.mkdir(parents=True, exist_ok=True)
+    if classes is not None:
+        (folder / "config.json").write_text(json.dumps({"resolved": {"num_classes": classes}}))
     records = [
         EpochRecord(e, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, validation_accuracy=a)
         for e, a in enumerate(accuracies, 1)
@@ -351,6 +355,60 @@ def test_the_lowest_rate_can_win_the_tuning_and_the_grid_widens_downwards(
     (choice,) = plan.choices().values()
     assert choice.lr == 0.0125
     assert [t.lr for t in choice.trials] == [0.00625, 0.0125, 0.025, 0.05, 0.1]
+
+
+def test_rates_all_at_chance_after_the_tuning_epochs_race_on_to_the_cells_epochs(
+    tiny, tmp_path, fedavg_at_005
+):
+    """Every candidate within 5 points of chance (10 classes) after the 2 tuning epochs:
+    nothing told them apart, so all three train on to the cell's 6 epochs, where the
+    lowest leaves chance and is chosen. The same scores from runs that did not record
+    their classes are decided at once, as before."""
+    cells, _ = plan_cells(tiny, Settings(seeds=(0,), epochs=6), tmp_path)
+    cells = [cell for cell in cells if cell.column.key == "fedavg"]
+    tuning = Tuning(factors=(0.5, 1, 2), epochs=2, widen=0)
+    tune = tmp_path / "tune" / "classes-2" / "fedavg"
+
+    def asked():
+        specs = TuningPlan(cells, tuning, tmp_path).next_specs()
+        return sorted((Path(spec.config.out).name, spec.config.epochs) for spec in specs)
+
+    scores = {"lr-0.025": [0.1, 0.11], "lr-0.05": [0.12, 0.14], "lr-0.1": [0.09, 0.1]}
+    for name, accuracies in scores.items():
+        fake_trial(tune / name, accuracies)
+    assert asked() == []  # no classes recorded: chosen on the tuning epochs (0.05)
+    for name, accuracies in scores.items():
+        fake_trial(tune / name, accuracies, classes=10)
+    assert asked() == [("lr-0.025", 6), ("lr-0.05", 6), ("lr-0.1", 6)]
+    fake_trial(tune / "lr-0.025", [0.1, 0.11, 0.2, 0.4, 0.6, 0.7], classes=10)
+    fake_trial(tune / "lr-0.05", [0.12, 0.14, 0.13, 0.15, 0.14, 0.13], classes=10)
+    fake_trial(tune / "lr-0.1", [0.09, 0.1, 0.1, 0.1, 0.1, 0.1], classes=10)
+    plan = TuningPlan(cells, tuning, tmp_path)
+    assert plan.next_specs() == []
+    (choice,) = plan.choices().values()
+    assert choice.lr == 0.025 and {t.epochs for t in choice.trials} == {6}
+
+
+def test_a_comparators_candidates_centre_on_its_methods_rate(tmp_path):
+    """LfD's matched FedAvg runs with LfD's optimizer and local work: its candidates are
+    multiples of LfD's rate on digits (0.003), not FedAvg's own (0.1); its methods tune
+    nothing of their own."""
+    grid = Grid(
+        "tiny-lfd",
+        "",
+        {"dataset": "digits", "mode": "batch", "epochs": 2, "clients": 4},
+        (partition_row("iid", "IID"),),
+        (paired_column("lfd", local_epochs=1),),
+    )
+    lfd = strategy_class("lfd").own_lrs[("digits", "batch")]
+    assert lfd != strategy_class("fedavg").own_lrs[("digits", "batch")]
+    cells, _ = plan_cells(grid, Settings(seeds=(0, 1)), tmp_path)
+    plan = TuningPlan(cells, Tuning(factors=(0.5, 1, 2), epochs=2, widen=0), tmp_path)
+    specs = plan.next_specs()
+    assert {Path(spec.config.out).parent.name for spec in specs} == {
+        cell.column.key for cell in cells if cell.is_comparator
+    }
+    assert sorted(spec.config.lr for spec in specs) == list(candidates(lfd, (0.5, 1, 2)))
 
 
 def test_every_halving_rung_trains_past_the_methods_warm_up(tmp_path):
@@ -541,9 +599,11 @@ def test_tuning_picks_each_lr_on_the_validation_split(tiny, tmp_path):
         for trial in choice.trials:
             folder = tmp_path / "tune" / group / f"lr-{trial.lr:g}"
             saved = json.loads((folder / "config.json").read_text())
-            assert saved["validation"] == 0.2 and saved["seed"] == 0 and saved["epochs"] == 1
+            assert saved["validation"] == 0.2 and saved["seed"] == 0
+            # 1 tuning epoch, or the cell's 2 where every rate was still near chance
+            assert saved["epochs"] == trial.epochs in (1, 2)
             assert saved["resolved"]["evaluated_on"] == "validation and test"
-            best[trial.lr] = max(r["validation_accuracy"] for r in read_records(folder))
+            best[trial.lr] = validation_score(read_records(folder))[0]
             assert trial.accuracy == best[trial.lr]
         assert choice.lr == choose(choice.trials, choice.default)
         assert best[choice.lr] == max(best.values())

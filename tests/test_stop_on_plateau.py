@@ -1,11 +1,13 @@
 """--stop-on-plateau: a run ends where its validation accuracy plateaued, and the epochs it
 ran are those of the same run without the rule."""
 
+import dataclasses
 import json
 
 import pytest
 from conftest import assert_refused_in_one_line
 
+from stratify.config import run_complete
 from stratify.errors import ConfigError
 from stratify.measures import PlateauRule, plateau_budget
 from stratify.parallel.folders import folder_state
@@ -41,7 +43,7 @@ def test_a_run_stops_where_its_validation_accuracy_plateaued_and_equals_the_full
     full = Run(config(tmp_path, "full")).train()
     records = metrics(tmp_path / "full")
     accuracies = [row["validation_accuracy"] for row in records]
-    expected = plateau_budget(accuracies, PlateauRule(3, 40))
+    expected = plateau_budget(accuracies, PlateauRule(3, 40, chance=0.1))  # digits: 10 classes
     assert expected is not None and expected.reason == "plateau" and expected.rounds < 40
     assert full["stopped_on_plateau"] is None
 
@@ -89,3 +91,20 @@ def test_the_train_command_says_where_it_stopped(tmp_path, capsys):
     assert f"stopped after epoch {summary['stopped_on_plateau']} of 40" in capsys.readouterr().out
     refused = argv[:-2] + ["--validation", "0", "--out", str(tmp_path / "x")]
     assert_refused_in_one_line(capsys, refused, "--validation", tmp_path / "x")
+
+
+def test_a_folder_whose_run_sits_at_chance_is_not_finished(tmp_path):
+    """The chance level comes from the classes the run recorded: a run at 10% of 10
+    classes goes on, the same accuracies of 2 classes (chance 50%) would have stopped."""
+    settings = config(tmp_path, "run", stop_on_plateau=3)
+    at_chance = [0.1, 0.12, 0.09] * 10
+    assert not run_complete(settings, at_chance, classes=10)
+    assert run_complete(settings, at_chance)  # the chance level unknown: the gain rule alone
+    Run(dataclasses.replace(settings, epochs=3)).train()
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["resolved"]["num_classes"] == 10
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    rows = [dict(record, epoch=e, validation_accuracy=a) for e, a in enumerate(at_chance, 1)]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert folder_state(settings).kind == "resumable"

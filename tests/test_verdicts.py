@@ -91,8 +91,26 @@ def test_one_round_dip_or_peak_moves_neither_median():
     flat[19] = 0.30
     flat[24] = 0.99
     assert plateau_budget(flat, PlateauRule(20, 50)) == PlateauBudget(20, "plateau", 20, 50)
-    # and a run at chance plateaus as soon as it has two windows
+    # and a run at chance plateaus as soon as it has two windows, unless the rule knows
+    # the chance level
     assert plateau_budget([0.1] * 25, PlateauRule(5, 50)) == PlateauBudget(20, "plateau", 5, 50)
+
+
+def test_a_run_that_has_not_left_chance_has_not_plateaued():
+    # 10 classes: flat at 10-15% for 40 rounds, then climbing 2 points a round to 90%
+    # and flat there (FedAvgM with momentum at a small rate on digits does this)
+    rule = PlateauRule(20, 200, chance=0.1)
+    start = [0.1, 0.12, 0.15, 0.11] * 10
+    curve = start + [min(0.9, 0.15 + 0.02 * r) for r in range(1, 100)]
+    assert plateau_budget(start, rule) is None  # at chance: on, not stopped at round 20
+    assert plateau_budget(start, PlateauRule(20, 200)) == PlateauBudget(20, "plateau", 20, 200)
+    budget = plateau_budget(curve, rule)
+    # climbing from round 41 to round 78 (90%), flat after: it stops once the last 10%
+    # of its rounds are flat, well past the climb
+    assert budget is not None and budget.reason == "plateau" and 78 < budget.rounds < 110
+    # a run that stays within 5 points of chance goes to the cap, one just above it stops
+    assert plateau_budget([0.15] * 60, PlateauRule(20, 50, chance=0.1)).reason == "cap"
+    assert plateau_budget([0.16] * 60, PlateauRule(20, 50, chance=0.1)).rounds == 20
 
 
 def test_the_window_is_the_last_tenth_of_the_rounds():

@@ -45,6 +45,13 @@ def config_differences(saved: dict[str, Any], config: TrainConfig) -> tuple[str,
     )
 
 
+def saved_classes(saved: dict[str, Any]) -> int | None:
+    """The data's classes a run folder's ``config.json`` recorded, if any."""
+    resolved = saved.get("resolved")
+    classes = resolved.get("num_classes") if isinstance(resolved, dict) else None
+    return classes if isinstance(classes, int) and classes > 0 else None
+
+
 def folder_state(config: TrainConfig) -> FolderState:
     """What ``config.out`` holds, compared with ``config``; never raises on what the
     files hold (a damaged one makes the folder ``corrupt``)."""
@@ -67,7 +74,8 @@ def folder_state(config: TrainConfig) -> FolderState:
         return FolderState("corrupt", reason=f"{out}: {error.strerror or error}")
     differences = config_differences(saved, config)
     done = len(records)
-    if run_complete(config, [record.get("validation_accuracy") for record in records]):
+    accuracies = [record.get("validation_accuracy") for record in records]
+    if run_complete(config, accuracies, saved_classes(saved)):
         return FolderState("finished", done, differences)
     if "checkpoint.pt" in present:
         return FolderState("resumable", done, differences)

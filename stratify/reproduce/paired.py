@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stratify.comparison import planned_sample_gradients
+from stratify.measures import NEAR_CHANCE_POINTS
 from stratify.reproduce.grids import Cell
 
 # -- budgets --------------------------------------------------------------------------------
@@ -145,8 +146,6 @@ def paired_difference(
 
 #: a difference whose whole 95% interval lies within ± this many points is "level"
 LEVEL_POINTS = 1.0
-#: two runs both within this many points of chance (100 / classes) tell nothing apart
-NEAR_CHANCE_POINTS = 5.0
 #: the verdict words, in the order the tables count them
 VERDICTS = ("ahead", "behind", "level", "inconclusive")
 

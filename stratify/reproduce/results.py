@@ -147,15 +147,16 @@ def read_cell(cell: Cell, outcome: RunOutcome | None = None) -> CellResult:
     if outcome is not None and outcome.status == "corrupt":
         return CellResult(cell, "corrupt", records, None, outcome.message, corrupt)
     message = outcome.message if outcome is not None else ""
-    if run_complete(cell.config, [record.get("validation_accuracy") for record in records]):
+    resolved = resolved_settings(folder)
+    lr = resolved.get("lr")
+    classes = resolved.get("num_classes", resolved.get("num_placeholders"))
+    accuracies = [record.get("validation_accuracy") for record in records]
+    if run_complete(cell.config, accuracies, resolved.get("num_classes")):
         status = "finished"
     elif outcome is not None and outcome.status in ("diverged", "failed"):
         status = outcome.status
     else:
         status = "incomplete" if records else "missing"
-    resolved = resolved_settings(folder)
-    lr = resolved.get("lr")
-    classes = resolved.get("num_classes", resolved.get("num_placeholders"))
     return CellResult(
         cell,
         status,

@@ -265,8 +265,7 @@ def reproduce(
                     f"{out / name} is a folder, where the grid writes its {name}; move it "
                     "away or use another --out"
                 )
-        tuned = rate_setters(cells)
-        tuning_runs = tuning_specs(tuned, tuning, out) if tuning is not None else []
+        tuning_runs = tuning_specs(cells, tuning, out) if tuning is not None else []
         if not report_only:  # a report builds no run (the runs may need another machine)
             check_setups(tuning_runs + cell_specs(cells))
         if new_grid:
@@ -288,13 +287,13 @@ def reproduce(
                 )
 
             if report_only:
-                plan = TuningPlan(tuned, tuning, out)
+                plan = TuningPlan(cells, tuning, out)
                 if plan.next_specs():
                     notes.append("the learning-rate tuning is unfinished: no tuning table")
                 else:
                     chosen = plan.choices()
             else:
-                chosen = tune(tuned, tuning, out, run_tuning)
+                chosen = tune(cells, tuning, out, run_tuning)
             if chosen is not None:
                 write_tuning_csv(chosen, out / "tuning.csv")
                 files.append(out / "tuning.csv")
@@ -324,12 +323,6 @@ def reproduce(
                 "are skipped)"
             )
     return report
-
-
-def rate_setters(cells: Sequence[Cell]) -> list[Cell]:
-    """The cells whose learning rate is tuned: all but a paired grid's methods, which
-    step at their comparator's rate (:attr:`~stratify.reproduce.grids.Cell.rate_group`)."""
-    return [cell for cell in cells if cell.comparator is None]
 
 
 def cell_phases(

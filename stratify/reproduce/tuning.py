@@ -15,8 +15,16 @@ With ``halving``, the candidates race in rungs (successive halving): every candi
 trains a few epochs, the better half by the same rule trains on, and so on, the last two
 being compared after the full tuning epochs. A chosen rate at the edge of the rates tried
 widens the grid: the next rate beyond it (by the grid's outermost ratio) is tried at the
-full tuning epochs, up to ``widen`` times on each side. Every decision is read back from
-the tuning runs' folders, so a stopped tuning resumes to the same choices.
+full tuning epochs, up to ``widen`` times on each side. When even the best finalist ends
+within 5 points of chance, the tuning epochs could not tell the rates apart (each is as
+good as an untrained model): the finalists train on to the cell's epochs and are compared
+there. Every decision is read back from the tuning runs' folders, so a stopped tuning
+resumes to the same choices.
+
+A matched comparator's candidates are multiples of its methods' default rate, not its
+base's: it runs with their optimizer and local work, so their rate is where a search for
+its own starts (FedDiverse's FedAvgM with momentum 0.9 on both sides stays at chance at
+FedAvgM's 0.1 and its neighbours on `digits`, and learns at 0.01).
 """
 
 from __future__ import annotations
@@ -29,10 +37,11 @@ from pathlib import Path
 from stratify.algorithms import build_strategy
 from stratify.config import TrainConfig, resolve_lr
 from stratify.errors import ConfigError, CorruptRunError
-from stratify.measures import last_rounds
+from stratify.measures import NEAR_CHANCE_POINTS, last_rounds
 from stratify.parallel import COMPLETE, RunOutcome, RunSpec
+from stratify.parallel.folders import saved_classes
 from stratify.reproduce.grids import Cell
-from stratify.runfiles import read_records
+from stratify.runfiles import read_json_object, read_records
 from stratify.validation import check_int, check_positive, check_positive_int, check_share
 
 #: the candidate rates, as multiples of each method's default
@@ -153,6 +162,18 @@ def method_default_lr(config: TrainConfig) -> float:
     return resolve_lr(replace(config, lr=None))
 
 
+def centre_lr(setter: Cell, cells: Sequence[Cell]) -> float:
+    """The rate ``setter``'s row and column tries multiples of: its method's default
+    (:func:`method_default_lr`); for a matched comparator, that of the methods it is
+    matched with, when they agree (it runs with their optimizer and local work)."""
+    served = {
+        method_default_lr(cell.config)
+        for cell in cells
+        if cell.comparator is not None and cell.rate_group == setter.group
+    }
+    return served.pop() if len(served) == 1 else method_default_lr(setter.config)
+
+
 def candidates(default: float, factors: Sequence[float]) -> tuple[float, ...]:
     """``default`` times each factor, to 6 significant digits, ascending, without repeats."""
     return tuple(sorted({float(f"{default * factor:.6g}") for factor in factors}))
@@ -219,10 +240,12 @@ def tuning_config(
 
 
 def tuning_cells(cells: Sequence[Cell]) -> dict[str, Cell]:
-    """Per row and column, the cell tuning runs for: that of the first seed given."""
+    """Per row and column whose rate is tuned (all but a paired grid's methods, which
+    step at their comparator's), the cell tuning runs for: that of the first seed given."""
     first: dict[str, Cell] = {}
     for cell in cells:
-        first.setdefault(cell.group, cell)
+        if cell.comparator is None:
+            first.setdefault(cell.group, cell)
     return first
 
 
@@ -244,7 +267,8 @@ class TuningPlan:
     Parameters
     ----------
     cells : sequence of Cell
-        The grid's cells; each row and column is tuned on its first seed's.
+        The grid's cells; each row and column is tuned on its first seed's (a paired
+        method's is its comparator's, whose candidates centre on the method's rate).
     tuning : Tuning
         How.
     out : str or Path
@@ -255,9 +279,7 @@ class TuningPlan:
         self.tuning = tuning
         self.out = out
         self.cells = tuning_cells(cells)
-        self.defaults = {
-            group: method_default_lr(cell.config) for group, cell in self.cells.items()
-        }
+        self.defaults = {group: centre_lr(cell, cells) for group, cell in self.cells.items()}
         #: how each tuning run ended in this session (a diverged run stays diverged)
         self.statuses: dict[str, str] = {}
         self.decided: dict[str, Choice] = {}
@@ -314,8 +336,34 @@ class TuningPlan:
             if spec is not None:
                 return [spec], None
             finalists.append(trials[lr])
+        leader = ranked(finalists, default)[0]
+        cap = cell.config.epochs
+        if epochs < cap and self.near_chance(cell, leader):
+            # the rates could not be told apart in the tuning epochs: on to the cell's
+            needed = []
+            for index, finalist in enumerate(finalists):
+                trials[finalist.lr], spec = self.trial(cell, finalist.lr, cap)
+                finalists[index] = trials[finalist.lr]
+                if spec is not None:
+                    needed.append(spec)
+            if needed:
+                return needed, None
         every = tuple(sorted(trials.values(), key=lambda trial: trial.lr))
         return [], Choice(group, default, choose(finalists, default), every)
+
+    def near_chance(self, cell: Cell, trial: Trial) -> bool:
+        """Whether ``trial``'s score is within 5 points of chance (``1 / classes``, the
+        classes its tuning run of ``cell`` recorded); not a trial without a score."""
+        if trial.accuracy is None:
+            return False
+        folder = Path(str(tuning_config(cell, trial.lr, self.tuning, 1, self.out).out))
+        try:
+            classes = saved_classes(read_json_object(folder / "config.json"))
+        except (CorruptRunError, OSError):
+            classes = None
+        if classes is None:
+            return False
+        return 100 * (trial.accuracy - 1.0 / classes) <= NEAR_CHANCE_POINTS
 
     def next_specs(self) -> list[RunSpec]:
         """The runs the next decisions need (none: every choice is made)."""
