@@ -389,10 +389,10 @@ def test_rates_all_at_chance_after_the_tuning_epochs_race_on_to_the_cells_epochs
     assert choice.lr == 0.025 and {t.epochs for t in choice.trials} == {6}
 
 
-def test_a_comparators_candidates_centre_on_its_methods_rate(tmp_path):
-    """LfD's matched FedAvg runs with LfD's optimizer and local work: its candidates are
-    multiples of LfD's rate on digits (0.003), not FedAvg's own (0.1); its methods tune
-    nothing of their own."""
+def test_a_comparators_candidates_surround_its_bases_rate_and_its_methods(tmp_path):
+    """LfD's matched FedAvg runs with LfD's optimizer and local work but FedAvg's head:
+    its candidates are multiples of FedAvg's rate on digits and of LfD's; its methods
+    tune nothing of their own."""
     grid = Grid(
         "tiny-lfd",
         "",
@@ -408,7 +408,39 @@ def test_a_comparators_candidates_centre_on_its_methods_rate(tmp_path):
     assert {Path(spec.config.out).parent.name for spec in specs} == {
         cell.column.key for cell in cells if cell.is_comparator
     }
-    assert sorted(spec.config.lr for spec in specs) == list(candidates(lfd, (0.5, 1, 2)))
+    fedavg = strategy_class("fedavg").own_lrs[("digits", "batch")]
+    expected = sorted({*candidates(lfd, (0.5, 1, 2)), *candidates(fedavg, (0.5, 1, 2))})
+    assert sorted(spec.config.lr for spec in specs) == expected and len(expected) == 6
+
+
+def test_a_halving_rung_at_chance_drops_no_rate(tiny, tmp_path, fedavg_at_005):
+    """After the first rung (2 of 4 epochs) every rate is within 5 points of chance, so
+    all three go on to 4 epochs, where the slowest starter wins; scores away from chance
+    drop the worst."""
+    cells, _ = plan_cells(tiny, Settings(seeds=(0,), epochs=4), tmp_path)
+    cells = [cell for cell in cells if cell.column.key == "fedavg"]
+    tuning = Tuning(factors=(0.5, 1, 2), epochs=4, halving=True, widen=0)
+    tune = tmp_path / "tune" / "classes-2" / "fedavg"
+
+    def asked():
+        specs = TuningPlan(cells, tuning, tmp_path).next_specs()
+        return sorted((Path(spec.config.out).name, spec.config.epochs) for spec in specs)
+
+    learnt = {"lr-0.025": [0.3, 0.35], "lr-0.05": [0.5, 0.6], "lr-0.1": [0.4, 0.45]}
+    for name, accuracies in learnt.items():
+        fake_trial(tune / name, accuracies, classes=10)
+    assert asked() == [("lr-0.05", 4), ("lr-0.1", 4)]
+    first = {"lr-0.025": [0.1, 0.1], "lr-0.05": [0.12, 0.13], "lr-0.1": [0.14, 0.12]}
+    for name, accuracies in first.items():
+        fake_trial(tune / name, accuracies, classes=10)
+    assert asked() == [("lr-0.025", 4), ("lr-0.05", 4), ("lr-0.1", 4)]
+    fake_trial(tune / "lr-0.025", [0.1, 0.1, 0.5, 0.7], classes=10)
+    fake_trial(tune / "lr-0.05", [0.12, 0.13, 0.3, 0.4], classes=10)
+    fake_trial(tune / "lr-0.1", [0.14, 0.12, 0.2, 0.2], classes=10)
+    plan = TuningPlan(cells, tuning, tmp_path)
+    assert plan.next_specs() == []
+    (choice,) = plan.choices().values()
+    assert choice.lr == 0.025
 
 
 def test_every_halving_rung_trains_past_the_methods_warm_up(tmp_path):
@@ -497,7 +529,16 @@ def test_a_grid_tuned_by_halving_runs_and_resumes_to_the_same_choice(tiny, tmp_p
     assert again.chosen == first.chosen
     assert all(s == "skipped" for events in phases.values() for _, s in statuses(events))
     rows = list(csv.DictReader(open(tmp_path / "tuning.csv")))
-    assert {row["epochs"] for row in rows} == {"1", "2"}
+    for group, choice in first.chosen.items():
+        trained = {t.epochs for t in choice.trials}
+        # the first rung (1 epoch) drops a rate unless every rate was still within 5
+        # points of chance (digits: 10 classes) after it
+        after_one = [
+            read_records(tmp_path / "tune" / group / f"lr-{t.lr:g}")[0]["validation_accuracy"]
+            for t in choice.trials
+        ]
+        assert trained == ({2} if max(after_one) <= 0.15 else {1, 2})
+    assert {row["epochs"] for row in rows} <= {"1", "2"}
 
 
 # -- running grids ------------------------------------------------------------------------

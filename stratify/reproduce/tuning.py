@@ -13,18 +13,20 @@ with the final runs' options, so FedBSS tunes with the warm-up it is then run wi
 
 With ``halving``, the candidates race in rungs (successive halving): every candidate
 trains a few epochs, the better half by the same rule trains on, and so on, the last two
-being compared after the full tuning epochs. A chosen rate at the edge of the rates tried
-widens the grid: the next rate beyond it (by the grid's outermost ratio) is tried at the
-full tuning epochs, up to ``widen`` times on each side. When even the best finalist ends
-within 5 points of chance, the tuning epochs could not tell the rates apart (each is as
-good as an untrained model): the finalists train on to the cell's epochs and are compared
-there. Every decision is read back from the tuning runs' folders, so a stopped tuning
-resumes to the same choices.
+being compared after the full tuning epochs; a rung whose best is within 5 points of
+chance drops none (a rate that starts slowly is not worse). A chosen rate at the edge
+of the rates tried widens the grid: the next rate beyond it (by the grid's outermost
+ratio) is tried at the full tuning epochs, up to ``widen`` times on each side. When even
+the best finalist ends within 5 points of chance, the tuning epochs could not tell the
+rates apart (each is as good as an untrained model): the finalists train on to the
+cell's epochs and are compared there. Every decision is read back from the tuning runs'
+folders, so a stopped tuning resumes to the same choices.
 
-A matched comparator's candidates are multiples of its methods' default rate, not its
-base's: it runs with their optimizer and local work, so their rate is where a search for
-its own starts (FedDiverse's FedAvgM with momentum 0.9 on both sides stays at chance at
-FedAvgM's 0.1 and its neighbours on `digits`, and learns at 0.01).
+A matched comparator's candidates are multiples of its base's default rate and of its
+methods' (when they differ): it runs with their optimizer and local work, where its
+base's own rate may not fit (FedDiverse's FedAvgM with momentum 0.9 on both sides stays
+at chance at FedAvgM's 0.1 and its neighbours on `digits`, and learns at 0.01), but
+with its base's loss, where the method's rate may not fit either (LfD's cosine head).
 """
 
 from __future__ import annotations
@@ -162,21 +164,29 @@ def method_default_lr(config: TrainConfig) -> float:
     return resolve_lr(replace(config, lr=None))
 
 
-def centre_lr(setter: Cell, cells: Sequence[Cell]) -> float:
-    """The rate ``setter``'s row and column tries multiples of: its method's default
-    (:func:`method_default_lr`); for a matched comparator, that of the methods it is
-    matched with, when they agree (it runs with their optimizer and local work)."""
+def centre_lrs(setter: Cell, cells: Sequence[Cell]) -> tuple[float, ...]:
+    """The rates ``setter``'s row and column tries multiples of: its method's default
+    (:func:`method_default_lr`); for a matched comparator, also that of the methods it
+    is matched with, when they agree on one (it runs with their optimizer and local
+    work, but their loss may not be its: LfD's cosine head takes rates 30 times smaller
+    than the linear head of its FedAvg)."""
+    own = method_default_lr(setter.config)
     served = {
         method_default_lr(cell.config)
         for cell in cells
         if cell.comparator is not None and cell.rate_group == setter.group
     }
-    return served.pop() if len(served) == 1 else method_default_lr(setter.config)
+    return tuple(sorted({own} | served)) if len(served) == 1 else (own,)
 
 
-def candidates(default: float, factors: Sequence[float]) -> tuple[float, ...]:
-    """``default`` times each factor, to 6 significant digits, ascending, without repeats."""
-    return tuple(sorted({float(f"{default * factor:.6g}") for factor in factors}))
+def candidates(default: float, factors: Sequence[float], *others: float) -> tuple[float, ...]:
+    """``default`` (and each of ``others``) times each factor, to 6 significant digits,
+    ascending, without repeats."""
+    return tuple(
+        sorted(
+            {float(f"{centre * factor:.6g}") for centre in (default, *others) for factor in factors}
+        )
+    )
 
 
 def ranked(trials: Sequence[Trial], default: float) -> list[Trial]:
@@ -235,8 +245,13 @@ def tuning_config(
         validation=tuning.validation,
         stop_on_plateau=None,
         epochs=epochs,
-        out=str(Path(out) / "tune" / cell.group / f"lr-{lr:g}"),
+        out=str(tuning_folder(cell, lr, out)),
     )
+
+
+def tuning_folder(cell: Cell, lr: float, out: str | Path) -> Path:
+    """Where the tuning run of ``cell``'s row and column at rate ``lr`` lives."""
+    return Path(out) / "tune" / cell.group / f"lr-{lr:g}"
 
 
 def tuning_cells(cells: Sequence[Cell]) -> dict[str, Cell]:
@@ -279,7 +294,10 @@ class TuningPlan:
         self.tuning = tuning
         self.out = out
         self.cells = tuning_cells(cells)
-        self.defaults = {group: centre_lr(cell, cells) for group, cell in self.cells.items()}
+        self.defaults = {
+            group: method_default_lr(cell.config) for group, cell in self.cells.items()
+        }
+        self.centres = {group: centre_lrs(cell, cells) for group, cell in self.cells.items()}
         #: how each tuning run ended in this session (a diverged run stays diverged)
         self.statuses: dict[str, str] = {}
         self.decided: dict[str, Choice] = {}
@@ -304,7 +322,7 @@ class TuningPlan:
         """The runs ``group``'s next decision needs, or its choice once made."""
         cell, default = self.cells[group], self.defaults[group]
         epochs = tuning_epochs(cell.config, self.tuning.epochs)
-        racing = list(candidates(default, self.tuning.factors))
+        racing = list(candidates(default, self.tuning.factors, *self.centres[group]))
         schedule = rungs(len(racing), epochs) if self.tuning.halving else [(len(racing), epochs)]
         # no rung shorter than the method needs for its own mechanism to act
         shortest = informative_epochs(cell.config)
@@ -312,8 +330,9 @@ class TuningPlan:
         trials: dict[float, Trial] = {}
         for count, budget in schedule:
             if trials:  # the better part of the rung before goes on
-                racing = [trial.lr for trial in ranked([trials[lr] for lr in racing], default)]
-                racing = racing[:count]
+                order = ranked([trials[lr] for lr in racing], default)
+                if not self.near_chance(cell, order[0]):  # else none can be told worse
+                    racing = [trial.lr for trial in order[:count]]
             needed = []
             for lr in racing:
                 trials[lr], spec = self.trial(cell, lr, budget)
@@ -356,7 +375,7 @@ class TuningPlan:
         classes its tuning run of ``cell`` recorded); not a trial without a score."""
         if trial.accuracy is None:
             return False
-        folder = Path(str(tuning_config(cell, trial.lr, self.tuning, 1, self.out).out))
+        folder = tuning_folder(cell, trial.lr, self.out)
         try:
             classes = saved_classes(read_json_object(folder / "config.json"))
         except (CorruptRunError, OSError):
