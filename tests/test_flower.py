@@ -11,6 +11,8 @@ holder would, for what each must not learn (docs/flower.md, "What each party see
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,6 +33,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict  # noqa: E40
 from flwr.common.config import parse_config_args  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
+from stratify.client import accumulate_batch_gradient  # noqa: E402
 from stratify.config import TrainConfig  # noqa: E402
 from stratify.errors import ConfigError, RegistryError  # noqa: E402
 from stratify.experiment import Experiment, build_experiment  # noqa: E402
@@ -58,6 +61,7 @@ from stratify.flower.server import (  # noqa: E402
 )
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.method import EpochStats  # noqa: E402
+from stratify.nn.models import build_model  # noqa: E402
 from stratify.registry import make_registry  # noqa: E402
 from stratify.registry.ckks import (  # noqa: E402
     BLIND_PLAIN_MODULUS,
@@ -212,10 +216,10 @@ def test_a_flower_run_refuses_what_it_cannot_carry() -> None:
         )
 
 
-def test_a_global_batch_of_a_model_with_batch_statistics_is_refused() -> None:
-    # the clients' BatchNorm sums are not exchanged: refused before any message is sent
+def test_a_global_batch_of_a_model_with_torch_batchnorm_is_refused() -> None:
+    # torch's BatchNorm has no sums to exchange: refused before any message is sent
     trainer = RemoteTrainer(None, [2, 2], torch.zeros(4, FEATURES), torch.zeros(4))  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="BatchNorm"):
+    with pytest.raises(ConfigError, match="use --norm sumbn"):
         trainer.batch_gradient(bn_mlp(), np.arange(4), np.array([0, 0, 1, 1]))
 
 
@@ -435,6 +439,7 @@ class HandlerLink(NodeLink):
         "query.matches": node.matches,
         "query.counts": node.counts,
         "query.total": node.total,
+        "train.norm": node.norm,
     }
 
     def __init__(self, config: TrainConfig, node_configs: list[dict]) -> None:
@@ -455,6 +460,46 @@ class HandlerLink(NodeLink):
             )
             replies.append(self.HANDLERS[kind](message, context).content)
         return replies
+
+
+def test_a_global_batch_with_sum_based_batchnorm_over_the_nodes_equals_the_union(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stratify's batch mode with --norm sumbn: the server asks the three nodes for their
+    BatchNorm sums, adjoints and gradients, message by message (delivered to the nodes'
+    handlers), and gets BatchNorm's gradient on the union of their shares."""
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    monkeypatch.setattr(node, "_NODES", {})
+    job = TrainConfig(
+        **{**dataclasses.asdict(config("stratify")), "model": "resnet20", "norm": "sumbn"}
+    )
+    link = HandlerLink(job, [{"partition-id": client} for client in range(job.clients)])
+    hellos = link.exchange([(client, HELLO, RecordDict()) for client in range(job.clients)])
+    held = [node._NODES[(client, config_json(job))] for client in range(job.clients)]
+    sizes = [held_node.size for held_node in held]
+    assert len(hellos) == 3 and min(sizes) >= 40
+    shares = [np.arange(3, 40, 3), np.arange(0, 25), np.arange(5, 30, 2)]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    samples = np.concatenate([share + offsets[k] for k, share in enumerate(shares)])
+    clients = np.repeat(np.arange(3), [len(share) for share in shares])
+    x_all = torch.cat([h.trainer.x_train for h in held])
+    y_all = torch.cat([h.trainer.y_train for h in held])
+    torch.manual_seed(0)
+    model = build_model("resnet20", tuple(x_all.shape[1:]), 10, norm="sumbn")
+    reference = copy.deepcopy(model)
+    expected = accumulate_batch_gradient(reference, x_all, y_all, samples, clients)
+    trainer = RemoteTrainer(link, sizes, torch.zeros_like(x_all), torch.zeros(len(x_all)))
+    sent = link.traffic.messages
+    loss = trainer.batch_gradient(model, samples, clients)
+    assert loss == pytest.approx(expected, rel=1e-6)
+    for (name, parameter), wanted in zip(model.named_parameters(), reference.parameters()):
+        scale = float(wanted.grad.abs().max())
+        assert float((parameter.grad - wanted.grad).abs().max()) <= 1e-5 * scale, name
+    for (name, value), wanted in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.allclose(value.double(), wanted.double(), atol=1e-6), name
+    # 19 layers: (19 + 19 + 1) exchanges, one message to each of the 3 participants
+    assert link.traffic.messages - sent == 3 * (2 * 19 + 1)
 
 
 def test_a_deployed_node_loads_the_key_file_its_node_config_names(

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError
 from stratify.flower.keys import SCHEMES
+from stratify.nn.norm_exchange import LayerAdjoint, LayerSums
 
 #: the server asks a node which client it is and has it load that client's data; the
 #: reply carries the plain registry's input, the node's {label: count}, or with the
@@ -41,6 +43,10 @@ TRAIN = "train"
 GRADIENT = "train.gradient"
 #: a hop of the travelling model: one SGD step per sample (Stratify, single-sample mode)
 HOP = "train.hop"
+#: one exchange of the sum-based BatchNorm's (Stratify, batch mode, --norm sumbn): a
+#: layer's sums, a layer's adjoint, or the gradient, of the node's share of a global
+#: batch (:mod:`stratify.nn.norm_exchange`)
+NORM = "train.norm"
 
 
 def config_json(config: TrainConfig) -> str:
@@ -122,3 +128,48 @@ def check_flower_config(config: TrainConfig) -> None:
         )
     if config.validation:
         raise ConfigError("a Flower run has no validation split: leave --validation at 0")
+
+
+def norm_records(
+    phase: str,
+    sums: Sequence[LayerSums],
+    adjoints: Mapping[int, LayerAdjoint] | None,
+    layer: int | None,
+) -> dict[str, ArrayRecord | ConfigRecord]:
+    """A BatchNorm exchange's request: the phase, the layer, every layer's sums so far
+    and the adjoints so far (per-channel vectors, never a sample)."""
+    vectors: dict[str, torch.Tensor] = {}
+    for position, layer_sums in enumerate(sums):
+        vectors[f"total-{position}"] = layer_sums.total
+        vectors[f"squares-{position}"] = layer_sums.squares
+    for position, adjoint in (adjoints or {}).items():
+        vectors[f"adjoint-total-{position}"] = adjoint.total
+        vectors[f"adjoint-squares-{position}"] = adjoint.squares
+    settings = ConfigRecord(
+        {
+            "phase": phase,
+            "layer": -1 if layer is None else layer,
+            "counts": [layer_sums.count for layer_sums in sums],
+            "adjoints": sorted((adjoints or {}).keys()),
+        }
+    )
+    return {"norm": settings, "vectors": state_record(vectors)}
+
+
+def read_norm_records(
+    content: RecordDict,
+) -> tuple[str, list[LayerSums], dict[int, LayerAdjoint], int | None]:
+    """The phase, sums, adjoints and layer of :func:`norm_records`."""
+    settings = content.config_records["norm"]
+    vectors = read_state(content.array_records["vectors"], torch.device("cpu"))
+    counts = cast(list[int], settings["counts"])
+    sums = [
+        LayerSums(vectors[f"total-{p}"], vectors[f"squares-{p}"], int(count))
+        for p, count in enumerate(counts)
+    ]
+    adjoints = {
+        int(p): LayerAdjoint(vectors[f"adjoint-total-{p}"], vectors[f"adjoint-squares-{p}"])
+        for p in cast(list[int], settings["adjoints"])
+    }
+    layer = int(cast(int, settings["layer"]))
+    return str(settings["phase"]), sums, adjoints, None if layer < 0 else layer

@@ -34,11 +34,13 @@ from stratify.flower.messages import (
     index_record,
     read_config,
     read_indices,
+    read_norm_records,
     read_state,
     state_record,
 )
 from stratify.flower.registry import KEY_HOLDER, ClientRegistration, values_record
 from stratify.nn.models import build_model, default_model
+from stratify.nn.norm_exchange import Party
 from stratify.state import load_into
 
 
@@ -277,6 +279,28 @@ def gradient(message: Message, context: Context) -> Message:
     return reply(message, gradient=state_record(grads), loss=ConfigRecord({"loss_sum": loss}))
 
 
+def norm(message: Message, context: Context) -> Message:
+    """One exchange of the sum-based BatchNorm over the node's share of a global batch:
+    its part of a layer's sums, its term of a layer's adjoint, or its term of the
+    gradient with its summed loss (:mod:`stratify.nn.norm_exchange`)."""
+    node = node_data(message.content, context)
+    model = received_model(node, message.content)
+    share = torch.as_tensor(read_indices(message.content.array_records["share"], "positions"))
+    party = Party(model, node.trainer.x_train[share], node.trainer.y_train[share])
+    phase, sums, adjoints, layer = read_norm_records(message.content)
+    if phase == "sums" and layer is not None:
+        part = party.sums(sums, layer)
+        vectors = {"total": part.total, "squares": part.squares}
+        return reply(message, part=state_record(vectors), count=ConfigRecord({"count": part.count}))
+    if phase == "adjoint" and layer is not None:
+        term = party.adjoint(sums, adjoints, layer)
+        return reply(message, part=state_record({"total": term.total, "squares": term.squares}))
+    if phase == "gradient":
+        grads, loss = party.gradient(sums, adjoints)
+        return reply(message, gradient=state_record(grads), loss=ConfigRecord({"loss_sum": loss}))
+    raise ConfigError(f"unknown BatchNorm exchange {phase!r} (layer {layer})")
+
+
 def hop(message: Message, context: Context) -> Message:
     """The travelling model's steps on this node: one plain SGD step per sample, in the
     order the server's plan gives (Stratify's single-sample mode)."""
@@ -312,4 +336,5 @@ def client_app(keys: str | os.PathLike | None = None) -> ClientApp:
     app.train()(train)
     app.train("gradient")(gradient)
     app.train("hop")(hop)
+    app.train("norm")(norm)
     return app

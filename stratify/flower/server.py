@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 from torch import nn
 
@@ -43,10 +43,12 @@ from stratify.flower.link import NodeLink, Traffic
 from stratify.flower.messages import (
     GRADIENT,
     HOP,
+    NORM,
     PLACEHOLDERS,
     TRAIN,
     check_flower_config,
     index_record,
+    norm_records,
     read_indices,
     read_state,
     state_record,
@@ -54,6 +56,12 @@ from stratify.flower.messages import (
 from stratify.flower.registry import KEY_HOLDER, SecureRegistration
 from stratify.method import EpochStats
 from stratify.nn.norm import has_batch_norm
+from stratify.nn.norm_exchange import (
+    LayerAdjoint,
+    LayerSums,
+    exchanged_batch_gradient,
+    exchanged_layers,
+)
 from stratify.registry.base import LabelRegistry, RegistryResult
 from stratify.registry.plain import PlainRegistry
 from stratify.state import load_into
@@ -263,12 +271,12 @@ class RemoteTrainer(LocalTrainer):
         divisor: int | None = None,
     ) -> float:
         """Every participant's summed gradient over its share of the global batch, asked
-        for in one exchange, added up and divided by the batch size into ``.grad``."""
-        if has_batch_norm(model):
-            raise ConfigError(
-                "Stratify's batch mode over Flower sends no BatchNorm sums yet: use a model "
-                "without batch statistics (--norm gn or none)"
-            )
+        for in one exchange, added up and divided by the batch size into ``.grad``; with
+        sum-based BatchNorm layers, through their exchanges of sums
+        (:meth:`norm_batch_gradient`)."""
+        normalised = has_batch_norm(model)
+        if normalised:
+            exchanged_layers(model)  # torch's BatchNorm or FedTAN's layer: refused now
         boundaries = np.flatnonzero(np.diff(clients)) + 1
         model_record = state_record(model.state_dict())
         requests = []
@@ -277,10 +285,12 @@ class RemoteTrainer(LocalTrainer):
             positions = samples[segment] - self.offsets[client]
             share = index_record(positions=positions)
             requests.append((client, GRADIENT, RecordDict({"model": model_record, "share": share})))
-        answers = self.link.exchange(requests)
         self.link.traffic.transfers += len(requests)  # each participant receives the model
         self.link.traffic.uploads += len(requests)  # and sends its summed gradient
         scale = len(samples) if divisor is None else divisor
+        if normalised:
+            return self.norm_batch_gradient(model, requests, scale)
+        answers = self.link.exchange(requests)
         gradients = [read_state(a.array_records["gradient"], self.x_train.device) for a in answers]
         with torch.no_grad():
             for name, parameter in model.named_parameters():
@@ -291,6 +301,52 @@ class RemoteTrainer(LocalTrainer):
                     parameter.grad += total
         losses = [cast(float, answer.config_records["loss"]["loss_sum"]) for answer in answers]
         return float(sum(float(loss) for loss in losses))
+
+    def norm_batch_gradient(
+        self, model: nn.Module, requests: list[tuple[int, str, RecordDict]], scale: int
+    ) -> float:
+        """A global batch of a model with sum-based BatchNorm: its ``2L + 1`` exchanges
+        of per-channel sums, adjoints and gradients (:mod:`stratify.nn.norm_exchange`),
+        each a message to every participant with the model and its share (a node keeps
+        nothing between messages)."""
+
+        def ask(
+            phase: str,
+            sums: Sequence[LayerSums],
+            adjoints: Mapping[int, LayerAdjoint] | None,
+            layer: int | None,
+        ) -> list:
+            extra = norm_records(phase, sums, adjoints, layer)
+            answers = self.link.exchange(
+                [
+                    (client, NORM, RecordDict({**dict(content), **extra}))
+                    for client, _, content in requests
+                ]
+            )
+            device = self.x_train.device
+            parts = [
+                read_state(a.array_records.get("part", ArrayRecord()), device) for a in answers
+            ]
+            if phase == "sums":
+                return [
+                    LayerSums(
+                        part["total"],
+                        part["squares"],
+                        int(cast(int, answer.config_records["count"]["count"])),
+                    )
+                    for part, answer in zip(parts, answers)
+                ]
+            if phase == "adjoint":
+                return [LayerAdjoint(part["total"], part["squares"]) for part in parts]
+            return [
+                (
+                    read_state(a.array_records["gradient"], device),
+                    float(cast(float, a.config_records["loss"]["loss_sum"])),
+                )
+                for a in answers
+            ]
+
+        return exchanged_batch_gradient(model, self.x_train, ask, scale)
 
 
 @dataclass

@@ -24,7 +24,7 @@ tensor); it is set on every layer of a model for the duration of a forward pass 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeAlias
 
@@ -302,6 +302,9 @@ class SumBatchNorm(nn.Module):
         self.combine = combine
         self.client_sizes = None
         self.native_single_client = True
+        #: set by :mod:`stratify.nn.norm_exchange` for one party's pass: computes the
+        #: layer's output in place of the batch's own statistics
+        self.external: Callable[[SumBatchNorm, torch.Tensor], torch.Tensor] | None = None
         if affine:
             self.weight = nn.Parameter(torch.ones(num_features))
             self.bias = nn.Parameter(torch.zeros(num_features))
@@ -358,6 +361,8 @@ class SumBatchNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
+        if self.external is not None:
+            return self.external(self, x)
         use_batch_stats = self.training or not self.track_running_stats
         if not use_batch_stats:
             return F.batch_norm(
