@@ -13,10 +13,10 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from stratify.compiled import AUTO_COMPILE_AFTER_STEPS, COMPILE_MODES
 from stratify.errors import ConfigError
-from stratify.options import StrategyOptions, option
+from stratify.options import StrategyOptions, option, option_of
 from stratify.state import State
+from stratify.stratify import StratifyOptions
 from stratify.validation import (
     check_fraction,
     check_momentum,
@@ -60,14 +60,7 @@ class LocalTrainingOptions(StrategyOptions):
     local_weight_decay: float = option(
         0.0, "L2 weight decay of the clients' local optimizer.", check=check_nonnegative
     )
-    compile: str = option(
-        "auto",
-        "Single-sample steps as a compiled functional step (torch.compile): from the first "
-        f"epoch that starts after {AUTO_COMPILE_AFTER_STEPS:,} steps (auto, when the run is "
-        "long enough to repay the compile), always (on), or never (off).",
-        choices=COMPILE_MODES,
-        modes=("single-sample",),
-    )
+    compile: str = option_of(StratifyOptions, "compile")
 
     def for_mode(self: LocalOptionsT, mode: str) -> LocalOptionsT:
         """Single-sample learning trains on batches of one, so only ``None`` or 1 fit it."""
