@@ -193,3 +193,15 @@ def test_the_paired_table_has_a_verdict_per_row_and_counts_them():
     assert verdict_counts(lines) == (
         "1 ahead, 0 behind, 1 level, 2 inconclusive (1 with both runs near chance)"
     )
+
+
+def test_the_rounds_column_tells_a_diverged_comparator_from_a_plateaued_one():
+    from stratify.reproduce.results import rounds_text
+
+    def run(epochs, status="finished"):
+        return {"epochs": str(epochs), "status": status, "plateau": "40", "cap": "100"}
+
+    assert rounds_text([run(42), run(100), run(59, "diverged")]) == (
+        "42–100 (1 of 3 plateaued, 1 diverged, cap 100)"
+    )
+    assert rounds_text([run(42), run(66)]) == "42–66 (2 of 2 plateaued, cap 100)"

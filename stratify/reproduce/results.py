@@ -678,7 +678,8 @@ def paired_lines(runs: Sequence[Run], seeds: int, field: str) -> list[list[str]]
 
 def rounds_text(comparator: Sequence[Run]) -> str:
     """The rounds a pair ran over its seeds (``20``, ``23–41``), and under a plateau
-    budget how many comparators plateaued before the cap."""
+    budget how many comparators plateaued before the cap and how many diverged (stopped
+    before it by a non-finite loss, not by the plateau)."""
     ran = [run for run in comparator if int(run["epochs"]) and run["status"] not in UNFINISHED]
     rounds = sorted(int(run["epochs"]) for run in ran)
     if not rounds:
@@ -686,8 +687,12 @@ def rounds_text(comparator: Sequence[Run]) -> str:
     text = str(rounds[0]) if rounds[0] == rounds[-1] else f"{rounds[0]}–{rounds[-1]}"
     watched = [run for run in ran if run.get("plateau")]
     if watched:
-        plateaued = sum(int(run["epochs"]) < int(run["cap"]) for run in watched)
-        text += f" ({plateaued} of {len(watched)} plateaued, cap {watched[0]['cap']})"
+        diverged = sum(run["status"] == "diverged" for run in watched)
+        plateaued = sum(
+            run["status"] != "diverged" and int(run["epochs"]) < int(run["cap"]) for run in watched
+        )
+        stopped = f", {diverged} diverged" if diverged else ""
+        text += f" ({plateaued} of {len(watched)} plateaued{stopped}, cap {watched[0]['cap']})"
     return text
 
 

@@ -279,8 +279,8 @@ TABLES: dict[str, Table] = {
             "docs/results.md",
             "docs/results/paired-digits.csv",
             "stratify reproduce paired --out OUT --dataset digits --seeds 0,1,2,3,4 --plateau 40 "
-            "--epochs 100 --tune --tune-factors 0.3,1,3 --tune-epochs 40 --tune-halving "
-            "--tune-widen 1 --workers 2",
+            "--epochs 100 --tune --tune-factors 0.3,1,3 --tune-epochs 40 --tune-widen 1 "
+            "--workers 2",
             paired_report,
         ),
         Table(
