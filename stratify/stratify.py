@@ -169,6 +169,27 @@ class Stratify(Strategy):
                 "norms cannot normalise; use --batch-labels 2 or more, or --norm gn"
             )
 
+    def drop_clients(self, context: Context, clients: Iterable[int]) -> None:
+        """Leave ``clients`` out of the schedule's pools from the next epoch on (a client
+        lost over Flower, docs/flower.md): their samples leave the federation, and the
+        selector's counts and the label repeats are those of the others, as a run of
+        the others alone would have them; a placeholder no other client holds is then
+        skipped in every schedule."""
+        federation, placeholders = context.federation, context.placeholders
+        for client in clients:
+            federation.client_indices[client] = np.zeros(0, dtype=np.int64)
+        counts = federation.placeholder_counts(placeholders)
+        held = counts.sum(0)
+        self.sample_placeholders = federation.sample_placeholders(placeholders)
+        self.selector = ClientSelector(counts, held, self.options.selection)
+        self.repeats = label_repeats(
+            held,
+            int(federation.client_sizes.sum()),
+            mode=self.options.repeats,
+            cap=self.options.cap,
+            repeats=self.options.repeat_count,
+        )
+
     def check_epoch_fits_in_memory(self, mode: str) -> None:
         """Refuse label repeats whose epoch could not be held in memory, before any of it
         is allocated."""

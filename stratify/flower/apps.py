@@ -5,7 +5,9 @@ client was lost (docs/flower.md, "Deployed").
 The run is set by the app's run configuration (``[tool.flwr.app.config]`` of its
 ``pyproject.toml``, overridden by ``flwr run --run-config``): ``config``, the JSON of the
 :class:`~stratify.config.TrainConfig` values; ``timeout`` and ``retries`` of every
-exchange; ``result-dir``, where the files go.
+exchange; ``on-lost`` (``stop``, or ``drop``: Stratify's batch mode goes on without a
+lost client, and ``result.json`` says which, when and why); ``result-dir``, where the
+files go.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def run_summary(run: FlowerRun) -> dict[str, Any]:
             for stats, accuracy, seconds in zip(run.epochs, run.accuracies, run.seconds)
         ],
         "traffic": dataclasses.asdict(run.traffic),
+        "dropped": {str(client): lost for client, lost in run.dropped.items()},
     }
 
 
@@ -72,9 +75,10 @@ def server_main(grid: Grid, context: Context) -> None:
             config,
             timeout=float(settings.get("timeout", 120.0)),  # type: ignore[arg-type]
             retries=int(settings.get("retries", 1)),  # type: ignore[arg-type]
+            on_lost=str(settings.get("on-lost", "stop")),
         )
     except (ClientLostError, RegistryError) as lost:  # a registration refused is reported too
-        log.error("stratify: %s", lost)
+        log.error("stratify: the run stopped: %s", lost)
         folder.mkdir(parents=True, exist_ok=True)
         write_file(folder / "failure.json", json.dumps({"error": str(lost)}).encode())
         return

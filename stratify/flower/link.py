@@ -24,7 +24,20 @@ log = logging.getLogger("stratify.flower")
 
 
 class ClientLostError(TrainingError):
-    """A client did not answer after every retry; the run stopped (no hang)."""
+    """A client did not answer after every retry; the run stopped (no hang), unless it
+    drops such a client (``on_lost="drop"``).
+
+    Parameters
+    ----------
+    message : str
+        Which client, which node, what it did not answer and how often it was asked.
+    clients : sequence of int
+        The clients lost.
+    """
+
+    def __init__(self, message: str, clients: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.clients = tuple(clients)
 
 
 @dataclass
@@ -157,7 +170,7 @@ class NodeLink:
                 for index in lost
             )
             raise ClientLostError(
-                f"{details}; sent {self.retries + 1} times ({requests[lost[0]][1]}), "
-                "so the run stopped here"
+                f"{details}; sent {self.retries + 1} times ({requests[lost[0]][1]})",
+                [requests[index][0] for index in lost],
             )
         return [answers[index] for index in range(len(requests))]

@@ -39,7 +39,7 @@ from stratify.data.datasets import Dataset, load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
-from stratify.flower.link import NodeLink, Traffic
+from stratify.flower.link import ClientLostError, NodeLink, Traffic
 from stratify.flower.messages import (
     GRADIENT,
     HOP,
@@ -65,6 +65,10 @@ from stratify.nn.norm_exchange import (
 from stratify.registry.base import LabelRegistry, RegistryResult
 from stratify.registry.plain import PlainRegistry
 from stratify.state import load_into
+from stratify.stratify import Stratify
+
+#: what a global batch does when a participant is lost after every retry
+ON_LOST = ("stop", "drop")
 
 log = logging.getLogger("stratify.flower")
 
@@ -156,17 +160,39 @@ class RemoteTrainer(LocalTrainer):
         Every client's number of samples.
     x_train, y_train : torch.Tensor
         The server's stand-ins (no sample values; placeholders as labels).
+    on_lost : {"stop", "drop"}
+        What a global batch does when a participant is lost after every retry: stop the
+        run (:class:`ClientLostError`), or go on without that client (Stratify's batch
+        mode; a local training or a hop always stops).
     """
 
     #: the samples stay on the nodes: no compiled or vectorised step reads them here
     holds_samples = False
 
     def __init__(
-        self, link: NodeLink, sizes: Sequence[int], x_train: torch.Tensor, y_train: torch.Tensor
+        self,
+        link: NodeLink,
+        sizes: Sequence[int],
+        x_train: torch.Tensor,
+        y_train: torch.Tensor,
+        on_lost: str = "stop",
     ) -> None:
         super().__init__(x_train, y_train)
+        if on_lost not in ON_LOST:
+            raise ConfigError(f"on-lost must be one of {', '.join(ON_LOST)}, not {on_lost!r}")
         self.link = link
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.on_lost = on_lost
+        #: client -> what happened, for every client dropped so far (``on_lost="drop"``)
+        self.dropped: dict[int, str] = {}
+
+    def drop(self, lost: ClientLostError) -> None:
+        """Go on without the clients ``lost`` names: their shares of this and every later
+        global batch are left out (the run's loop takes their samples out of the
+        schedule's pools from the next epoch on)."""
+        for client in lost.clients:
+            self.dropped[client] = str(lost)
+            log.warning("stratify: client %d dropped, the run goes on without it: %s", client, lost)
 
     def owner(self, indices: np.ndarray) -> int:
         """The client holding every one of ``indices``."""
@@ -279,18 +305,40 @@ class RemoteTrainer(LocalTrainer):
             exchanged_layers(model)  # torch's BatchNorm or FedTAN's layer: refused now
         boundaries = np.flatnonzero(np.diff(clients)) + 1
         model_record = state_record(model.state_dict())
-        requests = []
+        requests, shares = [], []
         for segment in np.split(np.arange(len(samples)), boundaries):
             client = int(clients[segment[0]])
+            if client in self.dropped:
+                continue
             positions = samples[segment] - self.offsets[client]
             share = index_record(positions=positions)
             requests.append((client, GRADIENT, RecordDict({"model": model_record, "share": share})))
+            shares.append(len(segment))
         self.link.traffic.transfers += len(requests)  # each participant receives the model
         self.link.traffic.uploads += len(requests)  # and sends its summed gradient
-        scale = len(samples) if divisor is None else divisor
-        if normalised:
-            return self.norm_batch_gradient(model, requests, scale)
-        answers = self.link.exchange(requests)
+        while True:
+            if not requests:
+                return 0.0  # every participant was lost: no step
+            # the mean over the samples that answered (all of them unless a client dropped)
+            scale = sum(shares) if divisor is None else divisor
+            buffers = {name: value.clone() for name, value in model.named_buffers()}
+            try:
+                if normalised:
+                    return self.norm_batch_gradient(model, requests, scale)
+                answers = self.link.exchange(requests)
+                break
+            except ClientLostError as lost:
+                if self.on_lost != "drop" or not lost.clients:
+                    raise
+                self.drop(lost)
+                with torch.no_grad():  # the sums' exchange may have folded in statistics
+                    for name, value in model.named_buffers():
+                        value.copy_(buffers[name])
+                kept = [
+                    i for i, (client, _, _) in enumerate(requests) if client not in self.dropped
+                ]
+                requests = [requests[i] for i in kept]
+                shares = [shares[i] for i in kept]
         gradients = [read_state(a.array_records["gradient"], self.x_train.device) for a in answers]
         with torch.no_grad():
             for name, parameter in model.named_parameters():
@@ -377,6 +425,9 @@ class FlowerRun:
     payloads : list or None
         Every message the server sent and received, when the run recorded them
         (:attr:`NodeLink.payloads`).
+    dropped : dict
+        Client -> the epoch in which it was lost and why, for every client the run went
+        on without (``on_lost="drop"``).
     """
 
     config: TrainConfig
@@ -389,6 +440,7 @@ class FlowerRun:
     placeholders: np.ndarray | None = None
     registration_seconds: float = 0.0
     payloads: list[tuple[str, str, RecordDict]] | None = None
+    dropped: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def server_dataset(loaded: Dataset, sizes: Sequence[int], placeholders: np.ndarray) -> Dataset:
@@ -415,6 +467,7 @@ def run_on_grid(
     timeout: float = 120.0,
     retries: int = 1,
     record: bool = False,
+    on_lost: str = "stop",
 ) -> FlowerRun:
     """Run ``config`` with its clients on the nodes of ``grid``.
 
@@ -429,16 +482,34 @@ def run_on_grid(
     timeout : float
         Seconds to wait for the replies of one exchange (and for the nodes to connect).
     retries : int
-        Times an unanswered request is sent again before the run stops with
-        :class:`ClientLostError`.
+        Times an unanswered request is sent again before the client counts as lost.
     record : bool
         Keep every message in :attr:`FlowerRun.payloads`.
+    on_lost : {"stop", "drop"}
+        A client lost: the run stops with :class:`ClientLostError`, or (Stratify's batch
+        mode) goes on without it (:func:`run_over_link`).
+    """
+    return run_over_link(NodeLink(grid, config, timeout, retries, record), config, on_lost)
+
+
+def run_over_link(link: NodeLink, config: TrainConfig, on_lost: str = "stop") -> FlowerRun:
+    """Run ``config`` through ``link``'s nodes (:func:`run_on_grid`'s body).
+
+    With ``on_lost="drop"`` (Stratify's batch mode only), a client lost after every retry
+    is left out of the global batch being computed and of the rest of its epoch, and its
+    samples leave the schedule's pools from the next epoch on
+    (:meth:`~stratify.stratify.Stratify.drop_clients`); :attr:`FlowerRun.dropped` says
+    which client, in which epoch, and why.
     """
     check_flower_config(config)
+    if on_lost == "drop" and (config.algorithm != "stratify" or config.mode != "batch"):
+        raise ConfigError(
+            "on-lost drop goes on without a lost client in Stratify's batch mode only; "
+            f"{config.algorithm} in {config.mode} mode stops (on-lost stop)"
+        )
     loaded = load_dataset(
         config.dataset, data_dir=config.data_dir, seed=config.seed, **config.dataset_options
     )
-    link = NodeLink(grid, config, timeout, retries, record)
     hellos = link.connect()
     sizes = [int(cast(int, hello.config_records["node"]["size"])) for hello in hellos]
     start = time.perf_counter()
@@ -449,7 +520,7 @@ def run_on_grid(
     federation = Federation(
         [np.arange(offsets[k], offsets[k + 1]) for k in range(config.clients)], placeholders
     )
-    trainer = RemoteTrainer(link, sizes, dataset.x_train, dataset.y_train)
+    trainer = RemoteTrainer(link, sizes, dataset.x_train, dataset.y_train, on_lost=on_lost)
     experiment = build_experiment(
         config,
         dataset=dataset,
@@ -479,6 +550,12 @@ def run_on_grid(
             run.accuracies[-1],
             run.seconds[-1],
         )
+        lost = [client for client in trainer.dropped if client not in run.dropped]
+        if lost:
+            strategy = cast(Stratify, experiment.strategy)
+            strategy.drop_clients(experiment.engine.context, lost)
+            for client in lost:
+                run.dropped[client] = {"epoch": epoch, "reason": trainer.dropped[client]}
     run.state = {
         key: value.detach().cpu().clone() for key, value in experiment.model.state_dict().items()
     }
