@@ -61,12 +61,21 @@ def test_the_exchanges_give_batchnorm_on_the_union_batch():
     model, reference = resnet(), resnet()
     clients = np.repeat(np.arange(len(SIZES)), SIZES)
     expected_loss = accumulate_batch_gradient(reference, x, y, np.arange(len(x)), clients)
+    truth = resnet().double()
+    accumulate_batch_gradient(truth, x.double(), y, np.arange(len(x)), clients)
     seen: list = []
     loss = exchanged(model, x, y, seen)
     assert loss == pytest.approx(expected_loss, rel=1e-6)
-    for (name, parameter), expected in zip(model.named_parameters(), reference.parameters()):
-        scale = float(expected.grad.abs().max())
-        assert float((parameter.grad - expected.grad).abs().max()) <= 1e-5 * scale, name
+    for (name, parameter), expected, exact in zip(
+        model.named_parameters(), reference.parameters(), truth.parameters()
+    ):
+        # float32 sums in another order (2e-6 of the largest here, more with other
+        # thread counts): as close to float64 as the in-process layer, and near it
+        scale = float(exact.grad.abs().max())
+        ours = float((parameter.grad.double() - exact.grad).abs().max())
+        theirs = float((expected.grad.double() - exact.grad).abs().max())
+        assert ours <= 2 * theirs + 1e-6 * scale, name
+        assert float((parameter.grad - expected.grad).abs().max()) <= 1e-4 * scale, name
     # the server folded each layer's statistics into its running ones, as the forward did
     for (name, value), expected in zip(model.state_dict().items(), reference.state_dict().values()):
         if "running" in name or "num_batches" in name:
