@@ -465,6 +465,24 @@ class HandlerLink(NodeLink):
         return replies
 
 
+def sumbn_batch(
+    job: TrainConfig,
+) -> tuple[list[int], np.ndarray, np.ndarray, torch.Tensor, torch.Tensor]:
+    """A global batch over the three nodes that loaded ``job``'s data (after their
+    hellos): every client's size, the batch's server positions and owners, and the
+    nodes' samples and labels laid end to end, as the server's positions count them."""
+    held = [node._NODES[(client, config_json(job))] for client in range(job.clients)]
+    sizes = [held_node.size for held_node in held]
+    assert min(sizes) >= 40
+    shares = [np.arange(3, 40, 3), np.arange(0, 25), np.arange(5, 30, 2)]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    samples = np.concatenate([share + offsets[k] for k, share in enumerate(shares)])
+    clients = np.repeat(np.arange(3), [len(share) for share in shares])
+    x_all = torch.cat([h.trainer.x_train for h in held])
+    y_all = torch.cat([h.trainer.y_train for h in held])
+    return sizes, samples, clients, x_all, y_all
+
+
 def test_a_global_batch_with_sum_based_batchnorm_over_the_nodes_equals_the_union(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -479,15 +497,8 @@ def test_a_global_batch_with_sum_based_batchnorm_over_the_nodes_equals_the_union
     )
     link = HandlerLink(job, [{"partition-id": client} for client in range(job.clients)])
     hellos = link.exchange([(client, HELLO, RecordDict()) for client in range(job.clients)])
-    held = [node._NODES[(client, config_json(job))] for client in range(job.clients)]
-    sizes = [held_node.size for held_node in held]
-    assert len(hellos) == 3 and min(sizes) >= 40
-    shares = [np.arange(3, 40, 3), np.arange(0, 25), np.arange(5, 30, 2)]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    samples = np.concatenate([share + offsets[k] for k, share in enumerate(shares)])
-    clients = np.repeat(np.arange(3), [len(share) for share in shares])
-    x_all = torch.cat([h.trainer.x_train for h in held])
-    y_all = torch.cat([h.trainer.y_train for h in held])
+    assert len(hellos) == 3
+    sizes, samples, clients, x_all, y_all = sumbn_batch(job)
     torch.manual_seed(0)
     model = build_model("resnet20", tuple(x_all.shape[1:]), 10, norm="sumbn")
     initial = copy.deepcopy(model)
@@ -603,14 +614,7 @@ def test_a_client_lost_amid_the_batchnorm_exchanges_leaves_the_batch_to_the_othe
     )
     link = DyingLink(job, dies=2, answers=25, kind="train.norm")
     link.connect()
-    held = [node._NODES[(client, config_json(job))] for client in range(job.clients)]
-    sizes = [held_node.size for held_node in held]
-    shares = [np.arange(3, 40, 3), np.arange(0, 25), np.arange(5, 30, 2)]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    samples = np.concatenate([share + offsets[k] for k, share in enumerate(shares)])
-    clients = np.repeat(np.arange(3), [len(share) for share in shares])
-    x_all = torch.cat([h.trainer.x_train for h in held])
-    y_all = torch.cat([h.trainer.y_train for h in held])
+    sizes, samples, clients, x_all, y_all = sumbn_batch(job)
     torch.manual_seed(0)
     model = build_model("resnet20", tuple(x_all.shape[1:]), 10, norm="sumbn")
     initial = copy.deepcopy(model)

@@ -286,6 +286,12 @@ def fake_trial(folder: Path, accuracies: list[float], classes: int | None = None
     (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
+def tuning_asks(cells, tuning: Tuning, out: Path) -> list[tuple[str, int]]:
+    """(folder, epochs) of every tuning run a fresh plan over ``out`` asks for next."""
+    specs = TuningPlan(cells, tuning, out).next_specs()
+    return sorted((Path(spec.config.out).name, spec.config.epochs) for spec in specs)
+
+
 def test_halving_and_widening_are_read_back_from_the_tuning_folders(tiny, tmp_path, fedavg_at_005):
     """FedAvg's rate on digits pinned to 0.05: candidates 0.025, 0.05, 0.1 race 2 epochs,
     the better two go on to 4; the best of those, 0.1, is at the top edge, so 0.2 is tried
@@ -339,8 +345,7 @@ def test_the_lowest_rate_can_win_the_tuning_and_the_grid_widens_downwards(
     tune = tmp_path / "tune" / "classes-2" / "fedavg"
 
     def asked():
-        specs = TuningPlan(cells, tuning, tmp_path).next_specs()
-        return sorted((Path(spec.config.out).name, spec.config.epochs) for spec in specs)
+        return tuning_asks(cells, tuning, tmp_path)
 
     assert asked() == [("lr-0.025", 2), ("lr-0.05", 2), ("lr-0.1", 2)]
     fake_trial(tune / "lr-0.025", [0.6, 0.8])
@@ -370,8 +375,7 @@ def test_rates_all_at_chance_after_the_tuning_epochs_race_on_to_the_cells_epochs
     tune = tmp_path / "tune" / "classes-2" / "fedavg"
 
     def asked():
-        specs = TuningPlan(cells, tuning, tmp_path).next_specs()
-        return sorted((Path(spec.config.out).name, spec.config.epochs) for spec in specs)
+        return tuning_asks(cells, tuning, tmp_path)
 
     scores = {"lr-0.025": [0.1, 0.11], "lr-0.05": [0.12, 0.14], "lr-0.1": [0.09, 0.1]}
     for name, accuracies in scores.items():
@@ -423,8 +427,7 @@ def test_a_halving_rung_at_chance_drops_no_rate(tiny, tmp_path, fedavg_at_005):
     tune = tmp_path / "tune" / "classes-2" / "fedavg"
 
     def asked():
-        specs = TuningPlan(cells, tuning, tmp_path).next_specs()
-        return sorted((Path(spec.config.out).name, spec.config.epochs) for spec in specs)
+        return tuning_asks(cells, tuning, tmp_path)
 
     learnt = {"lr-0.025": [0.3, 0.35], "lr-0.05": [0.5, 0.6], "lr-0.1": [0.4, 0.45]}
     for name, accuracies in learnt.items():
