@@ -576,6 +576,44 @@ def test_resume_skips_finished_cells(tiny, tmp_path):
     assert accuracy_columns(tmp_path / "results.csv") == before
 
 
+def test_a_run_two_cells_share_is_trained_once_and_copied(monkeypatch, tmp_path):
+    fedavg = method_column("fedavg", local_epochs=1)
+    twice = dataclasses.replace(
+        TINY,
+        name="twice",
+        columns=(fedavg, dataclasses.replace(fedavg, key="fedavg-again", label="FedAvg again")),
+    )
+    monkeypatch.setitem(GRIDS, "twice", twice)
+    display, phases = recorder()
+    report = reproduce(
+        "twice", tmp_path, Settings(seeds=(0, 1)), backend=LocalBackend(1), display=display
+    )
+    assert statuses(phases["twice"]) == [
+        ("classes-2/fedavg/seed-0", "finished"),
+        ("classes-2/fedavg/seed-1", "finished"),
+    ]
+    assert [r.status for r in report.results] == ["finished"] * 4
+    assert any(
+        "run once and copied" in note and "fedavg-again/seed-1 from" in note
+        for note in report.run_notes
+    )
+    for seed in (0, 1):
+        trained = tmp_path / "cells/classes-2/fedavg" / f"seed-{seed}"
+        copied = tmp_path / "cells/classes-2/fedavg-again" / f"seed-{seed}"
+        assert read_records(copied) == read_records(trained)
+        assert json.loads((copied / "config.json").read_text())["out"] == str(copied)
+    accuracies = {(row[0], row[1]): row[2] for row in accuracy_columns(tmp_path / "results.csv")}
+    assert accuracies[("FedAvg", "0")] == accuracies[("FedAvg again", "0")] != ""
+
+    # the copy is a whole run: run again, nothing trains and every cell reads back
+    display, phases = recorder()
+    again = reproduce(
+        "twice", tmp_path, Settings(seeds=(0, 1)), backend=LocalBackend(1), display=display
+    )
+    assert all(status == "skipped" for _, status in statuses(phases["twice"]))
+    assert [r.status for r in again.results] == ["finished"] * 4
+
+
 def test_results_csv_and_the_papers_table(tiny, tmp_path):
     report = reproduce("tiny", tmp_path, Settings(seeds=(0, 1)), backend=LocalBackend(1))
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))

@@ -30,6 +30,7 @@ from stratify.parallel import (
     RunSpec,
     run_specs,
 )
+from stratify.parallel.repeats import copy_run, repeated_runs
 from stratify.reproduce.grids import (
     DEFAULT_CLIENTS,
     Cell,
@@ -170,14 +171,35 @@ def run_phase(
     notes: list[str] | None = None,
 ) -> dict[str, RunOutcome]:
     """Run a phase's specs (``vectorize``: in groups stepped together); a grouping note,
-    if any, is added to ``notes`` prefixed with the phase's title."""
-    context = display(title, specs) if display is not None else nullcontext(None)
+    if any, is added to ``notes`` prefixed with the phase's title.
+
+    A spec that repeats another's run (:func:`~stratify.parallel.repeats.repeated_runs`)
+    is not run: the other's files are copied into its folder once that run has ended,
+    and a note says which.
+    """
+    repeats = repeated_runs(specs)
+    own = [spec for spec in specs if spec.name not in repeats]
+    context = display(title, own) if display is not None else nullcontext(None)
     phase_notes: list[str] = []
     with context as on_event:
-        outcomes = run_specs(specs, backend, on_event, vectorize, phase_notes.append)
+        outcomes = {
+            outcome.name: outcome
+            for outcome in run_specs(own, backend, on_event, vectorize, phase_notes.append)
+        }
+    folders = {spec.name: str(spec.config.out) for spec in specs}
+    for name, source in repeats.items():
+        outcome = outcomes[source.name]
+        if outcome.status in ("finished", "skipped", "diverged"):
+            copy_run(folders[source.name], folders[name])
+        outcomes[name] = replace(outcome, name=name)
+    if repeats:
+        phase_notes.append(
+            "run once and copied, the same configuration: "
+            + "; ".join(f"{name} from {source.name}" for name, source in repeats.items())
+        )
     if notes is not None:
         notes += [f"{title}: {note}" for note in phase_notes]
-    return {outcome.name: outcome for outcome in outcomes}
+    return outcomes
 
 
 def write_tuning_csv(chosen: dict[str, Choice], path: Path) -> None:

@@ -299,6 +299,14 @@ TABLES: dict[str, Table] = {
             paired_report,
         ),
         Table(
+            "seed-papers-fedbss",
+            "docs/results.md",
+            "docs/results/seed-papers-fedbss.csv",
+            "stratify reproduce seed-papers --out OUT --data-dir DIR --seeds 0,1,2 "
+            "--methods fedbss --device cuda --workers 12",
+            paired_report,
+        ),
+        Table(
             "seed-papers-lfd",
             "docs/results.md",
             "docs/results/seed-papers-lfd.csv",
