@@ -411,6 +411,12 @@ class LocalTrainer:
             model, self.x_train, self.y_train, samples, clients, fused, divisor
         )
 
+    def trained_samples(self, clients: np.ndarray) -> int:
+        """How many of a global batch's samples, held by ``clients`` (one entry a sample),
+        :meth:`batch_gradient` trained on: all of them here; a remote trainer leaves out
+        those of clients it dropped."""
+        return len(clients)
+
     def epoch_orders(
         self, indices: np.ndarray | Sequence[np.ndarray], epochs: int, rng: np.random.Generator
     ) -> list[np.ndarray]:

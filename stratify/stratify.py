@@ -404,16 +404,20 @@ class Stratify(Strategy):
         starts = plan.batch_starts
         fused = self.options.batch_path == "fused"
         for start, stop in zip(starts[:-1].tolist(), starts[1:].tolist()):
-            samples = plan.samples[start:stop]
+            samples, clients = plan.samples[start:stop], plan.clients[start:stop]
             self.optimizer.zero_grad(set_to_none=False)
             stats.loss_sum += context.trainer.batch_gradient(
-                context.model, samples, plan.clients[start:stop], fused=fused
+                context.model, samples, clients, fused=fused
             )
+            # over Flower, a client dropped in or before this batch trained none of it
+            trained = context.trainer.trained_samples(clients)
+            context.progress(len(samples))
+            if trained == 0:
+                continue  # no gradient: a step would still move the weights by momentum
             self.optimizer.step()
             stats.steps += 1
-            stats.loss_count += len(samples)
-            stats.sample_gradients += len(samples)
-            context.progress(len(samples))
+            stats.loss_count += trained
+            stats.sample_gradients += trained
         return stats
 
     # -- checkpoint -----------------------------------------------------------------------

@@ -53,6 +53,7 @@ from stratify.flower.messages import (  # noqa: E402
     TOTAL,
     check_flower_config,
     config_json,
+    read_indices,
 )
 from stratify.flower.server import (  # noqa: E402
     FlowerRun,
@@ -552,6 +553,8 @@ class DyingLink(HandlerLink):
         super().__init__(config, [{"partition-id": k} for k in range(config.clients)])
         self.dies, self.answers, self.kind = dies, answers, kind
         self.asked: list[tuple[int, str]] = []
+        #: the samples of the global-batch gradients answered
+        self.trained = 0
 
     def connect(self) -> list[RecordDict]:
         return self.exchange([(client, HELLO, RecordDict()) for client in range(3)])
@@ -564,6 +567,11 @@ class DyingLink(HandlerLink):
                 f"client {self.dies} (node {self.dies}): no reply within 1 s; sent 1 times",
                 [self.dies],
             )
+        self.trained += sum(
+            len(read_indices(content.array_records["share"], "positions"))
+            for _, kind, content in requests
+            if kind == "train.gradient"
+        )
         return super().exchange(requests)
 
 
@@ -594,6 +602,8 @@ def test_a_client_lost_in_a_global_batch_stops_the_run_or_leaves_the_pools(
     assert len(batches) > to_two[-1] + 10  # the run went on: epoch 1's rest and epoch 2
     assert len(run.epochs) == 2 and run.epochs[1].steps > 0
     assert np.isfinite(run.epochs[1].train_loss)
+    # the budget counts the samples trained, not those planned for the dropped client
+    assert sum(epoch.sample_gradients for epoch in run.epochs) == link.trained
     # epoch 2's schedule skips the entries of placeholders only client 2 held, which
     # epoch 1 could still draw from its pools
     assert run.epochs[1].skipped > run.epochs[0].skipped

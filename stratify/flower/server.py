@@ -288,6 +288,9 @@ class RemoteTrainer(LocalTrainer):
             losses += torch.as_tensor(answer.array_records["losses"]["losses"].numpy()).unbind()
         return losses
 
+    def trained_samples(self, clients: np.ndarray) -> int:
+        return int(np.isin(clients, list(self.dropped), invert=True).sum())
+
     def batch_gradient(
         self,
         model: nn.Module,
