@@ -307,6 +307,14 @@ TABLES: dict[str, Table] = {
             paired_report,
         ),
         Table(
+            "seed-papers-fedbr",
+            "docs/results.md",
+            "docs/results/seed-papers-fedbr.csv",
+            "stratify reproduce seed-papers --out OUT --data-dir DIR --seeds 0,1,2 "
+            "--methods fedbr --device cpu --workers 2",
+            paired_report,
+        ),
+        Table(
             "seed-papers-lfd",
             "docs/results.md",
             "docs/results/seed-papers-lfd.csv",
