@@ -51,12 +51,20 @@ def class_accuracy(learner: StreamLearner, label: int, seed: int = 99) -> float:
 
 
 @pytest.mark.parametrize("secure", [False, True])
-def test_a_new_label_mid_stream_is_registered_and_learned(secure):
+def test_a_new_label_mid_stream_is_registered_and_learned(secure, monkeypatch):
+    from stratify.stream import learner as learner_module
+
+    monkeypatch.setattr(learner_module, "COUNT_ROUND_EVENTS", 50)
     learner = StreamLearner(config(secure=secure, protocol="packed"))
     for event in events([0, 1, 2], ["a", "b", "c"], 300, seed=0):
         learner.ingest(event)
     assert learner.registry.result.num_placeholders == 3 and learner.rows == 3
     assert class_accuracy(learner, 3) == 0.0  # no row for it yet: always wrong
+    # the counts were flushed, each one sample of one registration
+    assert learner.registry.result.global_counts.sum() == len(learner.registrations)
+    if secure:  # the clients know each label's row (no comparison), the counts are public
+        assert learner.registry.stats.decryptions == 0
+        assert len(learner.registrations) > learner.rows  # labels the federation knew too
     novel = events([3], ["a"], 1, seed=1, first_line=301)[0]
     assert learner.ingest(novel) is False  # predicted before it could be known
     result = learner.registry.result
@@ -67,6 +75,8 @@ def test_a_new_label_mid_stream_is_registered_and_learned(secure):
     for event in events([0, 1, 2, 3], ["a", "b"], 400, seed=2, first_line=302):
         learner.ingest(event)
     assert learner.registry.result.client_maps[learner.client_of["b"]][3] == placeholder
+    if secure:
+        assert learner.registry.stats.decryptions == 0
     assert class_accuracy(learner, 3) > 0.8
     assert min(class_accuracy(learner, label) for label in (0, 1, 2)) > 0.8
     if secure:

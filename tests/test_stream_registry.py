@@ -200,3 +200,92 @@ def test_labels_added_together_widen_packed_blocks_and_are_refused_whole():
     assert registry.result is before
     with pytest.raises(RegistryError, match="distinct"):
         registry.add_labels(2, ["a", "a"], [1, 1])
+
+
+@pytest.mark.parametrize("index", range(1 + len(PROTOCOLS)))
+def test_labels_whose_index_the_client_knows_get_what_discovery_gives_and_no_decryption(index):
+    """A fresh stream's clients know each label's index in ``U`` (its classifier row): a
+    new label is appended, a known one recorded, nothing compared, nothing decrypted."""
+    placed, discovered = registries()[index], registries()[index]
+    secure = isinstance(placed, CKKSRegistry)
+    rows: dict[object, int] = {}
+    batches = [(0, [3, "cat"]), (1, [3]), (1, ["dog", "cat"]), (2, [9, 3, 8]), (0, [9])]
+    for client, labels in batches:
+        before = placed.stats.decryptions if secure and placed.stats else 0
+        indices = [rows.setdefault(label, len(rows)) for label in labels]
+        ones = [1] * len(labels)
+        placeholders = placed.add_labels(client, labels, ones, defer_count=True, indices=indices)
+        assert placeholders == discovered.add_labels(client, labels, ones, defer_count=True)
+        assert placed.result.client_maps == discovered.result.client_maps
+        if secure:
+            assert placed.stats.decryptions == before
+    placed.flush_counts()
+    discovered.flush_counts()
+    assert same_result(placed.result, discovered.result)
+    if secure:
+        assert placed.stats.decryptions < discovered.stats.decryptions
+
+
+@pytest.mark.parametrize("index", range(1 + len(PROTOCOLS)))
+def test_an_index_that_is_not_the_labels_is_refused_without_a_trace(index):
+    registry = registries(max_unique=3)[index] if index else registries()[0]
+    registry.add_label(0, "a", index=0)
+    registry.add_label(1, "b", index=1)
+    before = registry.result
+    for client, labels, indices, message in [
+        (2, ["c", "a"], [2, 1], "label 'a' is unique label 0, not 1"),
+        (2, ["c"], [3], "label 'c' is unique label 2, not 3"),
+        (2, ["c", "d"], [2, 2], "label 'd' is unique label 3, not 2"),
+        (2, ["c"], [2, 3], "one index per label"),
+    ]:
+        with pytest.raises(RegistryError, match=message):
+            registry.add_labels(client, labels, [1] * len(labels), indices=indices)
+        assert registry.result is before
+    if index:  # the secure bound holds for appended labels too
+        registry.add_label(2, "c", index=2)
+        with pytest.raises(RegistryError, match="more than"):
+            registry.add_label(2, "d", index=3)
+        assert registry.result.client_maps == [{"a": 0}, {"b": 1}, {"c": 2}]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_hash_collision_is_refused_for_a_label_placed_by_index(protocol):
+    colliding = CKKSRegistry(
+        seed=0, protocol=protocol, label_hash=lambda label: 5 if label in ("p", "q") else 9
+    )
+    colliding.add_label(0, "p", index=0)
+    with pytest.raises(RegistryError, match="hash to the same code 5"):
+        colliding.add_label(1, "q", index=1)
+    assert colliding.result.client_maps == [{"p": 0}]
+    assert colliding.add_label(1, "z", index=1) == 1
+
+
+def test_public_counts_are_added_in_the_clear_to_the_totals_the_encrypted_round_gives():
+    plain, *secure = registries()
+    for registry in (plain, *secure):
+        encrypted = (
+            registries()[0]
+            if registry is plain
+            else CKKSRegistry(seed=5, protocol=registry.protocol)
+        )
+        for client, label, _ in ARRIVALS:
+            registry.add_label(client, label, 1, defer_count=True)
+            encrypted.add_label(client, label, 1, defer_count=True)
+        before = registry.stats.encryptions if registry is not plain else 0
+        registry.flush_counts(public=True)
+        encrypted.flush_counts()
+        assert same_result(registry.result, encrypted.result)
+        np.testing.assert_array_equal(registry.result.global_counts, [2, 1, 2, 1])
+        if registry is not plain:
+            assert registry.stats.encryptions == before  # no round
+        assert registry.pending_counts == {}
+
+
+def test_a_count_of_more_than_one_sample_is_not_public():
+    for registry in registries():
+        registry.add_label(0, "a", 1, defer_count=True)
+        registry.add_label(1, "a", 3, defer_count=True)
+        with pytest.raises(RegistryError, match="3 samples of placeholder 0 are not a public"):
+            registry.flush_counts(public=True)
+        np.testing.assert_array_equal(registry.result.global_counts, [0])
+        assert registry.pending_total() == 4

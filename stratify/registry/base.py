@@ -170,7 +170,13 @@ class LabelRegistry(ABC):
         """
 
     def add_label(
-        self, client: int, label: Any, count: int = 1, *, defer_count: bool = False
+        self,
+        client: int,
+        label: Any,
+        count: int = 1,
+        *,
+        defer_count: bool = False,
+        index: int | None = None,
     ) -> int:
         """Client ``client`` registers ``label``, which it did not hold before.
 
@@ -193,6 +199,14 @@ class LabelRegistry(ABC):
             every deferred count in one round (one ciphertext per client, one decryption:
             docs/architecture.md, "Streaming"), instead of a round per label now.
             :attr:`result`'s global counts leave it out until then.
+        index : int, optional
+            Where the client knows ``label`` stands among the unique labels: a stream's
+            clients share the label -> classifier-row map, and a fresh stream's rows are
+            its discovery order. A label some client registered keeps its index; a label
+            no client holds takes the next one (``len(placeholder_of_index)``), appended
+            without a comparison. No encrypted discovery runs, so the key holder decrypts
+            nothing (docs/architecture.md, "Privacy"). The index is checked against the
+            registry's own record. Default: discovered.
 
         Returns
         -------
@@ -202,11 +216,14 @@ class LabelRegistry(ABC):
         Raises
         ------
         RegistryError
-            A client out of range, a label the client already holds, a bad count, or (CKKS)
-            a label that cannot be encoded or exceeds the bound on unique labels; the
-            registry is then unchanged.
+            A client out of range, a label the client already holds, a bad count, an
+            ``index`` that is not the label's, or (CKKS) a label that cannot be encoded or
+            exceeds the bound on unique labels; the registry is then unchanged.
         """
-        return self.add_labels(client, [label], [count], defer_count=defer_count)[0]
+        indices = None if index is None else [index]
+        return self.add_labels(client, [label], [count], defer_count=defer_count, indices=indices)[
+            0
+        ]
 
     def add_labels(
         self,
@@ -215,6 +232,7 @@ class LabelRegistry(ABC):
         counts: Sequence[int],
         *,
         defer_count: bool = False,
+        indices: Sequence[int] | None = None,
     ) -> list[int]:
         """Client ``client`` registers several labels it did not hold, in one discovery
         round where the protocol allows (the packed CKKS layout compares them all with
@@ -231,6 +249,9 @@ class LabelRegistry(ABC):
             Samples of each label.
         defer_count : bool
             As :meth:`add_label`.
+        indices : sequence of int, optional
+            Each label's ``index`` (:meth:`add_label`); new labels take the next indices
+            in their order here.
 
         Returns
         -------
@@ -249,7 +270,11 @@ class LabelRegistry(ABC):
             )
         for label, count in zip(labels, counts):
             self.check_new_label(previous, client, label, count)
-        indices = self._discover_many(client, list(labels))
+        if indices is None:
+            indices = self._discover_many(client, list(labels))
+        else:
+            new = self.check_indices(previous, client, labels, indices)
+            indices = self._place_many(client, list(labels), new)
         for index in indices:
             if index == len(self.placeholder_of_index):
                 self.placeholder_of_index.append(index)
@@ -270,12 +295,38 @@ class LabelRegistry(ABC):
         self.result = RegistryResult(num_placeholders, client_maps, global_counts)
         return placeholders
 
-    def flush_counts(self) -> RegistryResult | None:
+    def flush_counts(self, public: bool = False) -> RegistryResult | None:
         """Aggregate the counts :meth:`add_label` deferred into :attr:`result`'s global
-        counts; returns :attr:`result`."""
+        counts; returns :attr:`result`.
+
+        Parameters
+        ----------
+        public : bool
+            Every deferred count is 1: each counts the one sample that brought its label to
+            its client (a stream's registrations), so the total of a placeholder is the
+            number of clients that registered it since the last flush, which the server
+            knows (it learns each client's placeholders): added in the clear, no encrypted
+            round (docs/architecture.md, "Streaming").
+
+        Raises
+        ------
+        RegistryError
+            ``public`` with a deferred count other than 1; nothing is aggregated.
+        """
         if self.pending_counts:
             assert self.result is not None  # a deferred count came with its label
-            global_counts = self._count_many(self.pending_counts, self.result.global_counts)
+            if public:
+                global_counts = self.result.global_counts.copy()
+                for client, held in self.pending_counts.items():
+                    for placeholder, count in held.items():
+                        if count != 1:
+                            raise RegistryError(
+                                f"client {client}: {count} samples of placeholder {placeholder} "
+                                "are not a public count (one per registration)"
+                            )
+                        global_counts[placeholder] += 1
+            else:
+                global_counts = self._count_many(self.pending_counts, self.result.global_counts)
             self.result = RegistryResult(
                 self.result.num_placeholders, self.result.client_maps, global_counts
             )
@@ -301,6 +352,38 @@ class LabelRegistry(ABC):
         """:meth:`_discover` of each of ``client``'s new ``labels``; a registry that can
         discover them in one round overrides it (raising before changing anything)."""
         return [self._discover(client, label) for label in labels]
+
+    def check_indices(
+        self, result: RegistryResult, client: int, labels: Sequence[Any], indices: Sequence[int]
+    ) -> list[bool]:
+        """Refuse ``indices`` that are not where ``labels`` stand among the unique labels
+        (:meth:`add_label`'s ``index``); whether each label is new to every client."""
+        if len(indices) != len(labels):
+            raise RegistryError(f"client {client}: one index per label, got {len(indices)}")
+        placeholder_of = {
+            label: placeholder
+            for mapping in result.client_maps
+            for label, placeholder in mapping.items()
+        }
+        unique = len(self.placeholder_of_index)
+        new: list[bool] = []
+        for label, index in zip(labels, indices):
+            if label in placeholder_of:
+                expected = self.placeholder_of_index.index(placeholder_of[label])
+            else:
+                expected = unique + sum(new)
+            if index != expected:
+                raise RegistryError(
+                    f"client {client}: label {label!r} is unique label {expected}, not {index}"
+                )
+            new.append(label not in placeholder_of)
+        return new
+
+    def _place_many(self, client: int, labels: list[Any], new: list[bool]) -> list[int]:
+        """Indices of ``labels``, whose place among the unique labels the client knows
+        (``new``: those no client holds, appended); a registry whose discovery costs a
+        comparison overrides it, to skip it (raising before changing anything)."""
+        return self._discover_many(client, labels)
 
     @abstractmethod
     def _count(

@@ -86,9 +86,10 @@ EVAL_BATCH = 1000
 #: step losses kept on the device before they are summed (always after the same number of
 #: steps, so a resumed stream sums exactly as an uninterrupted one)
 PENDING_LOSSES = 1024
-#: events between two aggregations of the label counts registered since (one encrypted
-#: round for all of them rather than one per new (client, label): docs/architecture.md,
-#: "Streaming")
+#: events between two aggregations of the label counts registered since: each counts the
+#: one sample that brought its label, so they are public and added in the clear
+#: (``flush_counts(public=True)``, docs/architecture.md, "Streaming"); the registry's
+#: global counts lag the stream by at most this many events
 COUNT_ROUND_EVENTS = 1000
 #: events a client receives after a label the federation already knows arrived there for
 #: the first time before it registers it: its new labels are then registered together, one
@@ -258,6 +259,11 @@ class StreamLearner:
         if policy is not None and not isinstance(policy, StreamPolicy):
             raise ConfigError(f"policy must be a StreamPolicy, got {type(policy).__name__}")
         self.config = config
+        #: whether the classifier rows are the registry's discovery order, which the clients
+        #: then know (they hold the label -> row map): a fresh stream's, where a label
+        #: takes the next row as it takes the next unique index; its registrations need no
+        #: encrypted comparison (docs/architecture.md, "Streaming")
+        self.rows_are_indices = registry is None and not classes
         self.registry = registry if registry is not None else make_stream_registry(config)
         registered = len(self.registry.result.client_maps) if self.registry.result else 0
         if registered != len(clients):
@@ -714,7 +720,8 @@ class StreamLearner:
             if self.waiting[client] >= limit or (placeholder == UNREGISTERED and self.scarce(row)):
                 self.register_held([client])
         if self.stats.events % COUNT_ROUND_EVENTS == 0:
-            self.registry.flush_counts()
+            # each registration counts its one sample: the server knows these totals
+            self.registry.flush_counts(public=True)
         self.train(line)
         return correct
 
@@ -796,8 +803,10 @@ class StreamLearner:
         joined = len(self.registry.result.client_maps) if self.registry.result else 0
         self.register_held(range(joined, client))  # clients join the registry in order
         try:
-            # the count waits for the next flush_counts (one round for many labels)
-            placeholder = self.registry.add_label(client, label, 1, defer_count=True)
+            # the count waits for the next flush_counts (public: added in the clear)
+            placeholder = self.registry.add_label(
+                client, label, 1, defer_count=True, index=self.index_of(label)
+            )
         except RegistryError as error:
             raise EventError(f"the registry refused it: {error}") from None
         self.registrations.append((client, label))
@@ -815,13 +824,23 @@ class StreamLearner:
         for client in sorted(wanted & set(self.unregistered)):
             labels = self.unregistered.pop(client)
             del self.waiting[client]
+            indices = [self.class_of[label] for label in labels] if self.rows_are_indices else None
             placeholders = self.registry.add_labels(
-                client, labels, [1] * len(labels), defer_count=True
+                client, labels, [1] * len(labels), defer_count=True, indices=indices
             )
             for label, placeholder in zip(labels, placeholders):
                 self.registrations.append((client, label))
                 self.buffers.add_placeholder(placeholder)
                 self.buffers.assign(client, self.class_of[label], placeholder)
+
+    def index_of(self, label: Identifier) -> int | None:
+        """Where the clients know ``label`` stands among the registry's unique labels: its
+        classifier row (the next one for a new label) when :attr:`rows_are_indices`, else
+        unknown (``None``: the registry discovers it)."""
+        if not self.rows_are_indices:
+            return None
+        row = self.class_of.get(label)
+        return len(self.classes) if row is None else row
 
     def add_class(self, label: Identifier) -> int:
         """Give ``label`` the next classifier row, widening the classifier if needed."""

@@ -334,16 +334,43 @@ class _ProtocolRun:
         if index is None:
             self.check_unique_limit(client, [label])
             self.prepare_append(client, label)
-        if client == len(self.codes):
-            self.codes.append([])
-            self.labels.append([])
-        self.codes[client].append(code)
-        self.labels[client].append(label)
-        self.forget_label_vectors(client)
+        self.record_labels(client, [code], [label])
         if index is None:
             self.append_code(client, code)
             index = self.num_unique - 1
         return index
+
+    def place_labels(
+        self, client: int, codes: list[int], labels: list[Hashable], new: list[bool]
+    ) -> list[int]:
+        """Labels whose index in ``U`` ``client`` knows (a fresh stream's clients: the
+        classifier rows, docs/architecture.md, "Streaming"), so nothing is compared: the
+        ``new`` ones (no client holds them) are appended to ``U`` (packed: in one
+        ciphertext), the others only recorded; the key holder decrypts nothing. ``client``
+        is a known client or the next one. Returns their indices in ``U``; raises before
+        changing anything when the new ones would overflow the bound."""
+        appended = [code for code, fresh in zip(codes, new) if fresh]
+        if appended:
+            self.check_unique_limit(client, [label for label, fresh in zip(labels, new) if fresh])
+            self.prepare_append(client, labels[new.index(True)], len(appended))
+        positions = iter(range(self.num_unique, self.num_unique + len(appended)))
+        indices = [
+            next(positions) if fresh else self.unique_codes.index(code)
+            for code, fresh in zip(codes, new)
+        ]
+        self.record_labels(client, codes, labels)
+        if appended:
+            self.append_codes(client, appended)
+        return indices
+
+    def record_labels(self, client: int, codes: list[int], labels: list[Hashable]) -> None:
+        """``client`` (a known client or the next one) holds ``labels`` (``codes``) now."""
+        if client == len(self.codes):
+            self.codes.append([])
+            self.labels.append([])
+        self.codes[client].extend(codes)
+        self.labels[client].extend(labels)
+        self.forget_label_vectors(client)
 
     def find_code(self, client: int, code: int) -> int | None:
         """Index of ``client``'s new label (``code``) in ``U``, or ``None``."""
@@ -354,11 +381,15 @@ class _ProtocolRun:
         compares them with ``U`` together overrides it. Returns their indices in ``U``."""
         return [self.add_label(client, code, label) for code, label in zip(codes, labels)]
 
-    def prepare_append(self, client: int, label: Hashable) -> None:
-        """Make room in ``U`` for one more label (packed: a wider block), or raise."""
+    def prepare_append(self, client: int, label: Hashable, extra: int = 1) -> None:
+        """Make room in ``U`` for ``extra`` more labels (packed: a wider block), or raise."""
 
     def append_code(self, client: int, code: int) -> None:
-        """``client`` appends its label ``code`` to ``U``."""
+        """``client`` appends its label ``code``, just compared with ``U``, to ``U``."""
+        raise NotImplementedError
+
+    def append_codes(self, client: int, codes: list[int]) -> None:
+        """``client`` appends ``codes``, not compared with ``U``, to ``U``."""
         raise NotImplementedError
 
     def forget_label_vectors(self, client: int) -> None:
@@ -472,6 +503,12 @@ class _NaiveRun(_ProtocolRun):
         blob = self.key_holder.encrypt(np.array([code]), self.stats)
         self.new_vector = self.server.receive(blob, f"client {client}", 1)
         return self.find(client, self.new_vector, len(self.unique))
+
+    def append_codes(self, client: int, codes: list[int]) -> None:
+        for code in codes:
+            blob = self.key_holder.encrypt(np.array([code]), self.stats)
+            self.new_vector = self.server.receive(blob, f"client {client}", 1)
+            self.append_code(client, code)
 
     def append_code(self, client: int, code: int) -> None:
         assert self.new_vector is not None  # find_code compared it first
@@ -655,12 +692,7 @@ class _PackedRun(_ProtocolRun):
         if new:
             self.check_unique_limit(client, [labels[position] for position in new])
             self.prepare_append(client, labels[new[0]], len(new))
-        if client == len(self.codes):
-            self.codes.append([])
-            self.labels.append([])
-        self.codes[client].extend(codes)
-        self.labels[client].extend(labels)
-        self.forget_label_vectors(client)
+        self.record_labels(client, codes, labels)
         if new:
             first = self.num_unique
             self.append_unique(client, [codes[position] for position in new])
@@ -683,6 +715,9 @@ class _PackedRun(_ProtocolRun):
 
     def append_code(self, client: int, code: int) -> None:
         self.append_unique(client, [code])
+
+    def append_codes(self, client: int, codes: list[int]) -> None:
+        self.append_unique(client, codes)  # one ciphertext for them all
 
     def add_count(
         self, client: int, placeholder: int, count: int, global_counts: np.ndarray

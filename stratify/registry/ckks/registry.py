@@ -235,24 +235,33 @@ class CKKSRegistry(LabelRegistry):
         return _PackedRun(key_holder, server, [], [], self.max_unique, stats, block_size=block_size)
 
     def _discover(self, client: int, label: Any) -> int:
-        run = self._run if self._run is not None else self._new_run()
-        owner = dict(run.code_owner)  # committed only once the label is registered
-        code = run.key_holder.encode_label(client, label, owner)
-        index = run.add_label(client, code, label)
-        run.code_owner = owner
-        self._run = run
-        self.stats = run.stats
-        return index
+        return self._discover_many(client, [label])[0]
 
     def _discover_many(self, client: int, labels: list[Any]) -> list[int]:
-        run = self._run if self._run is not None else self._new_run()
+        run = self._continue_run()
         owner = dict(run.code_owner)  # committed only once the labels are registered
         codes = [run.key_holder.encode_label(client, label, owner) for label in labels]
         indices = run.add_labels(client, codes, labels)
+        self._commit(run, owner)
+        return indices
+
+    def _place_many(self, client: int, labels: list[Any], new: list[bool]) -> list[int]:
+        run = self._continue_run()
+        owner = dict(run.code_owner)
+        codes = [run.key_holder.encode_label(client, label, owner) for label in labels]
+        indices = run.place_labels(client, codes, labels, new)
+        self._commit(run, owner)
+        return indices
+
+    def _continue_run(self) -> _ProtocolRun:
+        """The protocol run of the last registration (an empty one when there is none)."""
+        return self._run if self._run is not None else self._new_run()
+
+    def _commit(self, run: _ProtocolRun, owner: dict[int, tuple[Hashable, int]]) -> None:
+        """Keep ``run`` and its label codes ``owner``: a registration went through."""
         run.code_owner = owner
         self._run = run
         self.stats = run.stats
-        return indices
 
     def check_new_label(self, result: RegistryResult, client: int, label: Any, count: int) -> None:
         super().check_new_label(result, client, label, count)
