@@ -11,7 +11,7 @@ import torch
 
 from stratify.errors import ConfigError
 from stratify.registry import PlainRegistry
-from stratify.registry.ckks import CKKSRegistry
+from stratify.registry.ckks import CKKSRegistry, same_result
 from stratify.stream import Event, EventError, PeriodicFedAvg, StreamConfig, StreamLearner
 from stratify.stream.buffers import ClientBuffers
 
@@ -295,6 +295,22 @@ def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_roun
     assert learner.registrations == again.registrations
     for mine, theirs in zip(learner.model.parameters(), again.model.parameters()):
         assert np.array_equal(mine, theirs)
+
+
+def test_a_secure_stream_restores_its_registry_without_a_decryption():
+    """The checkpoint replays the registrations by their classifier rows, counts public."""
+    learner = StreamLearner(config(secure=True, protocol="packed"))
+    for event in events([0, 1, 2, 3], ["a", "b", "c"], 120, seed=5):
+        learner.ingest(event)
+    again = StreamLearner(config(secure=True, protocol="packed"))
+    again.load_state_dict(learner.state_dict())
+    assert again.registry.stats.decryptions == 0
+    learner.registry.flush_counts(public=True)
+    assert same_result(again.registry.result, learner.registry.result)
+    assert again.registry.result.global_counts.sum() == len(learner.registrations) > 4
+    for event in events([0, 1, 2, 3], ["a", "b", "c", "d"], 40, seed=6, first_line=121):
+        assert learner.ingest(event) == again.ingest(event)
+    assert again.registry.result.client_maps == learner.registry.result.client_maps
 
 
 @pytest.mark.parametrize("new_class", ["auto", "imprint", "random"])

@@ -1005,9 +1005,12 @@ class StreamLearner:
         """
         if self.started or self.registrations or self.clients or self.unregistered:
             raise ValueError("only a fresh learner can load a stream's state")
+        rows = {label: row for row, label in enumerate(state["classes"])}
         for client, label in state["registrations"]:
-            self.registry.add_label(int(client), label, 1)
+            index = rows[label] if self.rows_are_indices else None
+            self.registry.add_label(int(client), label, 1, defer_count=True, index=index)
             self.registrations.append((int(client), label))
+        self.registry.flush_counts(public=True)
         # a checkpoint of an earlier version registered every label at once
         for client, label in state.get("unregistered", []):
             self.unregistered.setdefault(int(client), []).append(label)
