@@ -221,9 +221,10 @@ class LabelRegistry(ABC):
             exceeds the bound on unique labels; the registry is then unchanged.
         """
         indices = None if index is None else [index]
-        return self.add_labels(client, [label], [count], defer_count=defer_count, indices=indices)[
-            0
-        ]
+        placeholders = self.add_labels(
+            client, [label], [count], defer_count=defer_count, indices=indices
+        )
+        return placeholders[0]
 
     def add_labels(
         self,

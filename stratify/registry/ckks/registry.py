@@ -238,30 +238,32 @@ class CKKSRegistry(LabelRegistry):
         return self._discover_many(client, [label])[0]
 
     def _discover_many(self, client: int, labels: list[Any]) -> list[int]:
-        run = self._continue_run()
-        owner = dict(run.code_owner)  # committed only once the labels are registered
-        codes = [run.key_holder.encode_label(client, label, owner) for label in labels]
-        indices = run.add_labels(client, codes, labels)
-        self._commit(run, owner)
-        return indices
+        return self._register(
+            client, labels, lambda run, codes: run.add_labels(client, codes, labels)
+        )
 
     def _place_many(self, client: int, labels: list[Any], new: list[bool]) -> list[int]:
-        run = self._continue_run()
-        owner = dict(run.code_owner)
+        return self._register(
+            client, labels, lambda run, codes: run.place_labels(client, codes, labels, new)
+        )
+
+    def _register(
+        self,
+        client: int,
+        labels: list[Any],
+        step: Callable[[_ProtocolRun, list[int]], list[int]],
+    ) -> list[int]:
+        """``step(run, codes)`` with ``labels``' codes on the protocol run of the last
+        registration (an empty one when there is none), kept only if it goes through;
+        the indices of ``labels`` in ``U``."""
+        run = self._run if self._run is not None else self._new_run()
+        owner = dict(run.code_owner)  # committed only once the labels are registered
         codes = [run.key_holder.encode_label(client, label, owner) for label in labels]
-        indices = run.place_labels(client, codes, labels, new)
-        self._commit(run, owner)
-        return indices
-
-    def _continue_run(self) -> _ProtocolRun:
-        """The protocol run of the last registration (an empty one when there is none)."""
-        return self._run if self._run is not None else self._new_run()
-
-    def _commit(self, run: _ProtocolRun, owner: dict[int, tuple[Hashable, int]]) -> None:
-        """Keep ``run`` and its label codes ``owner``: a registration went through."""
+        indices = step(run, codes)
         run.code_owner = owner
         self._run = run
         self.stats = run.stats
+        return indices
 
     def check_new_label(self, result: RegistryResult, client: int, label: Any, count: int) -> None:
         super().check_new_label(result, client, label, count)
