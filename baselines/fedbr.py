@@ -458,13 +458,13 @@ class FedBR(FedAvg):
             "rotated-dir-0-1",
             f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
             f"lr {OFFICIAL_SMALL_IMAGE_LR:g} (official)",
-            ROTATED_DIR_0_1,
+            {**ROTATED_DIR_0_1, "lr": OFFICIAL_SMALL_IMAGE_LR},
         ),
         PaperSetting(
             "rotated-dir-0-1",
             f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
             f"lr {OFFICIAL_SMALL_IMAGE_LR:g} (official)",
-            ROTATED_DIR_0_1,
+            {**ROTATED_DIR_0_1, "lr": OFFICIAL_SMALL_IMAGE_LR},
             variant="against momentum-0.9 FedAvg, first official commit",
             comparator_options={"local_momentum": 0.9},
         ),

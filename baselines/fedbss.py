@@ -228,7 +228,7 @@ class FedBSS(FedAvg):
             {"client_fraction": 1 / 3, "warmup_rounds": PAPER_WARMUP_ROUNDS},
         )
         for suffix, rate, values in (
-            ("", f"{PAPER_LR:g} (its paper's)", {}),
+            ("", f"{PAPER_LR:g} (its paper's)", {"lr": PAPER_LR}),
             ("-lr-0-01", "0.01", {"lr": 0.01}),
         )
     )

@@ -71,6 +71,9 @@ TRIPLET_BYTES = 3 * 4
 #: The paper's batch size (MobileNet v2 on its datasets).
 PAPER_BATCH_SIZE = 28
 
+#: The paper's SGD learning rate (its defaults and its seed-paper setting).
+PAPER_LR = 0.001
+
 FedDiverseOptionsT = TypeVar("FedDiverseOptionsT", bound="FedDiverseOptions")
 
 
@@ -525,7 +528,7 @@ class FedDiverse(FedAvgM):
     comparator = "fedavgm"
     benchmark_local = False
     options: FedDiverseOptions
-    default_lr = 0.001
+    default_lr = PAPER_LR
     # its CMNIST_GSC federation: binary colored MNIST, 24 clients, 4 dominated by class
     # imbalance, 4 by attribute imbalance, 16 by the global spurious correlation
     # (partition gsc:4; the loader's correlation 0.5 leaves enough images of the minority
@@ -545,6 +548,7 @@ class FedDiverse(FedAvgM):
                 "partition": "gsc:4",
                 "clients": 24,
                 "epochs": 100,
+                "lr": PAPER_LR,
             },
         ),
     )

@@ -166,13 +166,13 @@ class LfD(FedAvg):
         PaperSetting(
             "dir-0-5",
             "Dir(0.5), 10 clients, E = 10, 20 rounds",
-            {"partition": "dirichlet:0.5", "clients": 10, "epochs": 20},
+            {"partition": "dirichlet:0.5", "clients": 10, "epochs": 20, "lr": PAPER_LR},
         ),
         *(
             PaperSetting(
                 f"{split_key}-e1",
                 f"{split_label}, 10 clients, E = 1, 20 rounds",
-                {"partition": split, "clients": 10, "epochs": 20},
+                {"partition": split, "clients": 10, "epochs": 20, "lr": PAPER_LR},
                 {"local_epochs": 1, **options},
                 variant,
             )

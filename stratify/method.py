@@ -236,7 +236,8 @@ class PaperSetting:
         What the setting is, in the grid's table (the method's label goes before it).
     values : mapping
         :class:`~stratify.config.TrainConfig` fields of the runs (dataset, partition,
-        clients, epochs, lr, dataset_options...).
+        clients, epochs, dataset_options...), ``lr`` among them: a paper's setting runs at
+        the rate it names, which a default chosen by a ``defaults`` grid does not move.
     options : mapping
         The method's options in this setting.
     variant : str
@@ -260,6 +261,11 @@ class PaperSetting:
             raise ValueError(
                 f"paper setting {self.key!r}: another comparator than the matched one is a "
                 "variant: name it"
+            )
+        if "lr" not in self.values:
+            raise ValueError(
+                f"paper setting {self.key!r}: name its learning rate (values['lr']): a "
+                "method's default rate is chosen on other settings and can move"
             )
 
 

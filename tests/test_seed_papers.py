@@ -10,7 +10,7 @@ import pytest
 
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.comparison import matched_config
-from stratify.config import TrainConfig
+from stratify.config import TrainConfig, resolve_lr
 from stratify.data.heterogeneity import heterogeneity_triplet, interaction_matrix
 from stratify.data.partition import (
     GSC_ALIGNMENT,
@@ -157,6 +157,27 @@ def test_a_declared_paper_setting_names_config_fields_and_the_methods_own_option
 def test_a_paper_setting_with_another_comparator_is_a_named_variant():
     with pytest.raises(ValueError, match="is a variant: name it"):
         PaperSetting("k", "label", comparator_options={"local_momentum": 0.9})
+
+
+def test_a_paper_setting_names_its_rate():
+    with pytest.raises(ValueError, match="name its learning rate"):
+        PaperSetting("k", "label", {"epochs": 5})
+
+
+def test_a_default_rate_chosen_on_other_settings_does_not_move_a_paper_setting(
+    monkeypatch, tmp_path
+):
+    def planned_rates():
+        cells, _ = plan_cells(GRIDS["seed-papers"], Settings(seeds=(0,)), tmp_path)
+        return {(cell.row.key, cell.column.key): resolve_lr(cell.config) for cell in cells}
+
+    before = planned_rates()
+    for name in (*declaring(), "fedavg", "fedavgm"):
+        cls = strategy_class(name)
+        rates = {(family, "batch"): 0.777 for family in ("mnist", "digits")}
+        monkeypatch.setattr(cls, "own_lrs", rates)
+    assert planned_rates() == before
+    assert 0.777 not in before.values()
 
 
 def test_the_seed_papers_grid_is_the_declared_settings():
