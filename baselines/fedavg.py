@@ -117,7 +117,11 @@ class FedAvg(Strategy):
 
     name = "fedavg"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
+    own_lrs = {
+        ("digits", "batch"): 0.1,
+        ("digits", "single-sample"): 0.03,
+        ("mnist", "batch"): 0.03,
+    }
     description = "broadcast, E local epochs of SGD per client, weighted model average"
     options_class = FedAvgOptions
     label = "FedAvg"

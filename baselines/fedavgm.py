@@ -66,7 +66,11 @@ class FedAvgM(FedAvg):
 
     name = "fedavgm"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
+    own_lrs = {
+        ("digits", "batch"): 0.1,
+        ("digits", "single-sample"): 0.03,
+        ("mnist", "batch"): 0.01,
+    }
     description = "FedAvg + server momentum: v ← βv + (x − avg), x ← x − η·v"
     options_class = FedAvgMOptions
     label = "FedAvgM"

@@ -435,7 +435,10 @@ class FedBR(FedAvg):
 
     name = "fedbr"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.3}
+    own_lrs = {
+        ("digits", "batch"): 0.3,
+        ("mnist", "batch"): 0.1,
+    }
     description = (
         "FedAvg + pseudo-data: max step on a projection head, min step with soft-label CE and L_con"
     )

@@ -514,7 +514,10 @@ class FedDiverse(FedAvgM):
 
     name = "feddiverse"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.03}
+    own_lrs = {
+        ("digits", "batch"): 0.03,
+        ("mnist", "batch"): 0.001,
+    }
     description = (
         "FedAvgM (β 0.95, equal weights) picking clients by their (CI, AI, SC) "
         "heterogeneity triplets"

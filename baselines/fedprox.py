@@ -67,7 +67,11 @@ class FedProx(FedAvg):
 
     name = "fedprox"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
+    own_lrs = {
+        ("digits", "batch"): 0.1,
+        ("digits", "single-sample"): 0.03,
+        ("mnist", "batch"): 0.03,
+    }
     description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
     options_class = FedProxOptions
     label = "FedProx"

@@ -148,7 +148,10 @@ class LfD(FedAvg):
 
     name = "lfd"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.003}
+    own_lrs = {
+        ("digits", "batch"): 0.003,
+        ("mnist", "batch"): 0.01,
+    }
     description = "cosine classifier with margin; drift regulariser from each client's last model"
     modes = ("batch",)
     options_class = LfDOptions

@@ -132,7 +132,11 @@ class Scaffold(FedAvg):
 
     name = "scaffold"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
+    own_lrs = {
+        ("digits", "batch"): 0.1,
+        ("digits", "single-sample"): 0.03,
+        ("mnist", "batch"): 0.01,
+    }
     description = "control variates c, c_i (zero start, option II) correct local drift; server lr"
     options_class = ScaffoldOptions
     label = "SCAFFOLD"

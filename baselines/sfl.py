@@ -64,7 +64,11 @@ class SFL(Strategy):
 
     name = "sfl"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.1, ("digits", "single-sample"): 0.03}
+    own_lrs = {
+        ("digits", "batch"): 0.1,
+        ("digits", "single-sample"): 0.03,
+        ("mnist", "batch"): 0.03,
+    }
     description = "sequential model passing in random client order; each trains on all its data"
     options_class = SFLOptions
     label = "SFL"

@@ -123,7 +123,11 @@ class Stratify(Strategy):
 
     name = "stratify"
     #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {("digits", "batch"): 0.3, ("digits", "single-sample"): 0.01}
+    own_lrs = {
+        ("digits", "batch"): 0.3,
+        ("digits", "single-sample"): 0.01,
+        ("mnist", "batch"): 0.1,
+    }
     description = "SLS + label-aware client selection + single-sample hops or global batches"
     options_class = StratifyOptions
     label = "Stratify"

@@ -252,10 +252,14 @@ def test_defaults_follow_the_current_official_code():
     assert (options.pseudo_data, options.mixture_size, options.rsm_size) == ("rsm", None, 10)
     assert FedBROptions(pseudo_data="mixture").for_mode("batch").mixture_size == 1
     # the official rates by data set: 1e-3 on the 28×28 MNIST variants, 1e-2 otherwise
-    assert FedBR().lr_for("batch", "rotated-mnist") == FedBR().lr_for("batch", "mnist-10k") == 1e-3
+    assert FedBR().paper_lr("batch", "rotated-mnist") == FedBR().paper_lr("batch", "mnist-10k")
+    assert FedBR().paper_lr("batch", "mnist-10k") == 1e-3
     assert FedBR().paper_lr("batch", "digits") == FedBR().lr_for("batch", "cifar10") == 1e-2
-    # on the digits its own rate, the defaults grid's best (the official one is far below)
+    # on digits and the MNIST family its own rate, the defaults grids' best (the official
+    # one is far below)
     assert FedBR().lr_for("batch", "digits") == FedBR.own_rates()["digits", "batch"]
+    for dataset in ("mnist-10k", "rotated-mnist"):
+        assert FedBR().lr_for("batch", dataset) == FedBR.own_rates()["mnist", "batch"]
     config = TrainConfig(
         algorithm="fedbr",
         dataset="digits",

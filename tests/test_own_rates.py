@@ -42,11 +42,12 @@ def test_each_method_declares_the_rate_the_rule_chooses():
         )
 
 
-def test_the_digits_file_covers_every_method_and_mode_of_the_grid(tmp_path):
-    cells, notes = plan_cells(GRIDS["defaults"], Settings(seeds=(0,)), tmp_path)
+@pytest.mark.parametrize("grid, family", [("defaults", "digits"), ("defaults-mnist", "mnist")])
+def test_each_family_s_file_covers_every_method_and_mode_of_its_grid(tmp_path, grid, family):
+    cells, notes = plan_cells(GRIDS[grid], Settings(seeds=(0,)), tmp_path)
     planned = {(cell.config.algorithm, cell.config.mode) for cell in cells}
-    digits = [path for path in RESULTS if path.name == "defaults-digits.csv"]
-    measured = {(c.algorithm, c.mode) for c in default_choices(read_results(digits[0]))}
+    (path,) = [path for path in RESULTS if path.name == f"defaults-{family}.csv"]
+    measured = {(c.algorithm, c.mode) for c in default_choices(read_results(path))}
     assert measured == planned
     # FedTAN alone is left out: it needs BatchNorm layers, which the simple CNN has none of
     assert [note.split(":")[0] for note in notes] == ["FedTAN (batch)"]

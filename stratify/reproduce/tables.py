@@ -238,6 +238,13 @@ TABLES: dict[str, Table] = {
             defaults_table,
         ),
         Table(
+            "defaults-mnist",
+            "docs/methods.md",
+            "docs/results/defaults-mnist.csv",
+            "stratify reproduce defaults-mnist --out OUT --data-dir DIR --seeds 0,1 --workers 2",
+            defaults_table,
+        ),
+        Table(
             "real-data",
             "docs/results.md",
             "docs/results/real-data.csv",
