@@ -9,7 +9,13 @@ import pytest
 from stratify.algorithms import strategy_class
 from stratify.config import TrainConfig, default_lr, resolve_lr
 from stratify.errors import ConfigError
-from stratify.reproduce.defaults import TOLERANCE, Candidate, default_choices, read_results
+from stratify.reproduce.defaults import (
+    TOLERANCE,
+    Candidate,
+    default_choices,
+    defaults_table,
+    read_results,
+)
 from stratify.reproduce.grids import GRIDS, Settings, plan_cells
 
 FedAvg = strategy_class("fedavg")
@@ -82,6 +88,16 @@ def test_a_paper_s_rate_stays_only_within_the_tolerance_of_the_best():
     assert diverged.best.lr == 0.01 and diverged.rule_lr == 0.01
     # a method without a paper's rate takes the best
     assert default_choices(rows("fedavg", {0.001: 0.7, 0.01: 0.8}))[0].rule_lr == 0.01
+
+
+def test_the_table_signs_a_default_below_the_best_as_the_other_tables_do():
+    # FedAvg's declared batch rate on digits is 0.1; here 0.03 scores 5 points more
+    (row,) = [
+        line
+        for line in defaults_table(rows("fedavg", {0.03: 0.90, 0.1: 0.85})).splitlines()
+        if line.startswith("| FedAvg")
+    ]
+    assert " | −5.0 | " in row and "-" not in row
 
 
 def test_a_results_file_without_validation_is_refused():

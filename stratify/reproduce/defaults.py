@@ -220,7 +220,7 @@ def defaults_table(rows: Sequence[Mapping[str, str]]) -> str:
                 f"{declared:g}",
                 "not a candidate"
                 if at_default is None
-                else f"{100 * (at_default.score - choice.best.score):+.1f}",
+                else f"{100 * (at_default.score - choice.best.score):+.1f}".replace("-", "−"),
                 "–" if at_default is None else percent(statistics.fmean(at_default.test)),
             ]
         )
