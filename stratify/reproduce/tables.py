@@ -291,6 +291,14 @@ TABLES: dict[str, Table] = {
             paired_report,
         ),
         Table(
+            "paired-mnist",
+            "docs/results.md",
+            "docs/results/paired-mnist.csv",
+            "stratify reproduce paired --out OUT --data-dir DIR --seeds 0,1,2,3,4 --plateau 15 "
+            "--epochs 60 --tune --tune-factors 1,3,10 --tune-epochs 10 --tune-widen 1",
+            paired_report,
+        ),
+        Table(
             "dips",
             "docs/results/dips.md",
             "docs/results/dips-seeds.csv",
