@@ -41,6 +41,16 @@ def test_both_runs_near_chance_is_inconclusive_whatever_the_interval():
     assert verdict(interval(2.0, 4.0), 0.53, 0.51, classes=10).word == "ahead"
 
 
+def test_both_worst_groups_near_zero_is_inconclusive_not_level():
+    # FedDiverse on colored-mnist #C=1: both runs get a whole group wrong (0.00% and 0.00%)
+    result = verdict(interval(0.0, 0.0), 0.0, 0.0, classes=10, worst_group=True)
+    assert (result.word, result.reason) == ("inconclusive", "both runs' worst group near 0")
+    assert verdict(interval(0.0, 0.0), 0.0, 0.0, classes=10).word == "level"  # a mean accuracy
+    # 5 points from 0 is still near it; one run past it is judged by the interval
+    assert verdict(interval(-0.5, 0.5), 0.05, 0.03, 10, worst_group=True).word == "inconclusive"
+    assert verdict(interval(-0.5, 0.5), 0.051, 0.03, 10, worst_group=True).word == "level"
+
+
 def test_one_seed_or_none_has_no_verdict():
     assert verdict(paired_difference({0: 0.9}, {0: 0.5}), 0.9, 0.5, 10).word == "inconclusive"
     assert verdict(None, None, None, None).reason == "fewer than two seeds"
@@ -193,6 +203,30 @@ def test_the_paired_table_has_a_verdict_per_row_and_counts_them():
     assert verdict_counts(lines) == (
         "1 ahead, 0 behind, 1 level, 2 inconclusive (1 with both runs near chance)"
     )
+
+
+def test_the_worst_group_table_tells_two_runs_that_fail_a_group_from_level_ones():
+    from stratify.reproduce.results import PAIRED_HEADER, paired_lines, verdict_counts
+
+    results = [
+        *cell_results("#C=1", "FedProx", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], 10),
+        *cell_results("IID", "FedProx", [0.45, 0.451, 0.449], [0.45, 0.451, 0.45], 10),
+    ]
+    runs = csv_rows(results)
+    for run in runs:
+        run["last_mean_worst_group_accuracy"] = run["last_mean_accuracy"]
+    lines = paired_lines(runs, 3, "last_mean_worst_group_accuracy")
+    column = PAIRED_HEADER.index("verdict")
+    assert [line[column] for line in lines] == [
+        "inconclusive (both runs' worst group near 0)",
+        "level",
+    ]
+    assert verdict_counts(lines) == (
+        "0 ahead, 0 behind, 1 level, 1 inconclusive (1 with both runs' worst group near 0)"
+    )
+    # the same values as mean accuracies are judged by the interval alone
+    plain = paired_lines(runs, 3, "last_mean_accuracy")
+    assert plain[0][column] == "level"
 
 
 def test_the_rounds_column_tells_a_diverged_comparator_from_a_plateaued_one():

@@ -174,14 +174,18 @@ def verdict(
     method_accuracy: float | None,
     comparator_accuracy: float | None,
     classes: int | None,
+    *,
+    worst_group: bool = False,
 ) -> Verdict:
     """The verdict on a method against its matched comparator.
 
-    In this order: *inconclusive* without an interval (fewer than two common seeds) or
-    when both runs are within :data:`NEAR_CHANCE_POINTS` of chance (``1 / classes``);
-    *level* when the interval lies inside ``± LEVEL_POINTS``; *ahead* or *behind* when
-    it lies above or below zero; else *inconclusive*: the interval is wider than the
-    effect (it holds zero and reaches beyond ± 1 point).
+    In this order: *inconclusive* without an interval (fewer than two common seeds), when
+    both runs are within :data:`NEAR_CHANCE_POINTS` of chance (``1 / classes``), or, for
+    a worst-group accuracy, when both are within as many points of 0 (each gets a whole
+    group wrong, so their difference says nothing about the method); *level* when the
+    interval lies inside ``± LEVEL_POINTS``; *ahead* or *behind* when it lies above or
+    below zero; else *inconclusive*: the interval is wider than the effect (it holds zero
+    and reaches beyond ± 1 point).
 
     Parameters
     ----------
@@ -191,16 +195,19 @@ def verdict(
         The two runs' mean accuracies over the seeds, as fractions.
     classes : int or None
         The data's classes, for the chance level; ``None``: not judged.
+    worst_group : bool, default False
+        Whether the accuracies are worst-group accuracies (the 0 floor is judged too).
     """
     if difference is None or difference.interval is None:
         return Verdict("inconclusive", "fewer than two seeds")
-    if classes and method_accuracy is not None and comparator_accuracy is not None:
-        chance = 1.0 / classes
-        if all(
-            abs(accuracy - chance) * 100 <= NEAR_CHANCE_POINTS
-            for accuracy in (method_accuracy, comparator_accuracy)
+    if method_accuracy is not None and comparator_accuracy is not None:
+        accuracies = (method_accuracy, comparator_accuracy)
+        if classes and all(
+            abs(accuracy - 1.0 / classes) * 100 <= NEAR_CHANCE_POINTS for accuracy in accuracies
         ):
             return Verdict("inconclusive", "both runs near chance")
+        if worst_group and all(accuracy * 100 <= NEAR_CHANCE_POINTS for accuracy in accuracies):
+            return Verdict("inconclusive", "both runs' worst group near 0")
     low, high = (100 * end for end in difference.interval)
     if -LEVEL_POINTS <= low and high <= LEVEL_POINTS:
         return Verdict("level")

@@ -665,7 +665,7 @@ def paired_lines(runs: Sequence[Run], seeds: int, field: str) -> list[list[str]]
                 f"{method_label(base)}: {mean_text(theirs)}",
                 signed_points(difference)
                 + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
-                str(pair_verdict(difference, ours, theirs, method + comparator)),
+                str(pair_verdict(difference, ours, theirs, method + comparator, field)),
                 rounds_text(comparator),
                 f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
                 budget_text(method, comparator, "sample_gradients_per_round"),
@@ -701,15 +701,17 @@ def pair_verdict(
     ours: dict[int, float],
     theirs: dict[int, float],
     runs: Sequence[Run],
+    field: str = "last_mean_accuracy",
 ) -> Verdict:
-    """:func:`~stratify.reproduce.paired.verdict` on a pair's per-seed accuracies, with the
-    chance level of the data its runs recorded."""
+    """:func:`~stratify.reproduce.paired.verdict` on a pair's per-seed values of ``field``,
+    with the chance level of the data its runs recorded."""
     classes = next((int(value) for run in runs if (value := number(run, "classes"))), None)
     return verdict(
         difference,
         statistics.fmean(ours.values()) if ours else None,
         statistics.fmean(theirs.values()) if theirs else None,
         classes,
+        worst_group="worst_group" in field,
     )
 
 
@@ -719,8 +721,11 @@ def verdict_counts(lines: Sequence[Sequence[str]]) -> str:
     column = PAIRED_HEADER.index(VERDICT_COLUMN)
     words = [line[column].split(" ", 1)[0] for line in lines]
     near = sum("both runs near chance" in line[column] for line in lines)
+    floor = sum("worst group near 0" in line[column] for line in lines)
+    reasons = [f"{near} with both runs near chance"] if near else []
+    reasons += [f"{floor} with both runs' worst group near 0"] if floor else []
     text = ", ".join(f"{words.count(word)} {word}" for word in VERDICTS)
-    return text + (f" ({near} with both runs near chance)" if near else "")
+    return text + (f" ({'; '.join(reasons)})" if reasons else "")
 
 
 VERDICT_COLUMN = "verdict"
@@ -769,7 +774,8 @@ def paired_tables(runs: Sequence[Run], seeds: int) -> list[str]:
     if groups:
         parts.append(
             "Worst-group accuracy in % (the lowest accuracy over the test set's (label, "
-            "attribute) groups), last-rounds mean, where the data has attributes:\n"
+            "attribute) groups), last-rounds mean, where the data has attributes; a pair "
+            "whose runs both score within 5 points of 0 on it is inconclusive:\n"
         )
         header = list(PAIRED_HEADER)
         header[BEST_COLUMN] = "best worst group (chosen on test), %: method / comparator"
