@@ -576,6 +576,43 @@ def test_resume_skips_finished_cells(tiny, tmp_path):
     assert accuracy_columns(tmp_path / "results.csv") == before
 
 
+def test_a_diverged_run_is_not_trained_again_on_resume(monkeypatch, tmp_path):
+    def grid_at(lr):
+        hot = Column("hot", "FedAvg (hot)", {"algorithm": "fedavg", "lr": lr}, {"local_epochs": 1})
+        return dataclasses.replace(TINY, name="hot", columns=(hot, TINY.columns[1]))
+
+    monkeypatch.setitem(GRIDS, "hot", grid_at(1e6))
+    settings = Settings(seeds=(0,))
+    display, phases = recorder()
+    first = reproduce("hot", tmp_path, settings, backend=LocalBackend(1), display=display)
+    assert statuses(phases["hot"]) == [
+        ("classes-2/hot/seed-0", "diverged"),
+        ("classes-2/stratify/seed-0", "finished"),
+    ]
+    message = first.results[0].message
+    assert "non-finite" in message
+    assert "classes-2/hot/seed-0" in json.loads((tmp_path / "diverged.json").read_text())
+
+    # resumed, in the same configuration: nothing trains, the divergence is still reported
+    display, phases = recorder()
+    again = reproduce("hot", tmp_path, settings, backend=LocalBackend(1), display=display)
+    assert statuses(phases["hot"]) == [("classes-2/stratify/seed-0", "skipped")]
+    assert [(r.status, r.message) for r in again.results] == [
+        ("diverged", message),
+        ("finished", ""),
+    ]
+    assert any("not run again" in note and "hot/seed-0" in note for note in again.run_notes)
+    # so does a report of the folder
+    report = reproduce("hot", tmp_path, settings, report_only=True)
+    assert report.results[0].status == "diverged"
+
+    # another rate is another run: it trains
+    monkeypatch.setitem(GRIDS, "hot", grid_at(1e5))
+    display, phases = recorder()
+    reproduce("hot", tmp_path, settings, backend=LocalBackend(1), display=display)
+    assert ("classes-2/hot/seed-0", "diverged") in statuses(phases["hot"])
+
+
 def test_a_run_two_cells_share_is_trained_once_and_copied(monkeypatch, tmp_path):
     fedavg = method_column("fedavg", local_epochs=1)
     twice = dataclasses.replace(

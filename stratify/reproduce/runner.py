@@ -31,6 +31,7 @@ from stratify.parallel import (
     run_specs,
 )
 from stratify.parallel.repeats import copy_run, repeated_runs
+from stratify.reproduce.diverged import DIVERGED_FILE, DivergedRuns
 from stratify.reproduce.grids import (
     DEFAULT_CLIENTS,
     Cell,
@@ -55,7 +56,7 @@ from stratify.runfolder import FolderLock, json_safe, write_output_file
 
 GRID_FILE = "grid.json"
 #: the files a grid writes into its folder besides the plots
-OUTPUTS = (GRID_FILE, "tuning.csv", "results.csv", "results.md")
+OUTPUTS = (GRID_FILE, "tuning.csv", "results.csv", "results.md", DIVERGED_FILE)
 #: a display: given a phase's title and runs, the context in which it shows their events
 Display = Callable[[str, Sequence[RunSpec]], AbstractContextManager[EventHandler | None]]
 
@@ -169,23 +170,36 @@ def run_phase(
     display: Display | None,
     vectorize: int | None = None,
     notes: list[str] | None = None,
+    diverged: DivergedRuns | None = None,
 ) -> dict[str, RunOutcome]:
     """Run a phase's specs (``vectorize``: in groups stepped together); a grouping note,
     if any, is added to ``notes`` prefixed with the phase's title.
 
     A spec that repeats another's run (:func:`~stratify.parallel.repeats.repeated_runs`)
     is not run: the other's files are copied into its folder once that run has ended,
-    and a note says which.
+    and a note says which. A spec that ``diverged`` records as stopped by a non-finite
+    loss in the same configuration is not run again: its recorded outcome stands.
     """
     repeats = repeated_runs(specs)
-    own = [spec for spec in specs if spec.name not in repeats]
+    known = {
+        spec.name: outcome
+        for spec in specs
+        if diverged is not None and (outcome := diverged.outcome(spec)) is not None
+    }
+    own = [spec for spec in specs if spec.name not in repeats and spec.name not in known]
     context = display(title, own) if display is not None else nullcontext(None)
     phase_notes: list[str] = []
+    if known:
+        phase_notes.append(
+            f"not run again, diverged before in the same configuration ({DIVERGED_FILE}): "
+            + ", ".join(sorted(known))
+        )
     with context as on_event:
         outcomes = {
             outcome.name: outcome
             for outcome in run_specs(own, backend, on_event, vectorize, phase_notes.append)
         }
+    outcomes |= known
     folders = {spec.name: str(spec.config.out) for spec in specs}
     for name, source in repeats.items():
         outcome = outcomes[source.name]
@@ -197,6 +211,8 @@ def run_phase(
             "run once and copied, the same configuration: "
             + "; ".join(f"{name} from {source.name}" for name, source in repeats.items())
         )
+    if diverged is not None:
+        diverged.record(list(specs), outcomes)
     if notes is not None:
         notes += [f"{title}: {note}" for note in phase_notes]
     return outcomes
@@ -300,12 +316,19 @@ def reproduce(
         files: list[Path] = []
         run_notes: list[str] = []
         chosen = None
+        diverged = DivergedRuns(out, vectorize)
         if tuning is not None:
 
             def run_tuning(title: str, specs: list[RunSpec]) -> dict[str, RunOutcome]:
                 specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in specs]
                 return run_phase(
-                    f"{grid.name} · {title}", specs, backend, display, vectorize, run_notes
+                    f"{grid.name} · {title}",
+                    specs,
+                    backend,
+                    display,
+                    vectorize,
+                    run_notes,
+                    diverged,
                 )
 
             if report_only:
@@ -327,8 +350,16 @@ def reproduce(
                 phase = [cell for cell in cells if not cell.is_comparator]
             specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in cell_specs(phase)]
             title = grid.name if title == "cells" else f"{grid.name} · {title}"
-            if not report_only:
-                outcomes |= run_phase(title, specs, backend, display, vectorize, run_notes)
+            if report_only:
+                outcomes |= {
+                    spec.name: outcome
+                    for spec in specs
+                    if (outcome := diverged.outcome(spec)) is not None
+                }
+            else:
+                outcomes |= run_phase(
+                    title, specs, backend, display, vectorize, run_notes, diverged
+                )
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
         write_output_file(out / "results.csv", csv_text(grid, results, tuning is not None))
         table = markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
