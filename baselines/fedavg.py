@@ -121,6 +121,7 @@ class FedAvg(Strategy):
         ("digits", "batch"): 0.1,
         ("digits", "single-sample"): 0.03,
         ("mnist", "batch"): 0.03,
+        ("mnist", "single-sample"): 0.01,
     }
     description = "broadcast, E local epochs of SGD per client, weighted model average"
     options_class = FedAvgOptions

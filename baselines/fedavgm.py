@@ -70,6 +70,7 @@ class FedAvgM(FedAvg):
         ("digits", "batch"): 0.1,
         ("digits", "single-sample"): 0.03,
         ("mnist", "batch"): 0.01,
+        ("mnist", "single-sample"): 0.01,
     }
     description = "FedAvg + server momentum: v ← βv + (x − avg), x ← x − η·v"
     options_class = FedAvgMOptions

@@ -71,6 +71,7 @@ class FedProx(FedAvg):
         ("digits", "batch"): 0.1,
         ("digits", "single-sample"): 0.03,
         ("mnist", "batch"): 0.03,
+        ("mnist", "single-sample"): 0.01,
     }
     description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
     options_class = FedProxOptions

@@ -136,6 +136,7 @@ class Scaffold(FedAvg):
         ("digits", "batch"): 0.1,
         ("digits", "single-sample"): 0.03,
         ("mnist", "batch"): 0.01,
+        ("mnist", "single-sample"): 0.01,
     }
     description = "control variates c, c_i (zero start, option II) correct local drift; server lr"
     options_class = ScaffoldOptions

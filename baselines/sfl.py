@@ -68,6 +68,7 @@ class SFL(Strategy):
         ("digits", "batch"): 0.1,
         ("digits", "single-sample"): 0.03,
         ("mnist", "batch"): 0.03,
+        ("mnist", "single-sample"): 0.003,
     }
     description = "sequential model passing in random client order; each trains on all its data"
     options_class = SFLOptions

@@ -127,6 +127,7 @@ class Stratify(Strategy):
         ("digits", "batch"): 0.3,
         ("digits", "single-sample"): 0.01,
         ("mnist", "batch"): 0.1,
+        ("mnist", "single-sample"): 0.01,
     }
     description = "SLS + label-aware client selection + single-sample hops or global batches"
     options_class = StratifyOptions

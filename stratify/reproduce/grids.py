@@ -325,7 +325,7 @@ DEFAULTS_VALUES = {"partition": "dirichlet:0.5", "clients": 10, "validation": 0.
 #: epochs of each mode, per family (a family without a mode does not run it)
 DEFAULTS_EPOCHS = {
     "digits": {"single-sample": 10, "batch": 5},
-    "mnist": {"batch": 20},
+    "mnist": {"single-sample": 3, "batch": 20},
 }
 
 
@@ -459,7 +459,7 @@ GRIDS: dict[str, Grid] = {
         ),
         Grid(
             "defaults-mnist",
-            "every method's default learning rate on the MNIST family (mnist-10k), batch "
+            "every method's default learning rate on the MNIST family (mnist-10k), each "
             "mode: the candidate rates on a validation split (stratify.reproduce.defaults)",
             {"dataset": "mnist-10k", **DEFAULTS_VALUES},
             lr_rows(DEFAULTS_CANDIDATES),

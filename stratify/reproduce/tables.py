@@ -241,7 +241,8 @@ TABLES: dict[str, Table] = {
             "defaults-mnist",
             "docs/methods.md",
             "docs/results/defaults-mnist.csv",
-            "stratify reproduce defaults-mnist --out OUT --data-dir DIR --seeds 0,1 --workers 2",
+            "stratify reproduce defaults-mnist --out OUT --data-dir DIR --seeds 0,1 --workers 2 "
+            "--vectorize",
             defaults_table,
         ),
         Table(
