@@ -47,7 +47,6 @@ class DivergedRuns:
     def __init__(self, folder: Path, vectorize: int | None = None) -> None:
         self.path = folder / DIVERGED_FILE
         self.vectorize = vectorize
-        self.entries: dict[str, dict[str, Any]] = {}
         try:
             saved = read_json_object(self.path)
         except (OSError, CorruptRunError):
@@ -55,7 +54,7 @@ class DivergedRuns:
         # reading guarded the file as an input of the command; it is the grid's own
         # state, rewritten under the grid's folder lock
         release_input(self.path)
-        self.entries = {
+        self.entries: dict[str, dict[str, Any]] = {
             name: entry
             for name, entry in saved.items()
             if isinstance(entry, dict) and {"identity", "epochs", "message"} <= entry.keys()
