@@ -613,6 +613,21 @@ def test_a_diverged_run_is_not_trained_again_on_resume(monkeypatch, tmp_path):
     assert ("classes-2/hot/seed-0", "diverged") in statuses(phases["hot"])
 
 
+def test_the_diverged_record_does_not_unguard_an_input_it_links_to(tmp_path):
+    from stratify.files import guard_input, guarded_as, release_input
+    from stratify.reproduce.diverged import DIVERGED_FILE, DivergedRuns
+
+    data = tmp_path / "data.json"
+    data.write_text("{}")
+    (tmp_path / DIVERGED_FILE).symlink_to(data)
+    guard_input(data, "a data file of the command")
+    try:
+        DivergedRuns(tmp_path)
+        assert guarded_as(data) is not None
+    finally:
+        release_input(data)
+
+
 def test_a_run_two_cells_share_is_trained_once_and_copied(monkeypatch, tmp_path):
     fedavg = method_column("fedavg", local_epochs=1)
     twice = dataclasses.replace(

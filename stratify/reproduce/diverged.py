@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stratify.errors import CorruptRunError
-from stratify.files import release_input
+from stratify.files import guarded_as, release_input
 from stratify.parallel import RunOutcome, RunSpec
 from stratify.parallel.folders import best_of, folder_state
 from stratify.runfiles import read_json_object, read_records
@@ -47,13 +47,16 @@ class DivergedRuns:
     def __init__(self, folder: Path, vectorize: int | None = None) -> None:
         self.path = folder / DIVERGED_FILE
         self.vectorize = vectorize
+        # reading guards the file as an input of the command; it is the grid's own state,
+        # rewritten under the grid's folder lock, so that guard is dropped again, but not
+        # one it already had (a link to an input stays refused as an output)
+        guarded = guarded_as(self.path) is not None
         try:
             saved = read_json_object(self.path)
         except (OSError, CorruptRunError):
             saved = {}  # an unreadable record only costs running those runs again
-        # reading guarded the file as an input of the command; it is the grid's own
-        # state, rewritten under the grid's folder lock
-        release_input(self.path)
+        if not guarded:
+            release_input(self.path)
         self.entries: dict[str, dict[str, Any]] = {
             name: entry
             for name, entry in saved.items()

@@ -148,6 +148,10 @@ def paired_difference(
 LEVEL_POINTS = 1.0
 #: the verdict words, in the order the tables count them
 VERDICTS = ("ahead", "behind", "level", "inconclusive")
+#: the reasons of an *inconclusive* that no interval could change: nothing was learned
+#: that tells the two runs apart
+NEAR_CHANCE = "both runs near chance"
+NEAR_ZERO_WORST_GROUP = "both runs' worst group near 0"
 
 
 @dataclass(frozen=True)
@@ -205,9 +209,9 @@ def verdict(
         if classes and all(
             abs(accuracy - 1.0 / classes) * 100 <= NEAR_CHANCE_POINTS for accuracy in accuracies
         ):
-            return Verdict("inconclusive", "both runs near chance")
+            return Verdict("inconclusive", NEAR_CHANCE)
         if worst_group and all(accuracy * 100 <= NEAR_CHANCE_POINTS for accuracy in accuracies):
-            return Verdict("inconclusive", "both runs' worst group near 0")
+            return Verdict("inconclusive", NEAR_ZERO_WORST_GROUP)
     low, high = (100 * end for end in difference.interval)
     if -LEVEL_POINTS <= low and high <= LEVEL_POINTS:
         return Verdict("level")

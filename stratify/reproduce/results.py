@@ -26,6 +26,8 @@ from stratify.measures import accuracy_summary
 from stratify.parallel import RunOutcome, best_of
 from stratify.reproduce.grids import Cell, Column, Grid, Row
 from stratify.reproduce.paired import (
+    NEAR_CHANCE,
+    NEAR_ZERO_WORST_GROUP,
     VERDICTS,
     PairedDifference,
     Verdict,
@@ -720,10 +722,10 @@ def verdict_counts(lines: Sequence[Sequence[str]]) -> str:
     many pairs reached each verdict (the verdict column of :data:`PAIRED_HEADER`)."""
     column = PAIRED_HEADER.index(VERDICT_COLUMN)
     words = [line[column].split(" ", 1)[0] for line in lines]
-    near = sum("both runs near chance" in line[column] for line in lines)
-    floor = sum("worst group near 0" in line[column] for line in lines)
-    reasons = [f"{near} with both runs near chance"] if near else []
-    reasons += [f"{floor} with both runs' worst group near 0"] if floor else []
+    reasons = []
+    for reason in (NEAR_CHANCE, NEAR_ZERO_WORST_GROUP):
+        count = sum(reason in line[column] for line in lines)
+        reasons += [f"{count} with {reason}"] if count else []
     text = ", ".join(f"{words.count(word)} {word}" for word in VERDICTS)
     return text + (f" ({'; '.join(reasons)})" if reasons else "")
 
