@@ -9,6 +9,9 @@ import pytest
 
 from stratify.cli.main import main
 from stratify.errors import ConfigError
+from stratify.reproduce.defaults import read_results
+from stratify.reproduce.paired import CONVERGED_POINTS, VERDICTS
+from stratify.reproduce.results import PAIRED_HEADER, column_key, paired_lines, stopped_below_best
 from stratify.reproduce.tables import TABLES, Table, dips_report, stale_tables, write_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,3 +125,63 @@ def test_the_dips_table_counts_runs_that_dip_and_late_epochs_that_swing():
     assert "| constant | 1 of 2 | 10.55–96.25 | 15 of 40 | 0.56–19.96 |" in table
     assert "| decay | 0 of 1 | 98.00–98.00 | 0 of 20 | 0.03–0.03 |" in table
     assert "| constant | 1 | 2 | 10.55 (E29) |" in table
+
+
+def committed_paired_runs():
+    """Every committed results file of a paired grid, as its rows."""
+    for table in TABLES.values():
+        rows = read_results(ROOT / table.results)
+        if rows and "role" in rows[0] and any(row["role"] == "comparator" for row in rows):
+            yield table.name, rows
+
+
+def test_no_committed_verdict_compares_runs_of_unequal_rounds():
+    """A counted verdict (ahead, behind, level, inconclusive) rests on a method and a
+    comparator that ran the same rounds on every seed; a pair whose run diverged says so
+    instead."""
+    checked = 0
+    for name, rows in committed_paired_runs():
+        lines = paired_lines(rows, len({row["seed"] for row in rows}), "last_mean_accuracy")
+        verdicts = {(line[0], line[1]): line[PAIRED_HEADER.index("verdict")] for line in lines}
+        for (split, method), text in verdicts.items():
+            if text.split(" ", 1)[0] not in VERDICTS:
+                continue
+            runs = [row for row in rows if row["row"] == split]
+            ours = [row for row in runs if row["role"] == "method" and row["column"] == method]
+            theirs = {
+                row["seed"]: row["epochs"]
+                for row in runs
+                if column_key(row) == ours[0]["comparator"]
+            }
+            assert all(theirs[row["seed"]] == row["epochs"] for row in ours), (name, split, method)
+            checked += 1
+    assert checked >= 20
+
+
+def test_no_committed_verdict_rests_on_a_comparator_stopped_below_its_best():
+    """A comparator that stopped on a plateau more than 5 points below its own best (the
+    earlier plateau rule stopped declining runs) gives its pair no verdict: the pair reads
+    "unconverged" until it is run again under today's rule."""
+    flagged = 0
+    for name, rows in committed_paired_runs():
+        lines = paired_lines(rows, len({row["seed"] for row in rows}), "last_mean_accuracy")
+        verdicts = {(line[0], line[1]): line[PAIRED_HEADER.index("verdict")] for line in lines}
+        for row in rows:
+            below = stopped_below_best(row)
+            if row["role"] != "comparator" or below is None or below <= CONVERGED_POINTS:
+                continue
+            pairs = [
+                verdicts[(other["row"], other["column"])]
+                for other in rows
+                if other["role"] == "method"
+                and other["comparator"] == column_key(row)
+                and other["row"] == row["row"]
+            ]
+            for verdict in pairs:
+                assert verdict.split(" ", 1)[0] in ("unconverged", "diverged", "unmatched"), (
+                    name,
+                    row["row"],
+                    verdict,
+                )
+                flagged += 1
+    assert flagged > 0  # the committed paired files predate today's rule

@@ -70,54 +70,71 @@ def test_verdict_of_a_computed_difference():
 ACCURACIES = [0.1, 0.5, 0.8, 0.9, 0.95, 0.96, 0.962, 0.963, 0.963, 0.963]
 
 
-def test_plateau_after_the_first_round_whose_window_median_gains_less_than_half_a_point():
-    # the 10% window alone: w = ceil(0.1·r) = 1 up to round 10, so each round is compared
-    # with the one before: round 5 gains 5 points, 6 one point, 7 0.2
+def test_converged_once_no_new_best_for_a_window_and_the_median_is_near_the_best():
+    # the 10% window alone: w = ceil(0.1·r) = 1 up to round 10, so patience is one round:
+    # round 5 sets a best 5 points above round 4's, round 6 one point, round 7 0.2 (less
+    # than 0.5: no new best) and its median (itself) is the best -> converged at 7
     rule = PlateauRule(5, 50, minimum_window=1)
     assert plateau_budget(ACCURACIES, rule) == PlateauBudget(7, "plateau", 5, 50)
     # R_min 8: not before round 8 (gain 0.1 point)
     rule = PlateauRule(8, 50, minimum_window=1)
     assert plateau_budget(ACCURACIES, rule) == PlateauBudget(8, "plateau", 8, 50)
-    # the default compares two windows of at least 10 rounds: undecided before round 20;
-    # at round 20 the median of rounds 11-20 (96.3) is 0.8 point above that of rounds
-    # 1-10 (95.5); at round 21, 0.05 above that of rounds 2-11 (96.25)
+    # the default window is at least 10 rounds, and a run is undecided before two
+    # windows: at round 20 the best of rounds 11-20 (96.3) is no higher than that of
+    # rounds 1-10 and their median is the best
     assert plateau_budget(ACCURACIES, PlateauRule(5, 50)) is None
-    assert plateau_budget([*ACCURACIES, *[0.963] * 10], PlateauRule(5, 50)) is None
-    assert plateau_budget([*ACCURACIES, *[0.963] * 11], PlateauRule(5, 50)).rounds == 21
+    assert plateau_budget([*ACCURACIES, *[0.963] * 9], PlateauRule(5, 50)) is None
+    assert plateau_budget([*ACCURACIES, *[0.963] * 10], PlateauRule(5, 50)).rounds == 20
 
 
-def test_a_swinging_curve_that_climbs_goes_on_while_its_best_so_far_stands_still():
-    # one point a round, and every 7th round 20 points higher (a lucky round): the best so
-    # far stands at round 15's peak for rounds 15-21, but each window's median climbs 10
-    # points a window, so the run goes to the cap (a best-so-far rule stopped it at 20)
+def test_a_declining_run_is_not_converged():
+    # up to 90% in round 10, then one point lower every round: the median of the last
+    # rounds gains nothing on the rounds before (the earlier rule stopped it at round 21,
+    # 11 points below its best), but it sits ever further below the best: on to the cap
+    declining = [0.1 + 0.08 * r for r in range(1, 11)] + [0.9 - 0.01 * k for k in range(1, 41)]
+    assert plateau_budget(declining, PlateauRule(20, 50)) == PlateauBudget(50, "cap", 20, 50)
+    # a collapse to chance in rounds 21-30 and a recovery to its old level: from R_min 25
+    # not converged in the collapse, converged once the median of the last 10 rounds is
+    # back at its best (round 36: rounds 27-36 hold four rounds at 10%, six at 90%)
+    collapse = [0.9] * 20 + [0.1] * 10 + [0.9] * 20
+    assert plateau_budget(collapse[:35], PlateauRule(25, 50)) is None
+    assert plateau_budget(collapse, PlateauRule(25, 50)) == PlateauBudget(36, "plateau", 25, 50)
+
+
+def test_a_swinging_curve_that_climbs_goes_on():
+    # one point a round, and every 7th round 20 points higher (a lucky round): every
+    # window holds a new best and its median is 20 points below it, so to the cap
     swinging = [0.3 + 0.01 * r + (0.2 if r % 7 == 0 else 0.0) for r in range(40)]
     assert plateau_budget(swinging, PlateauRule(20, 40)) == PlateauBudget(40, "cap", 20, 40)
 
 
-def test_one_round_dip_or_peak_moves_neither_median():
-    # flat at 95% with a dip to 30% in round 20 and a peak to 99% in round 25: the medians
-    # of rounds 1-10 and 11-20, then 2-11 and 12-21, … are all 95 -> plateau at round 20
+def test_one_round_dip_stops_nothing_and_one_lucky_round_keeps_a_run_going():
+    # flat at 95% with a dip to 30% in round 20: the best of rounds 11-20 is that of
+    # rounds 1-10 and their median is 95 -> converged at round 20
     flat = [0.95] * 30
     flat[19] = 0.30
-    flat[24] = 0.99
     assert plateau_budget(flat, PlateauRule(20, 50)) == PlateauBudget(20, "plateau", 20, 50)
-    # and a run at chance plateaus as soon as it has two windows, unless the rule knows
+    # a peak to 99% in round 15: from round 25 on no new best, but the median sits 4
+    # points below the best (more than the 2-point margin): on to the cap
+    peak = [0.95] * 60
+    peak[14] = 0.99
+    assert plateau_budget(peak, PlateauRule(20, 60)) == PlateauBudget(60, "cap", 20, 60)
+    assert plateau_budget(peak, PlateauRule(20, 60, margin_points=4.5)).rounds == 25
+    # and a run at chance converges as soon as it has two windows, unless the rule knows
     # the chance level
     assert plateau_budget([0.1] * 25, PlateauRule(5, 50)) == PlateauBudget(20, "plateau", 5, 50)
+    assert plateau_budget([0.1] * 25, PlateauRule(5, 50, chance=0.1)) is None
 
 
-def test_a_run_that_has_not_left_chance_has_not_plateaued():
+def test_a_run_that_has_not_left_chance_has_not_converged():
     # 10 classes: flat at 10-15% for 40 rounds, then climbing 2 points a round to 90%
-    # and flat there (FedAvgM with momentum at a small rate on digits does this)
+    # (round 78) and flat there (FedAvgM with momentum at a small rate on digits does this)
     rule = PlateauRule(20, 200, chance=0.1)
     start = [0.1, 0.12, 0.15, 0.11] * 10
     curve = start + [min(0.9, 0.15 + 0.02 * r) for r in range(1, 100)]
     assert plateau_budget(start, rule) is None  # at chance: on, not stopped at round 20
-    assert plateau_budget(start, PlateauRule(20, 200)) == PlateauBudget(20, "plateau", 20, 200)
-    budget = plateau_budget(curve, rule)
-    # climbing from round 41 to round 78 (90%), flat after: it stops once the last 10%
-    # of its rounds are flat, well past the climb
-    assert budget is not None and budget.reason == "plateau" and 78 < budget.rounds < 110
+    # converged once the 90% of round 78 lies before the window: round 88 (w = 10)
+    assert plateau_budget(curve, rule) == PlateauBudget(88, "plateau", 20, 200)
     # a run that stays within 5 points of chance goes to the cap, one just above it stops
     assert plateau_budget([0.15] * 60, PlateauRule(20, 50, chance=0.1)).reason == "cap"
     assert plateau_budget([0.16] * 60, PlateauRule(20, 50, chance=0.1)).rounds == 20
@@ -129,12 +146,12 @@ def test_the_window_is_the_last_tenth_of_the_rounds():
     rule = PlateauRule(10, 100, minimum_window=1)
     assert rule.window_rounds(10) == 1 and rule.window_rounds(11) == 2
     assert rule.window_rounds(21) == 3
-    # rounds 21-24 compare 3 rounds with the 3 before: medians 61.4 vs 59.6, 62 vs 60.2,
-    # 62 vs 60.8, 62 vs 61.4 (0.6 point, not less); round 25: 62 vs 62 -> plateau
-    assert plateau_budget(climbing, rule) == PlateauBudget(25, "plateau", 10, 100)
+    # rounds 21-23 set a best 1.8, 1.2, 0.6 points above the rounds before their 3-round
+    # window; round 24: its window (rounds 22-24, all 62%) adds nothing to round 21's 62%
+    assert plateau_budget(climbing, rule) == PlateauBudget(24, "plateau", 10, 100)
 
 
-def test_the_cap_stops_a_pair_that_never_plateaus():
+def test_the_cap_stops_a_pair_that_never_converges():
     rising = [0.1 + 0.01 * r for r in range(30)]
     assert plateau_budget(rising, PlateauRule(5, 20)) == PlateauBudget(20, "cap", 5, 20)
     assert plateau_budget(rising[:19], PlateauRule(5, 20)) is None
@@ -146,6 +163,12 @@ def test_a_rule_whose_bounds_cross_is_refused(minimum, cap):
         PlateauRule(minimum, cap)
 
 
+@pytest.mark.parametrize("field", ["gain_points", "margin_points"])
+def test_a_rule_without_a_positive_gain_or_margin_is_refused(field):
+    with pytest.raises(ConfigError, match="positive gain and margin"):
+        PlateauRule(5, 10, **{field: 0.0})
+
+
 def cell_results(row: str, method: str, ours: list[float], theirs: list[float], classes: int):
     """A paired method's and its comparator's results over seeds 0, 1, …: one epoch each
     at the accuracy given."""
@@ -155,7 +178,8 @@ def cell_results(row: str, method: str, ours: list[float], theirs: list[float], 
 
     config = TrainConfig(dataset="digits", mode="batch", epochs=1, secure=False)
     split = Row(row, row)
-    column, base = Column(method, method, {"algorithm": method}), Column("base", "base", {})
+    column = Column(method, method, {"algorithm": method})
+    base = Column("base", "FedAvg (matched)", {})
     results = []
     for seed, (a, b) in enumerate(zip(ours, theirs)):
         for cell, accuracy in (
@@ -195,10 +219,10 @@ def test_the_paired_table_has_a_verdict_per_row_and_counts_them():
     lines = paired_lines(csv_rows(results), 3, "last_mean_accuracy")
     column = PAIRED_HEADER.index("verdict")
     assert [(line[0], line[column]) for line in lines] == [
-        ("Dir(0.5)", "ahead"),
-        ("Dir(0.1)", "level"),
-        ("#C=1", "inconclusive (both runs near chance)"),
-        ("IID", "inconclusive (interval wider than the effect)"),
+        ("Dir(0.5)", "ahead at the method's rate"),
+        ("Dir(0.1)", "level at the method's rate"),
+        ("#C=1", "inconclusive at the method's rate (both runs near chance)"),
+        ("IID", "inconclusive at the method's rate (interval wider than the effect)"),
     ]
     assert verdict_counts(lines) == (
         "1 ahead, 0 behind, 1 level, 2 inconclusive (1 with both runs near chance)"
@@ -218,15 +242,86 @@ def test_the_worst_group_table_tells_two_runs_that_fail_a_group_from_level_ones(
     lines = paired_lines(runs, 3, "last_mean_worst_group_accuracy")
     column = PAIRED_HEADER.index("verdict")
     assert [line[column] for line in lines] == [
-        "inconclusive (both runs' worst group near 0)",
-        "level",
+        "inconclusive at the method's rate (both runs' worst group near 0)",
+        "level at the method's rate",
     ]
     assert verdict_counts(lines) == (
         "0 ahead, 0 behind, 1 level, 1 inconclusive (1 with both runs' worst group near 0)"
     )
     # the same values as mean accuracies are judged by the interval alone
     plain = paired_lines(runs, 3, "last_mean_accuracy")
-    assert plain[0][column] == "level"
+    assert plain[0][column] == "level at the method's rate"
+
+
+def test_a_pair_that_cannot_be_judged_gets_no_verdict_and_is_not_counted():
+    from stratify.reproduce.results import PAIRED_HEADER, paired_lines, verdict_counts
+
+    column = PAIRED_HEADER.index("verdict")
+
+    def judged(change):
+        runs = csv_rows(cell_results("IID", "FedProx", [0.93, 0.931, 0.929], [0.90] * 3, 10))
+        for run in runs:
+            change(run)
+        lines = paired_lines(runs, 3, "last_mean_accuracy")
+        return lines[0][column], verdict_counts(lines)
+
+    def nothing(run):
+        pass
+
+    assert judged(nothing) == (
+        "ahead at the method's rate",
+        "1 ahead, 0 behind, 0 level, 0 inconclusive",
+    )
+
+    def tuned(run):
+        run["tuned"] = "True"
+
+    assert judged(tuned)[0] == "ahead at the base's rate"
+
+    def diverged(run):
+        if run["role"] == "method" and run["seed"] == "1":
+            run["status"] = "diverged"
+
+    assert judged(diverged) == (
+        "diverged at this rate (1 run(s) of 6)",
+        "0 ahead, 0 behind, 0 level, 0 inconclusive; not counted: 1 diverged",
+    )
+
+    def unmatched(run):
+        if run["role"] == "comparator":
+            run["column"] = "FedAvg (momentum=0.9)"
+
+    assert judged(unmatched)[0] == "unmatched (comparator FedAvg (momentum=0.9))"
+
+    def unequal(run):
+        if run["role"] == "method" and run["seed"] == "2":
+            run["epochs"] = "2"
+
+    assert judged(unequal)[0] == "unequal (rounds differ within a seed)"
+
+    def stopped(best, ended, cap="50", epochs="1"):
+        def change(run):
+            if run["role"] == "comparator":
+                run.update(plateau="20", cap=cap, epochs=epochs)
+                run.update(best_validation_accuracy=best, last_mean_validation_accuracy=ended)
+            else:
+                run["epochs"] = epochs
+
+        return change
+
+    # stopped 5.1 points below its best: not converged; 5.0 points, or at the cap: judged
+    assert judged(stopped("0.951", "0.90"))[0] == (
+        "unconverged (a comparator stopped on a plateau 5.1 points below its best)"
+    )
+    assert judged(stopped("0.95", "0.90"))[0] == "ahead at the method's rate"
+    assert judged(stopped("0.951", "0.90", cap="1"))[0] == "ahead at the method's rate"
+
+    def stopped_before_validation_was_recorded(run):
+        # files from before best_validation_accuracy: the test accuracy's best and mean
+        if run["role"] == "comparator":
+            run.update(plateau="20", cap="50", best_accuracy="0.96", best_validation_accuracy="")
+
+    assert judged(stopped_before_validation_was_recorded)[0].startswith("unconverged")
 
 
 def test_the_rounds_column_tells_a_diverged_comparator_from_a_plateaued_one():

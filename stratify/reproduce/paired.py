@@ -148,6 +148,13 @@ def paired_difference(
 LEVEL_POINTS = 1.0
 #: the verdict words, in the order the tables count them
 VERDICTS = ("ahead", "behind", "level", "inconclusive")
+#: the words of a pair that gets no verdict, in the order the tables count them: a run
+#: of it diverged (the two ran unequal rounds), its comparator is not the method's
+#: matched one, its runs ran unequal rounds otherwise, or its comparator stopped on a
+#: plateau far below its own best (the earlier plateau rule stopped declining runs)
+UNJUDGED = ("diverged", "unmatched", "unequal", "unconverged")
+#: a run that stopped more than this many points below its own best had not converged
+CONVERGED_POINTS = 5.0
 #: the reasons of an *inconclusive* that no interval could change: nothing was learned
 #: that tells the two runs apart
 NEAR_CHANCE = "both runs near chance"
@@ -164,13 +171,18 @@ class Verdict:
         The verdict.
     reason : str
         Why, in a few words (empty where the word says it all).
+    regime : str
+        At which learning rates the two runs compare ("at the base's rate"), shown after
+        the word; empty where the table says it once.
     """
 
     word: str
     reason: str = ""
+    regime: str = ""
 
     def __str__(self) -> str:
-        return f"{self.word} ({self.reason})" if self.reason else self.word
+        text = f"{self.word} {self.regime}" if self.regime else self.word
+        return f"{text} ({self.reason})" if self.reason else text
 
 
 def verdict(

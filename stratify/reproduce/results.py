@@ -12,6 +12,7 @@ are those of one uninterrupted run.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import statistics
 from collections.abc import Mapping, Sequence
@@ -22,12 +23,14 @@ from typing import Any
 from stratify.algorithms import method_label, strategy_class
 from stratify.config import run_complete
 from stratify.errors import CorruptRunError
-from stratify.measures import accuracy_summary
+from stratify.measures import PlateauRule, accuracy_summary, plateau_budget
 from stratify.parallel import RunOutcome, best_of
 from stratify.reproduce.grids import Cell, Column, Grid, Row
 from stratify.reproduce.paired import (
+    CONVERGED_POINTS,
     NEAR_CHANCE,
     NEAR_ZERO_WORST_GROUP,
+    UNJUDGED,
     VERDICTS,
     PairedDifference,
     Verdict,
@@ -62,6 +65,8 @@ CSV_FIELDS = (
     "best_val_epoch",
     "test_accuracy_at_best_val",
     "last_mean_validation_accuracy",
+    "best_validation_accuracy",
+    "converged_epoch",
     "last_mean_worst_group_accuracy",
     "final_worst_group_accuracy",
     "sample_gradients_per_round",
@@ -210,6 +215,8 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
         "best_val_epoch": summary["best_val_epoch"],
         "test_accuracy_at_best_val": summary["test_accuracy_at_best_val"],
         "last_mean_validation_accuracy": summary["last_mean_validation_accuracy"],
+        "best_validation_accuracy": summary["best_validation_accuracy"],
+        "converged_epoch": converged_epoch(result),
         "last_mean_worst_group_accuracy": summary["last_mean_worst_group_accuracy"],
         "final_worst_group_accuracy": summary["final_worst_group_accuracy"],
         "sample_gradients_per_round": None if gradients is None else round(gradients, 1),
@@ -228,6 +235,20 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
         "plateau": config.stop_on_plateau,
         **mechanism(result.records),
     }
+
+
+def converged_epoch(result: CellResult) -> int | None:
+    """The first epoch after which ``result``'s validation accuracy had converged by
+    :class:`~stratify.measures.PlateauRule` (from epoch 1, the run's epochs the cap,
+    chance from its classes), whether or not the run stopped there; ``None`` where it
+    never did, or has no validation accuracy."""
+    accuracies = [record.get("validation_accuracy") for record in result.records]
+    if not accuracies or any(accuracy is None for accuracy in accuracies):
+        return None
+    chance = 1.0 / result.classes if result.classes else None
+    rule = PlateauRule(1, len(accuracies), chance=chance)
+    budget = plateau_budget([float(accuracy) for accuracy in accuracies], rule)
+    return budget.rounds if budget is not None and budget.reason == "plateau" else None
 
 
 def mechanism(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -667,7 +688,10 @@ def paired_lines(runs: Sequence[Run], seeds: int, field: str) -> list[list[str]]
                 f"{method_label(base)}: {mean_text(theirs)}",
                 signed_points(difference)
                 + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
-                str(pair_verdict(difference, ours, theirs, method + comparator, field)),
+                str(
+                    unjudged(method, comparator)
+                    or pair_verdict(difference, ours, theirs, method + comparator, field)
+                ),
                 rounds_text(comparator),
                 f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
                 budget_text(method, comparator, "sample_gradients_per_round"),
@@ -706,20 +730,64 @@ def pair_verdict(
     field: str = "last_mean_accuracy",
 ) -> Verdict:
     """:func:`~stratify.reproduce.paired.verdict` on a pair's per-seed values of ``field``,
-    with the chance level of the data its runs recorded."""
+    with the chance level of the data its runs recorded, naming the rate both ran at: the
+    base's (a tuned grid chose it for the comparator) or the method's own."""
     classes = next((int(value) for run in runs if (value := number(run, "classes"))), None)
-    return verdict(
+    judged = verdict(
         difference,
         statistics.fmean(ours.values()) if ours else None,
         statistics.fmean(theirs.values()) if theirs else None,
         classes,
         worst_group="worst_group" in field,
     )
+    tuned = any(run.get("tuned") == "True" for run in runs)
+    regime = "at the base's rate" if tuned else "at the method's rate"
+    return dataclasses.replace(judged, regime=regime)
+
+
+def stopped_below_best(run: Run) -> float | None:
+    """How many points below its own best a run that stopped on a plateau ended (its
+    last-rounds mean against its best validation accuracy; files written before that was
+    recorded: the test accuracy's, the one both were kept for); ``None`` for a run that
+    did not stop on a plateau."""
+    if not run.get("plateau") or run["status"] != "finished":
+        return None
+    if int(run["epochs"]) >= int(run["cap"]):
+        return None
+    best, last = number(run, "best_validation_accuracy"), "last_mean_validation_accuracy"
+    if best is None:
+        best, last = number(run, "best_accuracy"), "last_mean_accuracy"
+    ended = number(run, last)
+    return None if best is None or ended is None else 100 * (best - ended)
+
+
+def unjudged(method: Sequence[Run], comparator: Sequence[Run]) -> Verdict | None:
+    """Why a pair gets no verdict (a word of :data:`UNJUDGED`), or ``None``: a run of it
+    diverged, its comparator is not the method's matched one, two runs of a seed ran
+    unequal rounds, or the comparator stopped on a plateau more than
+    :data:`CONVERGED_POINTS` below its own best."""
+    runs = [*method, *comparator]
+    diverged = sum(run["status"] == "diverged" for run in runs)
+    if diverged:
+        return Verdict("diverged", f"{diverged} run(s) of {len(runs)}", "at this rate")
+    if comparator and not comparator[0]["column"].endswith("(matched)"):
+        return Verdict("unmatched", f"comparator {comparator[0]['column']}")
+    rounds = {int(run["seed"]): run["epochs"] for run in comparator}
+    if any(rounds.get(int(run["seed"]), run["epochs"]) != run["epochs"] for run in method):
+        return Verdict("unequal", "rounds differ within a seed")
+    below = [points for run in comparator if (points := stopped_below_best(run)) is not None]
+    if below and max(below) > CONVERGED_POINTS:
+        return Verdict(
+            "unconverged",
+            f"a comparator stopped on a plateau {max(below):.1f} points below its best",
+        )
+    return None
 
 
 def verdict_counts(lines: Sequence[Sequence[str]]) -> str:
-    """``2 ahead, 0 behind, 3 level, 2 inconclusive (1 with both runs near chance)``: how
-    many pairs reached each verdict (the verdict column of :data:`PAIRED_HEADER`)."""
+    """``2 ahead, 0 behind, 3 level, 2 inconclusive (1 with both runs near chance); not
+    counted: 1 diverged``: how many pairs reached each verdict (the verdict column of
+    :data:`PAIRED_HEADER`), then the pairs that got none."""
     column = PAIRED_HEADER.index(VERDICT_COLUMN)
     words = [line[column].split(" ", 1)[0] for line in lines]
     reasons = []
@@ -727,7 +795,9 @@ def verdict_counts(lines: Sequence[Sequence[str]]) -> str:
         count = sum(reason in line[column] for line in lines)
         reasons += [f"{count} with {reason}"] if count else []
     text = ", ".join(f"{words.count(word)} {word}" for word in VERDICTS)
-    return text + (f" ({'; '.join(reasons)})" if reasons else "")
+    text += f" ({'; '.join(reasons)})" if reasons else ""
+    unjudged_counts = [f"{words.count(word)} {word}" for word in UNJUDGED if word in words]
+    return text + (f"; not counted: {', '.join(unjudged_counts)}" if unjudged_counts else "")
 
 
 VERDICT_COLUMN = "verdict"
@@ -764,11 +834,13 @@ def paired_tables(runs: Sequence[Run], seeds: int) -> list[str]:
         f"test set and shown for comparison with papers only. Budgets are measured means per "
         f"round. Verdict: ahead or behind (the interval above or below zero), level (inside "
         f"±1 point), or inconclusive (the interval holds zero and is wider than ±1 point, or "
-        f"both runs are within 5 points of chance). Rounds: those each pair ran over its "
-        f"seeds; under a plateau budget (`--plateau`) the comparator ran until the median "
-        f"of its validation accuracy over its last 10% of rounds (at least 10) was under 0.5 "
-        f"points above the median over the as many rounds before, and the method the same "
-        f"rounds.\n",
+        f"both runs are within 5 points of chance), each at the rate both runs stepped at. "
+        f"No verdict, and not counted: a run of the pair diverged, the comparator is not "
+        f"the matched one, two runs of a seed ran unequal rounds, or the comparator stopped "
+        f"on a plateau more than {CONVERGED_POINTS:g} points below its own best "
+        f"(unconverged). Rounds: those each pair ran over its seeds; under a plateau budget "
+        f"(`--plateau`) the comparator ran until its validation accuracy plateaued by the "
+        f"rule in force when the grid ran, and the method the same rounds.\n",
         markdown_table(PAIRED_HEADER, lines),
         f"Verdicts: {verdict_counts(lines)}.\n",
     ]
