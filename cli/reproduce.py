@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +35,7 @@ from stratify.reproduce.estimate import (
 )
 from stratify.reproduce.grids import GRIDS, Cell, Settings, grid_named, plan_cells
 from stratify.reproduce.paired import pair_budgets
+from stratify.reproduce.results import csv_runs
 from stratify.reproduce.runner import (
     Display,
     cell_phases,
@@ -42,6 +44,7 @@ from stratify.reproduce.runner import (
     grid_folder,
     reproduce,
 )
+from stratify.reproduce.sequential import extension
 from stratify.reproduce.tuning import (
     DEFAULT_FACTORS,
     DEFAULT_VALIDATION,
@@ -171,6 +174,13 @@ def print_estimate(
     "--seeds", default="0,1,2", show_default=True, metavar="LIST", help="One run per seed and cell."
 )
 @click.option(
+    "--seeds-until-verdict",
+    metavar="MAX",
+    help="Two-stage design: after --seeds, each pair inconclusive for want of seeds gets the "
+    "seeds its first-stage spread calls for (at most MAX in all), once; its interval is then "
+    "Stein's [default: --seeds only].",
+)
+@click.option(
     "--clients", metavar="INTEGER", help="Clients of every run [default: the grid's, else 10]."
 )
 @click.option(
@@ -264,6 +274,7 @@ def reproduce_command(
     dataset_options: tuple[str, ...],
     epochs: str | None,
     seeds: str,
+    seeds_until_verdict: str | None,
     clients: str | None,
     methods: str | None,
     model: str | None,
@@ -338,6 +349,19 @@ def reproduce_command(
         print_plan(console, phases, keep_corrupt)
         print_estimate(console, cells, tuning, Path(out), group, count or available_cores())
         return
+    cap = None
+    if seeds_until_verdict is not None:
+        cap = check_positive_int(seeds_until_verdict, "--seeds-until-verdict")
+        if cap <= len(settings.seeds):
+            raise ConfigError(
+                f"--seeds-until-verdict {cap}: more seeds in all than the {len(settings.seeds)} "
+                "of --seeds"
+            )
+        if not (chosen_grid.paired or chosen_grid.reference):
+            raise ConfigError(
+                f"--seeds-until-verdict: grid {grid} has no pairs (a paired grid, or one "
+                "compared against a reference column: table1)"
+            )
     try:
         report = reproduce(
             grid,
@@ -350,6 +374,25 @@ def reproduce_command(
             vectorize=group,
             report_only=report_only,
         )
+        if cap is not None:
+            runs = csv_runs(report.grid, report.results, tuning is not None)
+            plan = extension(runs, cap, chosen_grid.reference)
+            console.print(
+                f"two-stage design: {len(plan)} group(s) get more seeds"
+                + "".join(f"\n  {group}: {total} in all" for group, total in sorted(plan.items()))
+            )
+            if plan:
+                report = reproduce(
+                    grid,
+                    out,
+                    dataclasses.replace(settings, extended=plan),
+                    tuning=tuning,
+                    backend=runner,
+                    display=board_display(console),
+                    keep_corrupt=keep_corrupt,
+                    vectorize=group,
+                    report_only=report_only,
+                )
     except RunsInterrupted:
         console.print(
             "stopped: every run keeps its last finished epoch; run the same command again "

@@ -104,6 +104,9 @@ class Grid:
         Where the paper's figures come from (and on what data).
     paper_datasets : tuple of str
         The datasets on which our figures are comparable with the paper's.
+    reference : str, optional
+        A column (folder name) the table sets against every other column of its row,
+        paired by seed (:mod:`stratify.reproduce.versus`; Table I's Stratify).
     """
 
     name: str
@@ -117,6 +120,7 @@ class Grid:
     paper: dict[tuple[str, str], str] = field(default_factory=dict)
     paper_source: str = ""
     paper_datasets: tuple[str, ...] = ()
+    reference: str | None = None
 
     @property
     def methods_are_columns(self) -> bool:
@@ -383,6 +387,7 @@ GRIDS: dict[str, Grid] = {
             paper=TABLE1_PAPER,
             paper_source="Stratify paper, Table I, MNIST (full 60,000-image training set)",
             paper_datasets=("mnist", "mnist-10k"),
+            reference="stratify",
         ),
         Grid(
             "table2",
@@ -570,6 +575,10 @@ class Settings:
         validation accuracy plateaus (``--stop-on-plateau``, the epochs the cap) and its
         methods then run the rounds it ran, seed by seed (docs/architecture.md,
         "Reproducing the papers").
+    extended : mapping, optional
+        The second stage of the seeds (``--seeds-until-verdict``): group (``ROW/COLUMN``
+        folder names) -> the seeds it runs in all, the ``seeds`` first and then the next
+        unused integers; its method's comparator runs them too. Other groups run ``seeds``.
     """
 
     dataset: str | None = None
@@ -583,6 +592,7 @@ class Settings:
     secure: bool = False
     device: str = "auto"
     plateau: int | None = None
+    extended: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # frozen: the checked values are stored as object.__setattr__ does
@@ -617,6 +627,18 @@ class Settings:
         check_choice(self.device, "--device", DEVICES)
         if self.plateau is not None:
             store("plateau", check_positive_int(self.plateau, "--plateau"))
+        for group, total in self.extended.items():
+            check_positive_int(total, f"the seeds of {group}")
+
+    def seeds_of(self, group: str) -> tuple[tuple[int, int], ...]:
+        """``(seed, stage)`` of every cell of ``group`` (``ROW/COLUMN``): the seeds
+        given (stage 1), then, where ``group`` is extended, the next unused integers up
+        to its total (stage 2)."""
+        seeds = [(seed, 1) for seed in self.seeds]
+        added = (seed for seed in range(max(self.seeds) + 1, 10**9))
+        while len(seeds) < self.extended.get(group, 0):
+            seeds.append((next(added), 2))
+        return tuple(seeds)
 
 
 @dataclass(frozen=True)
@@ -629,6 +651,8 @@ class Cell:
     seed: int
     config: TrainConfig
     comparator: str | None = None
+    #: 1: a seed the command gave; 2: a seed added by the two-stage design
+    stage: int = 1
 
     @property
     def group(self) -> str:
@@ -788,8 +812,9 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
                         },
                         out=str(Path(out) / "cells" / row.key / column.key / f"seed-{seed}"),
                     ),
+                    stage=stage,
                 )
-                for seed in settings.seeds
+                for seed, stage in settings.seeds_of(f"{row.key}/{column.key}")
             ]
             if column.paired:
                 paired, reason = pair_cells(row_cells, cells, out)
@@ -900,8 +925,11 @@ def pair_cells(
         ]
     key = comparator_key(matched[0])
     result = [dataclasses.replace(cell, comparator=key) for cell in method_cells]
-    if any((cell.row.key, cell.column.key) == (first.row.key, key) for cell in planned):
-        return result, None  # the same comparator as an earlier method's: it runs once
+    # the same comparator as an earlier method's runs once: only seeds it lacks are added
+    # (a method whose seeds were extended further than the earlier one's)
+    have = {
+        cell.seed for cell in planned if (cell.row.key, cell.column.key) == (first.row.key, key)
+    }
     base = matched[0].algorithm
     column = Column(
         key,
@@ -917,7 +945,9 @@ def pair_cells(
             dataclasses.replace(
                 config, out=str(Path(out) / "cells" / cell.row.key / key / f"seed-{cell.seed}")
             ),
+            stage=cell.stage,
         )
         for cell, config in zip(method_cells, matched)
+        if cell.seed not in have
     ]
     return result, None

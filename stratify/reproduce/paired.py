@@ -142,6 +142,64 @@ def paired_difference(
     return PairedDifference(mean, half, len(differences))
 
 
+# -- more seeds where the seeds limit the verdict -------------------------------------------
+
+
+def seeds_for_verdict(differences: Sequence[float], cap: int) -> int:
+    """How many seeds in all a pair runs under the two-stage design (Stein's), from the
+    per-seed differences of its first stage (fractions).
+
+    A pair whose first-stage interval already gives a verdict, or that has fewer than two
+    seeds or no spread, keeps its ``n0`` seeds. Otherwise the total is
+    ``n = ⌈(t(0.975, n0 − 1) · s0 / h)²⌉``, at least ``n0`` and at most ``cap``, with
+    ``s0`` the first stage's sample standard deviation and ``h`` the half-width aimed
+    at: half the larger of the observed mean difference and :data:`LEVEL_POINTS`, so that
+    a difference the size of the first stage's mean comes out *ahead* or *behind* and
+    one near zero *level*. The number is computed once, from the first stage alone; the
+    final interval is :func:`stein_difference` (docs/architecture.md, "Reproducing the
+    papers").
+
+    Parameters
+    ----------
+    differences : sequence of float
+        Method − comparator of each first-stage seed.
+    cap : int
+        The most seeds a pair runs.
+    """
+    first = len(differences)
+    if first < 2:
+        return first
+    mean, spread = statistics.fmean(differences), statistics.stdev(differences)
+    if spread == 0:
+        return first
+    difference = paired_difference(dict(enumerate(differences)), dict.fromkeys(range(first), 0.0))
+    if verdict(difference, None, None, None).word != "inconclusive":
+        return first
+    target = max(abs(mean), LEVEL_POINTS / 100) / 2
+    needed = math.ceil((t_quantile(0.5 + CONFIDENCE / 2, first - 1) * spread / target) ** 2)
+    return min(cap, max(first, needed))
+
+
+def stein_difference(first: Sequence[float], every: Sequence[float]) -> PairedDifference:
+    """Stein's two-stage interval: the mean of ``every`` seed's difference ± ``t(0.975,
+    n0 − 1) · s0 / √n``, with ``n0`` and ``s0`` the ``first`` stage's seeds and sample
+    standard deviation and ``n`` all the seeds. Because ``n`` was computed from ``s0``
+    alone, the interval covers the true difference with probability 95% exactly
+    (normal differences), where the ordinary t-interval over seeds added on seeing the
+    data would not.
+
+    Parameters
+    ----------
+    first : sequence of float
+        The first stage's differences (at least two).
+    every : sequence of float
+        Every seed's difference, the first stage's included.
+    """
+    spread = statistics.stdev(first) / math.sqrt(len(every))
+    half = t_quantile(0.5 + CONFIDENCE / 2, len(first) - 1) * spread
+    return PairedDifference(statistics.fmean(every), half, len(every))
+
+
 # -- verdicts -------------------------------------------------------------------------------
 
 #: a difference whose whole 95% interval lies within ± this many points is "level"

@@ -35,6 +35,7 @@ from stratify.reproduce.paired import (
     PairedDifference,
     Verdict,
     paired_difference,
+    stein_difference,
     verdict,
 )
 from stratify.reproduce.tuning import Choice, Tuning
@@ -52,6 +53,7 @@ CSV_FIELDS = (
     "partition",
     "mode",
     "seed",
+    "stage",
     "epochs",
     "lr",
     "tuned",
@@ -201,6 +203,7 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
         "partition": config.partition,
         "mode": config.mode,
         "seed": config.seed,
+        "stage": result.cell.stage,
         "epochs": len(result.records),
         # a run stopped before it resolved its rate ran at its cell's, where one is set
         "lr": result.lr if result.lr is not None else config.lr,
@@ -605,6 +608,21 @@ def seed_values(runs: Sequence[Run], field: str) -> dict[int, float]:
     return values
 
 
+def seed_difference(
+    method: Sequence[Run], comparator: Sequence[Run], field: str
+) -> PairedDifference | None:
+    """``method − comparator`` on ``field``, paired by seed: the t-interval over the
+    seeds, or Stein's two-stage interval where seeds were added by the two-stage design
+    (a run of stage 2; :func:`~stratify.reproduce.paired.stein_difference`)."""
+    ours, theirs = seed_values(method, field), seed_values(comparator, field)
+    added = {int(run["seed"]) for run in (*method, *comparator) if run.get("stage") == "2"}
+    common = sorted(set(ours) & set(theirs))
+    first = [ours[seed] - theirs[seed] for seed in common if seed not in added]
+    if not added or len(first) < 2:
+        return paired_difference(ours, theirs)
+    return stein_difference(first, [ours[seed] - theirs[seed] for seed in common])
+
+
 def mean_text(values: dict[int, float]) -> str:
     """``mean ± std`` in percent over the seeds (one seed: its value)."""
     if not values:
@@ -679,7 +697,7 @@ def paired_lines(runs: Sequence[Run], seeds: int, field: str) -> list[list[str]]
             if comparator
             else str(strategy_class(method[0]["algorithm"]).comparator)
         )
-        difference = paired_difference(ours, theirs)
+        difference = seed_difference(method, comparator, field)
         lines.append(
             [
                 row,

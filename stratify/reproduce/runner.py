@@ -42,7 +42,14 @@ from stratify.reproduce.grids import (
     plateau_rounds,
 )
 from stratify.reproduce.plots import PlotsUnavailable, grid_plots
-from stratify.reproduce.results import UNFINISHED, CellResult, csv_text, markdown, read_cell
+from stratify.reproduce.results import (
+    UNFINISHED,
+    CellResult,
+    csv_runs,
+    csv_text,
+    markdown,
+    read_cell,
+)
 from stratify.reproduce.tuning import (
     Choice,
     Tuning,
@@ -51,6 +58,7 @@ from stratify.reproduce.tuning import (
     tuned_cells,
     tuning_specs,
 )
+from stratify.reproduce.versus import versus_markdown
 from stratify.runfiles import read_json_object, read_records
 from stratify.runfolder import FolderLock, json_safe, write_output_file
 
@@ -363,6 +371,9 @@ def reproduce(
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
         write_output_file(out / "results.csv", csv_text(grid, results, tuning is not None))
         table = markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
+        if grid.reference is not None:
+            runs = csv_runs(grid, results, tuning is not None)
+            table += "\n" + versus_markdown(runs, grid.reference, grid.paper)
         write_output_file(out / "results.md", table.encode())
         files += [out / "results.csv", out / "results.md"]
         report = Report(

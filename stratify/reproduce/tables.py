@@ -26,7 +26,7 @@ from pathlib import Path
 
 from stratify.errors import ConfigError
 from stratify.reproduce.defaults import defaults_table, read_results
-from stratify.reproduce.grids import TABLE1_PAPER
+from stratify.reproduce.grids import GRIDS, TABLE1_PAPER
 from stratify.reproduce.results import (
     LAST_ROUNDS_TEXT,
     accuracy_table,
@@ -34,7 +34,7 @@ from stratify.reproduce.results import (
     paired_tables,
     transfers_table,
 )
-from stratify.reproduce.versus import VERSUS_HEADER, versus_counts, versus_lines
+from stratify.reproduce.versus import versus_markdown
 
 
 @dataclass(frozen=True)
@@ -173,18 +173,12 @@ def table1_report(rows: Sequence[Mapping[str, str]]) -> str:
     rows : sequence of mapping
         The rows of the grid's ``results.csv``.
     """
-    lines = versus_lines(rows, "stratify", TABLE1_PAPER)
-    header = [name.replace("reference", "Stratify") for name in VERSUS_HEADER]
     return (
         f"Test accuracy in %, the mean over each run's last rounds ({LAST_ROUNDS_TEXT}), "
         f"mean ± sample standard deviation over the seeds; the best over the epochs is chosen "
         f"on the test set, for comparison with the paper only:\n\n"
         f"{accuracy_table(rows, seeds_of(rows))}\n"
-        f"Stratify − each other column, paired by seed, each method at its own rate "
-        f"(the difference of the last-rounds means with its 95% t-interval over the seeds; "
-        f"verdicts as in the paired tables). Converged: the seeds whose validation accuracy "
-        f"converged by the plateau rule within the epochs run, and the epochs where it did:"
-        f"\n\n{markdown_table(header, lines)}\nVerdicts: {versus_counts(lines)}.\n"
+        f"{versus_markdown(rows, str(GRIDS['table1'].reference), TABLE1_PAPER)}"
     )
 
 

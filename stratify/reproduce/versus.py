@@ -17,12 +17,14 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 
-from stratify.reproduce.paired import VERDICTS, paired_difference, verdict
+from stratify.reproduce.paired import VERDICTS, verdict
 from stratify.reproduce.results import (
     UNFINISHED,
     Run,
+    markdown_table,
     mean_text,
     number,
+    seed_difference,
     seed_values,
     signed_points,
 )
@@ -89,7 +91,7 @@ def versus_verdict(reference: Sequence[Run], other: Sequence[Run]) -> str:
         (int(value) for run in (*reference, *other) if (value := number(run, "classes"))), None
     )
     judged = verdict(
-        paired_difference(ours, theirs),
+        seed_difference(reference, other, "last_mean_accuracy"),
         statistics.fmean(ours.values()) if ours else None,
         statistics.fmean(theirs.values()) if theirs else None,
         classes,
@@ -129,9 +131,7 @@ def versus_lines(
         ours = groups.get((row, reference))
         if column == reference or not ours:
             continue
-        difference = paired_difference(
-            seed_values(ours, "last_mean_accuracy"), seed_values(other, "last_mean_accuracy")
-        )
+        difference = seed_difference(ours, other, "last_mean_accuracy")
         lines.append(
             [
                 other[0]["row"],
@@ -160,3 +160,31 @@ def versus_counts(lines: Sequence[Sequence[str]]) -> str:
     column = VERSUS_HEADER.index("verdict")
     words = [line[column].split(" ", 1)[0] for line in lines]
     return ", ".join(f"{words.count(word)} {word}" for word in (*VERDICTS, "diverged"))
+
+
+def versus_markdown(
+    runs: Sequence[Run], reference: str, paper: Mapping[tuple[str, str], str] | None = None
+) -> str:
+    """The comparison as a grid's ``results.md`` and the docs show it: what it is, the
+    table with the reference column named, and the verdicts counted.
+
+    Parameters
+    ----------
+    runs : sequence of mapping
+        The rows of the grid's ``results.csv``.
+    reference : str
+        The folder name of the reference column.
+    paper : mapping, optional
+        ``(row key, column key)`` -> the paper's figure.
+    """
+    lines = versus_lines(runs, reference, paper)
+    label = next((run["column"] for run in runs if column_key(run) == reference), reference)
+    header = [name.replace("reference", label) for name in VERSUS_HEADER]
+    return (
+        f"{label} − each other column, paired by seed, each method at its own rate (the "
+        f"difference of the last-rounds means with its 95% t-interval over the seeds, "
+        f"Stein's where the two-stage design added seeds; verdicts as in the paired "
+        f"tables). Converged: the seeds whose validation accuracy converged by the plateau "
+        f"rule within the epochs run, and the epochs where it did:\n\n"
+        f"{markdown_table(header, lines)}\nVerdicts: {versus_counts(lines)}.\n"
+    )
