@@ -47,6 +47,10 @@ DEPRECATED: dict[str, tuple[str, ...]] = {
 USER_ERROR = 2
 BUG = 1
 INTERRUPTED = 130
+#: a bug in a command whose exit code 1 says something else (`stratify tables --check`:
+#: a table is stale), so a script cannot take a crash for that answer; such a command
+#: sets it as ``settings["bug_exit_code"]`` (:func:`set_bug_exit_code`)
+DISTINCT_BUG = 3
 
 #: click >= 8.2 raises this for a bare `stratify`; its message is the whole help text
 NO_ARGS_IS_HELP: tuple[type, ...] = tuple(
@@ -152,8 +156,21 @@ def write_traceback(error: BaseException, argv: list[str] | None) -> str:
     return f"the traceback is in {handle.name}"
 
 
-def report(error: BaseException, debug: bool, argv: list[str] | None) -> int:
-    """Print ``error`` as one line on stderr; returns the exit code."""
+def set_bug_exit_code(code: int) -> None:
+    """Make a bug in the running command exit with ``code`` instead of :data:`BUG`.
+
+    Parameters
+    ----------
+    code : int
+        The exit code.
+    """
+    settings = click.get_current_context().find_root().obj
+    if isinstance(settings, dict):  # run through main(); a test may call the command alone
+        settings["bug_exit_code"] = code
+
+
+def report(error: BaseException, debug: bool, argv: list[str] | None, bug: int = BUG) -> int:
+    """Print ``error`` as one line on stderr; returns the exit code (``bug`` for a bug)."""
     if isinstance(error, click.exceptions.Exit):
         return error.exit_code
     if isinstance(error, (click.exceptions.Abort, KeyboardInterrupt)):
@@ -174,7 +191,7 @@ def report(error: BaseException, debug: bool, argv: list[str] | None) -> int:
         f"in stratify{where}",
         err=True,
     )
-    return BUG
+    return bug
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except BaseException as error:  # the boundary: nothing escapes as a traceback
-        sys.exit(report(error, settings["debug"], argv))
+        sys.exit(report(error, settings["debug"], argv, settings.get("bug_exit_code", BUG)))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -393,12 +395,15 @@ def reproduce_command(
                     vectorize=group,
                     report_only=report_only,
                 )
-    except RunsInterrupted:
-        console.print(
-            "stopped: every run keeps its last finished epoch; run the same command again "
-            "to continue (finished runs are skipped)"
+    except RunsInterrupted as stop:
+        # one line (rich would wrap it at 80 columns on a pipe), and the shell's exit code
+        # of a process ended by that signal
+        click.echo(
+            f"stopped by {stop.signal}: every run keeps its last finished epoch; run the same "
+            "command again to continue (finished runs are skipped)",
+            err=True,
         )
-        raise
+        sys.exit(128 + signal.Signals[stop.signal].value)
     click.echo(report.markdown)
     for note in report.notes + report.run_notes:
         console.print(f"note: {note}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import signal
+import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -366,11 +368,15 @@ def train_seeds(
             outcomes = run_specs(specs, LocalBackend(workers), board, vectorize, notes.append)
     except RunsInterrupted as stop:
         stopped = [outcome.name for outcome in stop.outcomes if outcome.status == "interrupted"]
-        console.print(
-            f"stopped {', '.join(stopped) or 'nothing'}; each keeps its last finished epoch: "
-            f"continue with the same command and --resume (--out {config.out})"
+        # one line (rich would wrap it at 80 columns on a pipe), and the shell's exit code
+        # of a process ended by that signal
+        click.echo(
+            f"stopped by {stop.signal}: {', '.join(stopped) or 'nothing'}; each keeps its "
+            f"last finished epoch: continue with the same command and --resume "
+            f"(--out {config.out})",
+            err=True,
         )
-        raise
+        sys.exit(128 + signal.Signals[stop.signal].value)
     for note in notes:
         console.print(f"note: {note}")
     print_seed_results(Console(), specs, outcomes)

@@ -788,16 +788,20 @@ class RunFolder:
         held = self.held_files()
         self._check_other_files(held)
         resumable = bool(held) and (self.checkpoint is None or self.checkpoint in held)
+        # --overwrite is no way out for a folder holding an input of the command: it would
+        # be refused (_check_inputs), so it is not suggested
+        replaceable = not named_inputs_below(self.path)
         if held and not resumable and self.mode != "overwrite":
+            again = "start it again with --overwrite, or " if replaceable else ""
             raise OutputError(
                 f"{self.given} holds a run stopped before its first {self.checkpoint} was "
-                "written, so there is nothing to resume; start it again with --overwrite, "
-                "or choose another --out"
+                f"written, so there is nothing to resume; {again}choose another --out"
             )
         if self.mode == "new" and held:
+            replace = "--overwrite to replace it, " if replaceable else ""
             raise OutputError(
                 f"{self.given} already holds a run ({', '.join(held)}); use --resume to "
-                "continue it, --overwrite to replace it, or another --out"
+                f"continue it, {replace}or another --out"
             )
         if self.mode == "resume" and not held:
             raise OutputError(f"--resume: no run in {self.given}; start without --resume")

@@ -24,6 +24,7 @@ from stratify.parallel.specs import (
     RunGroup,
     RunOutcome,
     RunsInterrupted,
+    Terminated,
 )
 from stratify.validation import check_positive_int
 
@@ -76,6 +77,32 @@ def sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def sigterm_stops_runs() -> Iterator[None]:
+    """SIGTERM raised as :class:`Terminated` in this (main) thread while runs go on.
+
+    Without it SIGTERM ends this process at once and its workers, which do not share its
+    death, go on training into the run folders; raised, it takes the path of Ctrl-C: every
+    worker is stopped and the runs keep their last finished epoch. The workers themselves
+    keep SIGTERM's default action (a Python handler is not inherited through ``exec``),
+    so the parent's ``terminate()`` ends them at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can handle signals; its caller owns SIGTERM then
+        return
+
+    def stop(number: int, frame: object) -> None:
+        # a second SIGTERM while the workers are being stopped must not cut that short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @dataclass
 class LocalBackend:
     """Runs on ``workers`` spawned single-thread processes; with one worker (or one
@@ -95,9 +122,10 @@ class LocalBackend:
 
     def run(self, groups: Sequence[RunGroup], on_event: EventHandler) -> list[RunOutcome]:
         count = min(self.workers or available_cores(), len(groups))
-        if count <= 1:
-            return self._run_here(groups, on_event)
-        return self._run_in_processes(groups, on_event, count)
+        with sigterm_stops_runs():
+            if count <= 1:
+                return self._run_here(groups, on_event)
+            return self._run_in_processes(groups, on_event, count)
 
     def _run_here(self, groups: Sequence[RunGroup], on_event: EventHandler) -> list[RunOutcome]:
         datasets = DatasetCache()
@@ -105,13 +133,13 @@ class LocalBackend:
         for index, group in enumerate(groups):
             try:
                 done = execute_group(group, on_event, datasets)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as stop:
                 outcomes += [
                     RunOutcome(spec.name, "interrupted")
                     for rest in groups[index:]
                     for spec in rest.specs
                 ]
-                raise RunsInterrupted(outcomes) from None
+                raise RunsInterrupted(outcomes, RunsInterrupted.signal_of(stop)) from None
             for outcome in done:
                 outcomes.append(outcome)
                 on_event(outcome)
@@ -182,13 +210,13 @@ class LocalBackend:
             for spec in specs:  # every worker gone before these were sent
                 if spec.name not in outcomes:
                     finish(RunOutcome(spec.name, "failed", "no worker process was left to run it"))
-        except KeyboardInterrupt:
+            self._stop(workers)  # inside: a signal while they stop still stops them all
+        except KeyboardInterrupt as stop:
             self._stop(workers)
             stopped = [
                 outcomes.get(spec.name) or RunOutcome(spec.name, "interrupted") for spec in specs
             ]
-            raise RunsInterrupted(stopped) from None
-        self._stop(workers)
+            raise RunsInterrupted(stopped, RunsInterrupted.signal_of(stop)) from None
         return [outcomes[spec.name] for spec in specs]
 
     @staticmethod

@@ -132,12 +132,26 @@ def group_specs(
     return groups, grouping.note(vectorize)
 
 
-class RunsInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the runs; ``outcomes`` says which finished and which are resumable."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread while runs go on, so that the runs are stopped as
+    Ctrl-C stops them (every ``except KeyboardInterrupt`` on the way handles it)."""
 
-    def __init__(self, outcomes: list[RunOutcome]) -> None:
+
+class RunsInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the runs; ``outcomes`` says which finished and which are
+    resumable, ``signal`` which signal it was (``"SIGINT"`` or ``"SIGTERM"``)."""
+
+    def __init__(self, outcomes: list[RunOutcome], signal: str = "SIGINT") -> None:
         super().__init__("interrupted")
         self.outcomes = outcomes
+        self.signal = signal
+
+    @staticmethod
+    def signal_of(stop: KeyboardInterrupt) -> str:
+        """The signal behind ``stop``: SIGTERM for :class:`Terminated`, else SIGINT."""
+        if isinstance(stop, RunsInterrupted):
+            return stop.signal
+        return "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
 
 
 EventHandler = Callable[[RunEvent | RunOutcome], None]

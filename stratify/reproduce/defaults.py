@@ -15,6 +15,8 @@ rate on its class (``own_lrs``); the test set is never read to choose.
 from __future__ import annotations
 
 import csv
+import io
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,8 +26,14 @@ from pathlib import Path
 from stratify.algorithms import build_strategy, method_label
 from stratify.config import TrainConfig, resolve_lr
 from stratify.data.datasets import dataset_family
-from stratify.errors import ConfigError
-from stratify.reproduce.results import markdown_table
+from stratify.errors import ConfigError, CorruptRunError
+from stratify.reproduce.results import (
+    BASE_FIELDS,
+    INTEGER_FIELDS,
+    NUMBER_FIELDS,
+    markdown_table,
+)
+from stratify.runfiles import read_text
 
 #: how far (in validation accuracy, a share) a method's default may score below its best
 #: candidate; a paper's rate further below is replaced by the best
@@ -113,19 +121,107 @@ class DefaultChoice:
         return resolve_lr(config, strategy)
 
 
-def read_results(path: str | Path) -> list[dict[str, str]]:
-    """The rows of a grid's ``results.csv`` (or its committed copy).
+@dataclass(frozen=True)
+class ResultsColumns:
+    """What a results file must hold for its table to be made from it.
+
+    Parameters
+    ----------
+    required : tuple of str
+        The columns its header must name.
+    integers : frozenset of str
+        The columns whose fields are whole numbers (or empty).
+    numbers : frozenset of str
+        The columns whose fields are finite numbers (or empty).
+    filled : frozenset of str
+        The columns whose fields may not be empty.
+    """
+
+    required: tuple[str, ...] = ()
+    integers: frozenset[str] = frozenset()
+    numbers: frozenset[str] = frozenset()
+    filled: frozenset[str] = frozenset()
+
+
+#: a grid's ``results.csv`` (and its committed copies)
+GRID_COLUMNS = ResultsColumns(BASE_FIELDS, INTEGER_FIELDS, NUMBER_FIELDS)
+
+
+def read_results(path: str | Path, columns: ResultsColumns = GRID_COLUMNS) -> list[dict[str, str]]:
+    """The rows of a grid's ``results.csv`` (or its committed copy), checked against
+    ``columns`` before any table is made of them.
+
+    The file is read as every file a user may have replaced is
+    (:func:`~stratify.runfiles.read_text`: a FIFO or a device is refused without waiting
+    on it), and a file no grid writes is one line naming the line and the column, so
+    ``stratify tables`` never renders a NaN nor fails inside a renderer.
 
     Parameters
     ----------
     path : str or Path
         The CSV file.
+    columns : ResultsColumns
+        What it must hold (default: a grid's columns).
+
+    Raises
+    ------
+    CorruptRunError
+        Not a regular UTF-8 file; not CSV (a NUL, a field over the csv module's 128 KiB);
+        no header or no row; a row of another length than the header; a required column
+        missing; text where a number belongs, a NaN or an infinite number; an empty
+        field where one is required.
+    ConfigError
+        The file cannot be opened (missing, permissions).
     """
     try:
-        with Path(path).open(newline="") as handle:
-            return list(csv.DictReader(handle))
+        text = read_text(Path(path))
     except OSError as error:
         raise ConfigError(f"cannot read results file {path}: {error.strerror}") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        lines = list(reader)
+    except csv.Error as error:
+        raise CorruptRunError(f"{path} line {reader.line_num} is not CSV ({error})") from None
+    if not lines:
+        raise CorruptRunError(f"{path} is empty: a results file has a header and a row per run")
+    header, body = lines[0], lines[1:]
+    if not body:
+        raise CorruptRunError(f"{path} holds a header and no run")
+    missing = [name for name in columns.required if name not in header]
+    if missing:
+        raise CorruptRunError(f"{path} has no column {', '.join(missing[:3])}")
+    rows = []
+    for number, fields in enumerate(body, start=2):
+        if len(fields) != len(header):
+            raise CorruptRunError(
+                f"{path} line {number} has {len(fields)} fields, its header {len(header)}"
+            )
+        row = dict(zip(header, fields))
+        for name, value in row.items():
+            problem = field_problem(name, value, columns)
+            if problem is not None:
+                raise CorruptRunError(f"{path} line {number}, column {name}: {problem}")
+        rows.append(row)
+    return rows
+
+
+def field_problem(name: str, value: str, columns: ResultsColumns) -> str | None:
+    """What is wrong with ``value`` in column ``name`` of a results file, or ``None``."""
+    if not value:
+        return "empty" if name in columns.filled else None
+    if name in columns.integers:
+        try:
+            int(value)
+        except ValueError:  # text, a fraction, 1e999, more digits than Python converts
+            return f"{value!r:.40} is not a whole number"
+    elif name in columns.numbers:
+        try:
+            finite = math.isfinite(float(value))
+        except ValueError:
+            return f"{value!r:.40} is not a number"
+        if not finite:
+            return f"{value!r:.40} is not a finite number"
+    return None
 
 
 def score(run: Mapping[str, str], key: str) -> float:

@@ -92,6 +92,55 @@ CSV_FIELDS = (
     "attribute_free",
 )
 
+#: the columns of ``results.csv`` that hold whole numbers, and those that hold other
+#: numbers (finite: a run writes no NaN); any of them is empty where nothing was measured
+INTEGER_FIELDS = frozenset(
+    {
+        "seed",
+        "stage",
+        "epochs",
+        "last_rounds",
+        "best_epoch",
+        "best_val_epoch",
+        "converged_epoch",
+        "total_transfers",
+        "distinct_clients",
+        "classes",
+        "clients",
+        "cap",
+        "plateau",
+    }
+)
+NUMBER_FIELDS = frozenset(
+    {
+        "lr",
+        "last_mean_accuracy",
+        "last_std_accuracy",
+        "final_accuracy",
+        "best_accuracy",
+        "test_accuracy_at_best_val",
+        "last_mean_validation_accuracy",
+        "best_validation_accuracy",
+        "last_mean_worst_group_accuracy",
+        "final_worst_group_accuracy",
+        "sample_gradients_per_round",
+        "transfers_per_epoch",
+        "bytes_per_round",
+        "wall_seconds",
+        "best_worst_group_accuracy",
+        "warm_accuracy",
+        "biased_share",
+    }
+)
+#: the columns every ``results.csv`` has held, those of the earliest committed copies
+#: (later versions added the validation and the paired tables' columns)
+BASE_FIELDS = tuple(
+    name
+    for name in CSV_FIELDS[: CSV_FIELDS.index("run_dir") + 1]
+    if name
+    not in ("stage", "last_mean_validation_accuracy", "best_validation_accuracy", "converged_epoch")
+)
+
 
 #: a row of ``results.csv`` as read back (every value text)
 Run = Mapping[str, str]

@@ -179,15 +179,20 @@ class StreamRun:
         self.checkpointed_lines = 0
         # the inputs, guarded from every output of this run until it is closed
         self.inputs = [
-            (path, f"the {flag} {what} of this stream")
+            (path, f"the {flag} {what} of this stream", False)
             for path, flag, what in (
                 (config.source, "--source", "events"),
                 (config.test, "--test", "samples"),
             )
             if path not in (None, "-")
         ]
-        for path, what in self.inputs:
-            guard_input(path, what)
+        if config.files_root is not None:
+            # every file below it may be an event's "path": no output may lie there, or
+            # a --predictions or --out would empty a file the stream's own events read
+            where = f"under --files-root {config.files_root}, the folder this stream's events read"
+            self.inputs.append((config.files_root, where, True))
+        for path, what, folder in self.inputs:
+            guard_input(path, what, folder=folder)
         try:
             if config.out is not None:
                 mode = "resume" if resume else "overwrite" if overwrite else "new"
@@ -266,7 +271,7 @@ class StreamRun:
         self.metrics = self.predictions = None
         if self.folder is not None:
             self.folder.close()
-        for path, _ in self.inputs:
+        for path, _, _ in self.inputs:
             release_input(path)
 
     # -- checkpoint -----------------------------------------------------------------------
