@@ -70,3 +70,24 @@ def test_the_table1_report_names_stratify_and_counts_the_verdicts():
     assert "Verdicts: 1 ahead, 0 behind, 1 level, 0 inconclusive, 1 diverged." in report
     # the paper's figure beside ours, from the grid's own table of them
     assert "98.80%, E4 / 18.71%, E10" in report
+
+
+def test_a_run_s_converged_epoch_is_where_the_plateau_rule_first_holds():
+    from stratify.config import TrainConfig
+    from stratify.reproduce.grids import Cell, Column, Row
+    from stratify.reproduce.results import CellResult, converged_epoch
+
+    config = TrainConfig(dataset="digits", mode="batch", epochs=30, secure=False)
+    cell = Cell(Row("r", "r"), Column("c", "c"), 0, config)
+
+    def result(validation):
+        records = tuple({"epoch": e, "validation_accuracy": v} for e, v in enumerate(validation, 1))
+        return CellResult(cell, "finished", records, 0.01, classes=10)
+
+    # 10% a round up to 90% in round 9, then flat: at round 20 the best of rounds 11-20
+    # is that of rounds 1-10 and their median is the best (w = 10)
+    climbing = [0.1 * k for k in range(1, 10)] + [0.9] * 21
+    assert converged_epoch(result(climbing)) == 20
+    # still climbing at the cap, or an epoch without a validation accuracy: none
+    assert converged_epoch(result([0.3 + 0.02 * k for k in range(30)])) is None
+    assert converged_epoch(result([*climbing[:-1], None])) is None

@@ -295,11 +295,11 @@ def converged_epoch(result: CellResult) -> int | None:
     chance from its classes), whether or not the run stopped there; ``None`` where it
     never did, or has no validation accuracy."""
     accuracies = [record.get("validation_accuracy") for record in result.records]
-    if not accuracies or any(accuracy is None for accuracy in accuracies):
+    known = [float(accuracy) for accuracy in accuracies if accuracy is not None]
+    if not accuracies or len(known) < len(accuracies):
         return None
     chance = 1.0 / result.classes if result.classes else None
-    rule = PlateauRule(1, len(accuracies), chance=chance)
-    budget = plateau_budget([float(accuracy) for accuracy in accuracies], rule)
+    budget = plateau_budget(known, PlateauRule(1, len(known), chance=chance))
     return budget.rounds if budget is not None and budget.reason == "plateau" else None
 
 
