@@ -34,6 +34,7 @@ from stratify.cli.common import (
 from stratify.cli.flags import Choice
 from stratify.compiled import COMPILE_MODES
 from stratify.config import TrainConfig
+from stratify.errors import ConfigError
 from stratify.nn.models import MODELS, NORMS
 from stratify.options import option_default
 from stratify.selection import HOPS, SELECTIONS
@@ -91,9 +92,24 @@ def split_options(dataset: str | None = None) -> Callable[[Callable[..., Any]], 
     return decorate
 
 
+#: torch threads ``--threads`` may ask for: far above any machine's cores, far below the
+#: count whose creation fails (100,000 aborted the process in OpenMP, no line)
+MAX_THREADS = 1024
+
+
 def set_threads(threads: int | None) -> None:
+    """Set torch's threads to ``--threads`` (refused unless 1 to :data:`MAX_THREADS`).
+
+    Parameters
+    ----------
+    threads : int or None
+        The option's value; ``None`` keeps torch's default.
+    """
     if threads is not None:
-        torch.set_num_threads(check_positive_int(threads, "--threads"))
+        count = check_positive_int(threads, "--threads")
+        if count > MAX_THREADS:
+            raise ConfigError(f"--threads takes at most {MAX_THREADS:,}, got {count:,}")
+        torch.set_num_threads(count)
 
 
 def seeds_option(default: str, help_text: str) -> Callable[[Callable[..., Any]], Any]:

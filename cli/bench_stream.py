@@ -13,7 +13,7 @@ from rich.table import Table
 from stratify.bench.stream import stream_bench
 from stratify.cli.common import JSON_OUTPUT, checked, write_output
 from stratify.errors import ConfigError
-from stratify.validation import check_positive_int
+from stratify.validation import check_positive_int, check_seed
 
 #: the most of each size the benchmark accepts (a bench that should take minutes)
 LIMITS = {
@@ -64,6 +64,8 @@ def stream(
     stream (EVENTS events, FEATURES features, CLASSES classes, CLIENTS clients) and on
     scikit-learn's digits; and how many of the first 5 and 20 examples of a class that
     appears late are predicted right (5 tabular streams)."""
+    # numpy's generator refuses a negative seed with a bare ValueError ("a bug")
+    seed = check_seed(seed)
     result = stream_bench(events, features, classes, clients, seed, repeat=repeat)
     # two tables, so each fits 80 columns (a log, a pipe)
     best = f", best of {repeat}" if repeat > 1 else ""

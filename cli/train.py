@@ -32,6 +32,7 @@ from stratify.cli.flags import FLAG_NAMES, config_option, metavar
 from stratify.cli.methods import option_rows
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, CorruptRunError, StratifyError
+from stratify.files import guard_input, release_input
 from stratify.measures import accuracy_summary
 from stratify.options import flag
 from stratify.parallel import (
@@ -206,22 +207,31 @@ def train(
         group = None if vectorize is None else check_positive_int(vectorize, "--vectorize")
         train_seeds(config, check_seeds(seeds), count, resume, overwrite, group)
         return
-    console = Console(stderr=True)
-    display = TrainingProgress(console, f"{config.algorithm} on {config.dataset}", config.epochs)
-    with console.status(f"loading {config.dataset}, partitioning, registering labels…"):
-        run = Run(
-            config,
-            resume=resume,
-            overwrite=overwrite,
-            secrets=None
-            if client_secrets is None
-            else read_secrets(client_secrets, "--client-secrets"),
-            on_epoch=display.epoch_done,
-            on_steps=display.samples_done,
-        )
-    with display.live(run.start_epoch):
-        summary = run.train()
-    print_results(Console(), run, summary)
+    if client_secrets is not None:
+        # a named input: the run folder refuses to hold it or, with --overwrite, to
+        # delete it (RunFolder.open), before anything is deleted
+        guard_input(client_secrets, "the --client-secrets file of this run")
+    try:
+        console = Console(stderr=True)
+        title = f"{config.algorithm} on {config.dataset}"
+        display = TrainingProgress(console, title, config.epochs)
+        with console.status(f"loading {config.dataset}, partitioning, registering labels…"):
+            run = Run(
+                config,
+                resume=resume,
+                overwrite=overwrite,
+                secrets=None
+                if client_secrets is None
+                else read_secrets(client_secrets, "--client-secrets"),
+                on_epoch=display.epoch_done,
+                on_steps=display.samples_done,
+            )
+        with display.live(run.start_epoch):
+            summary = run.train()
+        print_results(Console(), run, summary)
+    finally:
+        if client_secrets is not None:
+            release_input(client_secrets)
 
 
 class TrainingProgress:

@@ -31,6 +31,7 @@ from stratify.experiment import build_experiment
 from stratify.measures import accuracy_summary
 from stratify.method import EpochStats
 from stratify.registry import SECRETS_FILE, RegistrySecrets, make_registry
+from stratify.registry.client_secrets import SECRETS_MODE
 from stratify.runfiles import RUN_FILES
 from stratify.runfolder import (
     RunFolder,
@@ -158,7 +159,7 @@ class Run:
             # only now that every part is built: a failed set-up leaves --out untouched
             self.folder.start()
             if secrets is not None and not resume:
-                self.folder.write_bytes(SECRETS_FILE, secrets.to_bytes())
+                self.folder.write_bytes(SECRETS_FILE, secrets.to_bytes(), SECRETS_MODE)
             self.folder.write_json("config.json", self._config_record())
             self._write_progress()
 

@@ -358,17 +358,28 @@ def describe_os_error(error: OSError) -> str:
     return error.strerror or type(error).__name__
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """Replace ``path`` with ``data`` in one rename; on failure the old file stays.
 
     The data goes to a temporary file in the same folder (a rename is atomic only within
     one file system), is flushed to disk, and then renamed over ``path``. A failed write
     removes the temporary file. Raises ``OSError``.
+
+    Parameters
+    ----------
+    path : Path
+        The file to replace.
+    data : bytes
+        Its new content.
+    mode : int
+        Its permission bits (default: a new file's under the umask); the temporary file
+        is made with 0600 and given them before any byte is written, so a secret
+        (``0o600``) is never readable by others, not even for a moment.
     """
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
     try:
         with os.fdopen(handle, "wb") as file:
-            os.fchmod(file.fileno(), FILE_MODE)
+            os.fchmod(file.fileno(), mode)
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
@@ -858,13 +869,23 @@ class RunFolder:
             ) from None
         self._started = True
 
-    def write_bytes(self, name: str, data: bytes) -> None:
-        """Replace file ``name`` with ``data`` atomically; on failure the old file stays."""
+    def write_bytes(self, name: str, data: bytes, mode: int = FILE_MODE) -> None:
+        """Replace file ``name`` with ``data`` atomically; on failure the old file stays.
+
+        Parameters
+        ----------
+        name : str
+            The run file.
+        data : bytes
+            Its content.
+        mode : int
+            Its permission bits (``0o600`` for a secret; :func:`write_atomically`).
+        """
         if not self._started:
             raise RuntimeError("RunFolder.start() must come before the first write")
         path = self.location / name
         try:
-            write_atomically(path, data)
+            write_atomically(path, data, mode)
         except OSError as error:
             kept = " (its previous version is kept)" if path.exists() else ""
             raise OutputError(

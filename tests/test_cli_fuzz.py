@@ -9,6 +9,10 @@ The property: every command line ends with exit code 0 or 2, never a traceback; 
 with 0 leaves a complete, consistent run folder. Budgets stay tiny (``digits``, one epoch,
 a few schedule entries), and the examples are derandomised, so every run of the suite
 tries the same command lines in about the same time.
+
+Every command of the tree has hostile-input cases here: those above, or fixed command
+lines in :data:`HOSTILE` keyed by the command's path; a command added without any fails
+``test_every_command_has_hostile_input_cases``.
 """
 
 import contextlib
@@ -479,3 +483,128 @@ def test_plot_exits_with_0_or_2(plot_folders, runs, out, metric):
         if code == 0:
             assert Path(target).stat().st_size > 0, argv
         assert not (Path(tmp) / "nowhere").exists(), argv  # no folder made for --out
+
+
+# ------------------------------------------------------------------ every command covered
+
+#: commands whose hostile inputs the property-based tests above draw (their option tables)
+PROPERTY_FUZZED = {
+    "train",
+    "data stats",
+    "bench privacy",
+    "bench transfers",
+    "bench steps",
+    "stream",
+    "reproduce",
+    "plot",
+}
+
+#: the other commands' hostile command lines, keyed by the command's path ("" the root
+#: group): per option a non-number, a negative, zero, a huge value and NaN where it takes
+#: a number, a FIFO, a folder, a file or a missing path where it takes a path; each is
+#: refused before any work (``{tmp}`` holds ``fifo``, a FIFO, and ``file``, a file)
+HOSTILE = {
+    "": [["nosuch"], ["--nosuch"]],
+    "bench": [["bench", "nosuch"]],
+    "data": [["data", "nosuch"]],
+    "bench batch": [
+        *(["bench", "batch", "--clients", v] for v in ("abc", "-1", "0", "nan")),
+        ["bench", "batch", "--dataset", "digits", "--clients", "1000000000"],
+        *(["bench", "batch", "--lr", v] for v in ("abc", "-1", "0", "nan", "inf", "1e400")),
+        *(["bench", "batch", "--repeat", v] for v in ("x", "-1", "0", "1000000000")),
+        *(["bench", "batch", "--batch-labels", v] for v in ("x", "-3", "0")),
+        *(["bench", "batch", "--threads", v] for v in ("x", "-1", "0", "100000")),
+        ["bench", "batch", "--model", "vgg"],
+        ["bench", "batch", "--json", "{tmp}"],
+        ["bench", "batch", "--dataset", "mnist-10k", "--data-dir", "{tmp}/fifo"],
+        ["bench", "batch", "--dataset", "nope"],
+    ],
+    "bench local": [
+        *(["bench", "local", "--rounds", v] for v in ("x", "-1", "0", "nan")),
+        ["bench", "local", "--dataset", "digits", "--rounds", "1000000000"],
+        *(["bench", "local", "--clients", v] for v in ("x", "-2", "0")),
+        ["bench", "local", "--dataset", "digits", "--clients", "1000000000"],
+        ["bench", "local", "--method", "nosuch"],
+        ["bench", "local", "--json", "{tmp}"],
+        ["bench", "local", "--dataset", "mnist-10k", "--data-dir", "{tmp}/fifo"],
+        ["bench", "local", "--dataset", "mnist-10k", "--data-dir", "{tmp}/file"],
+    ],
+    "bench plan": [
+        *(["bench", "plan", "--chunk", v] for v in ("x", "-1", "0", "nan")),
+        *(["bench", "plan", "--min-size", v] for v in ("x", "-1", "0")),
+        *(["bench", "plan", "--clients", v] for v in ("x", "-1", "0", "nan")),
+        ["bench", "plan", "--partitions", "nope"],
+        ["bench", "plan", "--selection", "best"],
+        ["bench", "plan", "--json", "{tmp}"],
+        ["bench", "plan", "--dataset", "mnist-10k", "--data-dir", "{tmp}/fifo"],
+    ],
+    "bench rounds": [
+        *(["bench", "rounds", "--rounds", v] for v in ("x", "-1", "0", "nan", "1000000000")),
+        *(["bench", "rounds", "--local-epochs", v] for v in ("x", "-1", "0")),
+        ["bench", "rounds", "--dataset", "digits", "--local-epochs", "1000000000"],
+        *(["bench", "rounds", "--threads", v] for v in ("-1", "0", "100000")),
+        ["bench", "rounds", "--dataset", "digits", "--clients", "1000000000"],
+        ["bench", "rounds", "--methods", "nosuch"],
+        ["bench", "rounds", "--json", "{tmp}"],
+        ["bench", "rounds", "--dataset", "mnist-10k", "--data-dir", "{tmp}/fifo"],
+    ],
+    "bench stream": [
+        *(
+            ["bench", "stream", option, value]
+            for option in ("--events", "--features", "--classes", "--clients", "--repeat")
+            for value in ("x", "-1", "0", "nan", "1000000000000")
+        ),
+        *(["bench", "stream", "--seed", v] for v in ("x", "-1", "nan", str(2**64))),
+        ["bench", "stream", "--json", "{tmp}"],
+    ],
+    "data download": [
+        ["data", "download"],
+        ["data", "download", "nosuch"],
+        ["data", "download", "digits", "--dir", "{tmp}/fifo"],
+        ["data", "download", "mnist", "--dir", "{tmp}/file"],
+    ],
+    "data list": [["data", "list", "--data-dir", v] for v in ("{tmp}/fifo", "{tmp}/file")],
+    "methods": [["methods", "nosuch"], ["methods", "--markdown", "x"], ["methods", "-1"]],
+    "tables": [
+        ["tables", "nosuch"],
+        *(["tables", "--root", v] for v in ("{tmp}/missing", "{tmp}/fifo", "{tmp}")),
+    ],
+}
+
+
+def command_paths():
+    """The path of every command of ``stratify``'s tree, groups included (the root: "")."""
+    import click
+
+    from stratify.cli.main import cli
+
+    def walk(command, path):
+        yield " ".join(path)
+        if isinstance(command, click.Group):
+            context = click.Context(command)
+            for name in command.list_commands(context):
+                yield from walk(command.get_command(context, name), (*path, name))
+
+    return list(walk(cli, ()))
+
+
+def test_every_command_has_hostile_input_cases():
+    paths = command_paths()
+    assert {"bench stream", "bench privacy", "bench steps", "data download"} <= set(paths)
+    uncovered = [path for path in paths if path not in PROPERTY_FUZZED and not HOSTILE.get(path)]
+    assert not uncovered, f"commands without hostile-input cases in this file: {uncovered}"
+    assert not (set(HOSTILE) | PROPERTY_FUZZED) - set(paths), "cases of no command"
+
+
+@pytest.mark.parametrize(
+    "argv", [argv for path in sorted(HOSTILE) for argv in HOSTILE[path]], ids=" ".join
+)
+def test_hostile_input_is_one_line_and_exit_2(argv):
+    with tempfile.TemporaryDirectory() as tmp:
+        os.mkfifo(Path(tmp) / "fifo")
+        (Path(tmp) / "file").write_text("not a folder\n")
+        code, err = run(argv, tmp)
+    text = "\n".join(err)
+    assert "Traceback" not in text, (argv, text)
+    assert code == 2, (argv, code, text)
+    assert len(err) == 1 and err[0].startswith("error:"), (argv, err)

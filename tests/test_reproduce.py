@@ -891,3 +891,30 @@ def test_calibration_runs_cut_a_default_warm_up_too():
         algorithm="fedavg", mode="batch", secure=False, options={"local_epochs": 1}
     )
     assert calibration_options(fedavg) == {"local_epochs": 1}
+
+
+def test_report_only_counts_diverged_tuning_runs_and_never_loses_ended_runs(tiny, tmp_path, capsys):
+    # a factor of 1e6 makes every method's second candidate diverge within 2 epochs
+    command = ["reproduce", "tiny", "--tune", "--tune-factors", "1e6", "--epochs", "2",
+               "--seeds", "0", "--dataset", "digits", "--workers", "1",
+               "--out", str(tmp_path)]  # fmt: skip
+    main(command)
+    recorded = json.loads((tmp_path / "diverged.json").read_text())
+    assert any(name.startswith("tune/") for name in recorded), recorded
+    files = ("results.md", "results.csv", "tuning.csv")
+    before = {name: (tmp_path / name).read_bytes() for name in files}
+    capsys.readouterr()
+
+    # the report of the same folders is the run's own: the diverged tuning runs ended
+    main([*command, "--report-only"])
+    assert "unfinished" not in capsys.readouterr().out
+    assert {name: (tmp_path / name).read_bytes() for name in files} == before
+
+    # a cell's folder gone: the report would end fewer runs, so it replaces nothing
+    shutil.move(tmp_path / "cells" / "classes-2" / "fedavg", tmp_path / "moved")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--report-only"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fewer than the 2" in err[0] and "left as they are" in err[0], err
+    assert {name: (tmp_path / name).read_bytes() for name in files} == before

@@ -8,6 +8,8 @@ and a missing or damaged secrets file is refused without touching the run.
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -123,7 +125,12 @@ def test_train_with_client_secrets_repeats_a_secure_run_exactly(tmp_path, capsys
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "is missing"), ("{not json", "does not hold the run's registry secrets")],
+    [
+        (None, "is missing"),
+        ("{not json", "does not hold the run's registry secrets"),
+        # nested past the interpreter's stack: a RecursionError, "a bug", before
+        ("[" * 4000, "does not hold the run's registry secrets"),
+    ],
 )
 def test_bad_client_secrets_is_one_line_and_writes_nothing(tmp_path, capsys, content, message):
     secrets_file = tmp_path / "secrets.json"
@@ -136,3 +143,32 @@ def test_bad_client_secrets_is_one_line_and_writes_nothing(tmp_path, capsys, con
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "--client-secrets" in err[0], err
     assert not out.exists()
+
+
+def test_every_secrets_file_a_run_writes_is_its_owner_s_alone(tmp_path, capsys):
+    # the default run: digits with the encrypted (CKKS) registry, so a secure run
+    first, copy = tmp_path / "first", tmp_path / "copy"
+    main(["train", "--dataset", "digits", "--epochs", "1", "--out", str(first)])
+    main(["train", "--dataset", "digits", "--epochs", "1", "--out", str(copy),
+          "--client-secrets", str(first / SECRETS_FILE)])  # fmt: skip
+    for folder in (first, copy):
+        assert stat.S_IMODE(os.stat(folder / SECRETS_FILE).st_mode) == 0o600, folder
+    # the other run files keep a new file's mode under the umask
+    assert stat.S_IMODE(os.stat(first / "config.json").st_mode) & 0o044
+
+
+def test_client_secrets_inside_the_folder_overwritten_is_refused_before_anything_goes(
+    tmp_path, capsys
+):
+    run = tmp_path / "run"
+    main([*TRAIN, "--epochs", "1", "--out", str(run)])
+    before = {path.name: path.read_bytes() for path in run.iterdir()}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TRAIN, "--epochs", "1", "--out", str(run), "--overwrite",
+              "--client-secrets", str(run / SECRETS_FILE)])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--client-secrets file of this run" in err[0], err
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]  # no staging left

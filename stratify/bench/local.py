@@ -37,7 +37,7 @@ from stratify.data.datasets import load_dataset
 from stratify.engine import Engine
 from stratify.experiment import build_experiment
 from stratify.state import State, load_into
-from stratify.validation import check_choice, check_positive_int
+from stratify.validation import check_choice, check_positive_int, check_repeats
 
 
 def local_methods() -> tuple[str, ...]:
@@ -172,7 +172,7 @@ def bench_local(
     """
     timed = local_methods()
     method = timed[0] if method is None else check_choice(method, "--method", timed)
-    check_positive_int(rounds, "--rounds")
+    check_repeats(rounds, "--rounds")  # a loop count: bounded, as every benchmark's
     check_positive_int(clients, "--clients")
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
     config = TrainConfig(

@@ -305,6 +305,8 @@ def bench_rounds(
         Every method's local epochs; ``None`` keeps each method's own.
     """
     check_repeats(rounds, "--rounds")
+    if local_epochs is not None:  # each is a pass over every client's data, per round
+        check_repeats(local_epochs, "--local-epochs")
     options = {} if local_epochs is None else {"local_epochs": local_epochs}
     data = load_dataset(dataset, data_dir=data_dir, device="cpu")
     engines = {

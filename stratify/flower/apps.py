@@ -7,7 +7,8 @@ The run is set by the app's run configuration (``[tool.flwr.app.config]`` of its
 :class:`~stratify.config.TrainConfig` values; ``timeout`` and ``retries`` of every
 exchange; ``on-lost`` (``stop``, or ``drop``: Stratify's batch mode goes on without a
 lost client, and ``result.json`` says which, when and why); ``result-dir``, where the
-files go.
+files go. :func:`check_run_config` checks all of it before any message is sent; a value
+refused is one line in the log and in ``failure.json``, and the run fails.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import dataclasses
 import io
 import json
 import logging
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +26,147 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from stratify.errors import RegistryError
+from stratify.config import TrainConfig
+from stratify.errors import ConfigError, RegistryError, StratifyError
 from stratify.flower.link import ClientLostError
-from stratify.flower.messages import config_from_json
+from stratify.flower.messages import check_flower_config, config_from_json
 from stratify.flower.node import client_app
-from stratify.flower.server import FlowerRun, run_on_grid
+from stratify.flower.server import ON_LOST, FlowerRun, run_on_grid
 from stratify.runfolder import write_file
 
 log = logging.getLogger("stratify.flower")
+
+#: the run configuration's keys (examples/flower/pyproject.toml) and their defaults;
+#: ``config`` and ``result-dir`` have none
+RUN_DEFAULTS: dict[str, Any] = {"timeout": 120.0, "retries": 1, "on-lost": "stop"}
+RUN_KEYS = ("config", "result-dir", *RUN_DEFAULTS)
+#: seconds one exchange may wait at most: a day, so a silent node ends a run (``inf``
+#: waited for ever) while the slowest exchange (a node's local epochs) has room
+MAX_TIMEOUT = 86_400.0
+#: times a request may be sent again at most: more only delays the verdict on a lost node
+MAX_RETRIES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """A checked run configuration (:func:`check_run_config`).
+
+    Attributes
+    ----------
+    config : TrainConfig
+        The run.
+    result_dir : Path
+        Where the server app writes its files.
+    timeout : float
+        Seconds each exchange waits, in (0, :data:`MAX_TIMEOUT`].
+    retries : int
+        Times an unanswered request is sent again, 0 to :data:`MAX_RETRIES`.
+    on_lost : {"stop", "drop"}
+        What a lost client does to the run.
+    """
+
+    config: TrainConfig
+    result_dir: Path
+    timeout: float
+    retries: int
+    on_lost: str
+
+
+def check_result_dir(value: Any) -> Path:
+    """The run configuration's ``result-dir``: a non-empty text naming a folder (or
+    nothing yet).
+
+    Parameters
+    ----------
+    value : Any
+        The value the run configuration holds (``None`` when missing).
+
+    Raises
+    ------
+    ConfigError
+        One line saying what is wrong.
+    """
+    if value is None:
+        raise ConfigError('the run configuration has no result-dir: give result-dir="FOLDER"')
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"result-dir must name a folder, got {value!r}")
+    folder = Path(value)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"result-dir {value} is not a folder")
+    return folder
+
+
+def _number(value: Any, key: str, kind: type) -> Any:
+    """``value`` as ``kind`` (a TOML number, or a text holding one); bools are refused
+    (TOML's ``true`` is no timeout)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    try:
+        number = kind(value)
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if kind is int and isinstance(value, float) and number != value:
+        raise ConfigError(f"{key} must be a whole number, got {value!r}")
+    return number
+
+
+def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
+    """The server app's run configuration, checked before any message is sent.
+
+    Parameters
+    ----------
+    settings : mapping
+        ``context.run_config``: ``config`` (the JSON of :class:`TrainConfig` values),
+        ``result-dir``, and optionally ``timeout`` (seconds, finite, in (0,
+        :data:`MAX_TIMEOUT`]), ``retries`` (0 to :data:`MAX_RETRIES`) and ``on-lost``
+        (``stop`` or ``drop``; ``drop`` in Stratify's batch mode only).
+
+    Returns
+    -------
+    RunSettings
+        The checked values, the defaults filled in.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the first key refused and why.
+    """
+    unknown = sorted(set(settings) - set(RUN_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"the run configuration has no key {unknown[0]!r}; its keys: {', '.join(RUN_KEYS)}"
+        )
+    result_dir = check_result_dir(settings.get("result-dir"))
+    values = {**RUN_DEFAULTS, **settings}
+    timeout = float(_number(values["timeout"], "timeout", float))
+    if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ConfigError(
+            f"timeout must be seconds in (0, {MAX_TIMEOUT:,.0f}] (a day), got {values['timeout']!r}"
+        )
+    retries = int(_number(values["retries"], "retries", int))
+    if not 0 <= retries <= MAX_RETRIES:
+        raise ConfigError(f"retries must be 0 to {MAX_RETRIES}, got {values['retries']!r}")
+    on_lost = values["on-lost"]
+    if on_lost not in ON_LOST:
+        raise ConfigError(f"on-lost must be one of {', '.join(ON_LOST)}, not {on_lost!r}")
+    if "config" not in settings:
+        raise ConfigError("the run configuration has no config: give the run's settings as JSON")
+    if not isinstance(settings["config"], str):
+        raise ConfigError(f"config must be JSON text, got {settings['config']!r}")
+    config = config_from_json(settings["config"])
+    check_flower_config(config)
+    if on_lost == "drop" and (config.algorithm != "stratify" or config.mode != "batch"):
+        raise ConfigError(
+            "on-lost drop goes on without a lost client in Stratify's batch mode only; "
+            f"{config.algorithm} in {config.mode} mode stops (on-lost stop)"
+        )
+    return RunSettings(config, result_dir, timeout, retries, on_lost)
+
+
+def write_failure(folder: Path, error: StratifyError) -> None:
+    """``failure.json`` in ``folder``: the one line that stopped the run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_file(folder / "failure.json", json.dumps({"error": str(error)}).encode())
 
 
 def run_summary(run: FlowerRun) -> dict[str, Any]:
@@ -65,24 +201,45 @@ def save_run(run: FlowerRun, folder: Path) -> None:
 
 
 def server_main(grid: Grid, context: Context) -> None:
-    """Run the configured job; a lost client is reported in the log and ``failure.json``."""
+    """Run the configured job; a lost client is reported in the log and ``failure.json``.
+
+    A run configuration :func:`check_run_config` refuses sends no message: its one line
+    goes to the log and to ``failure.json`` (when ``result-dir`` itself is usable), and
+    the :class:`~stratify.errors.ConfigError` is raised, so Flower ends the run as failed
+    with that line and ``flwr-serverapp`` exits non-zero.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid Flower gives the app.
+    context : flwr.app.Context
+        Its ``run_config`` holds the run configuration.
+    """
     settings = context.run_config
-    config = config_from_json(str(settings["config"]))
-    folder = Path(str(settings["result-dir"]))
+    try:
+        checked = check_run_config(settings)
+    except ConfigError as refused:
+        log.error("stratify: run configuration refused: %s", refused)
+        try:
+            folder = check_result_dir(settings.get("result-dir"))
+            write_failure(folder, refused)
+        except (OSError, StratifyError) as unwritable:
+            # the refusal is the news; a result-dir that cannot hold it only adds a line
+            log.error("stratify: no failure.json written: %s", unwritable)
+        raise
     try:
         run = run_on_grid(
             grid,
-            config,
-            timeout=float(settings.get("timeout", 120.0)),  # type: ignore[arg-type]
-            retries=int(settings.get("retries", 1)),  # type: ignore[arg-type]
-            on_lost=str(settings.get("on-lost", "stop")),
+            checked.config,
+            timeout=checked.timeout,
+            retries=checked.retries,
+            on_lost=checked.on_lost,
         )
     except (ClientLostError, RegistryError) as lost:  # a registration refused is reported too
         log.error("stratify: the run stopped: %s", lost)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_file(folder / "failure.json", json.dumps({"error": str(lost)}).encode())
+        write_failure(checked.result_dir, lost)
         return
-    save_run(run, folder)
+    save_run(run, checked.result_dir)
 
 
 def server_app() -> ServerApp:
@@ -92,4 +249,11 @@ def server_app() -> ServerApp:
     return app
 
 
-__all__ = ["client_app", "save_run", "server_app", "server_main"]
+__all__ = [
+    "RunSettings",
+    "check_run_config",
+    "client_app",
+    "save_run",
+    "server_app",
+    "server_main",
+]

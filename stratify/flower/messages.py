@@ -15,9 +15,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from stratify.config import TrainConfig
-from stratify.errors import ConfigError
+from stratify.errors import ConfigError, CorruptRunError
 from stratify.flower.keys import SCHEMES
 from stratify.nn.norm_exchange import LayerAdjoint, LayerSums
+from stratify.runfiles import parse_json
 
 #: the server asks a node which client it is and has it load that client's data; the
 #: reply carries the plain registry's input, the node's {label: count}, or with the
@@ -56,9 +57,35 @@ def config_json(config: TrainConfig) -> str:
 
 def config_from_json(text: str) -> TrainConfig:
     """The settings of :func:`config_json` (or any subset of the fields), checked again
-    as any configuration is."""
-    values = json.loads(text)
+    as any configuration is.
+
+    Parameters
+    ----------
+    text : str
+        A JSON object of :class:`~stratify.config.TrainConfig` fields.
+
+    Raises
+    ------
+    ConfigError
+        One line: not strict JSON (nesting past the interpreter's stack included), not an
+        object, a field :class:`~stratify.config.TrainConfig` does not have, or a value
+        it refuses.
+    """
+    try:
+        values = parse_json(text, "config")
+    except CorruptRunError as error:
+        raise ConfigError(str(error)) from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config must be a JSON object of settings, not {type(values).__name__}")
+    unknown = sorted(set(values) - {field.name for field in dataclasses.fields(TrainConfig)})
+    if unknown:
+        # TrainConfig(**values) would say so as a TypeError, which reads as a bug
+        raise ConfigError(f"config has no setting {unknown[0]!r}")
     if values.get("mlp_hidden") is not None:
+        if not isinstance(values["mlp_hidden"], list):
+            raise ConfigError(
+                f"config's mlp_hidden must be a list of widths, got {values['mlp_hidden']!r}"
+            )
         values["mlp_hidden"] = tuple(values["mlp_hidden"])
     return TrainConfig(**values)
 

@@ -25,6 +25,8 @@ from stratify.errors import CorruptRunError
 
 #: the run folder's file of the clients' secrets (never sent to the server)
 SECRETS_FILE = "client_secrets.json"
+#: the mode of every secrets file the toolkit writes: its owner's to read, no one else's
+SECRETS_MODE = 0o600
 #: bytes of the run's secret
 SECRET_BYTES = 32
 #: version of :data:`SECRETS_FILE`'s layout
@@ -123,7 +125,8 @@ class RegistrySecrets:
             payload = json.loads(data.decode("utf-8"))
             secret = bytes.fromhex(payload["secret"])
             valid = payload["format"] == SECRETS_FORMAT and len(secret) == SECRET_BYTES
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
+            # RecursionError: a file nested past the interpreter's stack ("[" * 4000)
             valid = False
         if not valid:
             raise CorruptRunError(

@@ -22,6 +22,7 @@ from stratify.backend import cpu_backend
 from stratify.data.holdout import holdout_validation
 from stratify.errors import ConfigError, CorruptRunError, OutputError, StratifyError
 from stratify.experiment import build_experiment, partition_clients
+from stratify.files import guarded_as, read_file, release_input
 from stratify.parallel import (
     Backend,
     DatasetCache,
@@ -340,16 +341,12 @@ def reproduce(
                 )
 
             if report_only:
-                plan = TuningPlan(cells, tuning, out)
-                if plan.next_specs():
+                chosen = recorded_choices(TuningPlan(cells, tuning, out), diverged)
+                if chosen is None:
                     notes.append("the learning-rate tuning is unfinished: no tuning table")
-                else:
-                    chosen = plan.choices()
             else:
                 chosen = tune(cells, tuning, out, run_tuning)
             if chosen is not None:
-                write_tuning_csv(chosen, out / "tuning.csv")
-                files.append(out / "tuning.csv")
                 cells = tuned_cells(cells, chosen)
         outcomes: dict[str, RunOutcome] = {}
         for title, phase in cell_phases(grid, cells, settings):
@@ -369,6 +366,11 @@ def reproduce(
                     title, specs, backend, display, vectorize, run_notes, diverged
                 )
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
+        if report_only:
+            check_report_keeps_runs(results, out / "results.csv")
+        if chosen is not None:
+            write_tuning_csv(chosen, out / "tuning.csv")
+            files.append(out / "tuning.csv")
         write_output_file(out / "results.csv", csv_text(grid, results, tuning is not None))
         table = markdown(grid, cells, results, settings.seeds, tuning, chosen, notes)
         if grid.reference is not None:
@@ -387,6 +389,67 @@ def reproduce(
                 "are skipped)"
             )
     return report
+
+
+def recorded_choices(plan: TuningPlan, diverged: DivergedRuns) -> dict[str, Choice] | None:
+    """The rates ``plan`` chooses from what the tuning folders hold, a tuning run that
+    :class:`DivergedRuns` records as diverged counting as ended (diverged), as a run of
+    the grid would count it; ``None`` while a tuning run is still needed
+    (``--report-only``)."""
+    while specs := plan.next_specs():
+        known = {
+            spec.name: outcome for spec in specs if (outcome := diverged.outcome(spec)) is not None
+        }
+        if len(known) < len(specs):
+            return None
+        plan.record(known)
+    return plan.choices()
+
+
+def ended_runs(path: Path) -> int | None:
+    """The runs the grid's ``results.csv`` at ``path`` reports as ended (finished, or
+    stopped by a non-finite loss); ``None`` when there is no such file or it cannot be
+    read as one (nothing in it to lose)."""
+    guarded = guarded_as(path) is not None
+    try:
+        text = read_file(path).decode("utf-8")
+        rows = list(csv.DictReader(io.StringIO(text)))
+    except (OSError, CorruptRunError, UnicodeDecodeError, csv.Error):
+        return None
+    finally:
+        # read to compare, not as an input: the grid replaces it under its folder lock
+        if not guarded:
+            release_input(path)
+    if not rows or "status" not in rows[0]:
+        return None
+    return sum(row["status"] not in (*UNFINISHED, None, "") for row in rows)
+
+
+def check_report_keeps_runs(results: Sequence[CellResult], path: Path) -> None:
+    """Refuse a ``--report-only`` report that ends fewer runs than the ``results.csv``
+    at ``path`` it would replace (with its ``results.md``): a report read from partly
+    moved or damaged run folders must not overwrite the record of the runs.
+
+    Parameters
+    ----------
+    results : sequence of CellResult
+        The new report's cells.
+    path : Path
+        The grid's ``results.csv``.
+
+    Raises
+    ------
+    OutputError
+        One line; nothing is written.
+    """
+    before = ended_runs(path)
+    now = sum(result.status not in UNFINISHED for result in results)
+    if before is not None and now < before:
+        raise OutputError(
+            f"--report-only: the run folders now show {now} ended run(s) of "
+            f"{len(results)}, fewer than the {before} of {path}; results.csv and results.md "
+            "are left as they are (run the grid without --report-only to finish the runs)"
+        )
 
 
 def cell_phases(
