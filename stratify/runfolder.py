@@ -286,6 +286,15 @@ def _decode(node: Any, arrays: list[np.ndarray]) -> Any:
     return node
 
 
+def fresh_start_advice(folder: Path) -> str:
+    """What a refusal to resume ``folder`` suggests: a new run with ``--overwrite``, or,
+    where the folder holds an input of the command (which ``--overwrite`` would delete,
+    and is refused), another ``--out``."""
+    if named_inputs_below(folder):
+        return "choose another --out (this one holds an input of the command)"
+    return "start a new run with --overwrite"
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint in ``path``: an array checkpoint (:func:`array_checkpoint_bytes`,
     read without torch, its arrays as NumPy arrays) or ``torch.save``'s (read with
@@ -303,7 +312,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         One line: the file is not a regular file, cannot be read, or does not hold a
         dictionary.
     """
-    advice = "start a new run with --overwrite"
+    advice = fresh_start_advice(path.parent)
     try:
         data = read_file(path)
     except CorruptRunError as error:
@@ -338,7 +347,7 @@ def check_same_settings(
     the ``current`` ones in anything but the ``changeable`` keys (one line naming each)."""
     if not isinstance(saved, dict):
         reason = f"{path} holds no configuration"
-        raise CheckpointError(f"--resume: {reason}; start a new run with --overwrite", reason)
+        raise CheckpointError(f"--resume: {reason}; {fresh_start_advice(path.parent)}", reason)
     allowed = set(changeable)
     differing = sorted(
         key

@@ -533,6 +533,12 @@ HOSTILE = {
         *(["bench", "plan", "--chunk", v] for v in ("x", "-1", "0", "nan")),
         *(["bench", "plan", "--min-size", v] for v in ("x", "-1", "0")),
         *(["bench", "plan", "--clients", v] for v in ("x", "-1", "0", "nan")),
+        # a chunk or a smallest client beyond the data's 1,437 training samples, and more
+        # than a million clients, refused before any cell runs
+        *(
+            ["bench", "plan", "--dataset", "digits", flag, "1000000000"]
+            for flag in ("--chunk", "--min-size", "--clients")
+        ),
         ["bench", "plan", "--partitions", "nope"],
         ["bench", "plan", "--selection", "best"],
         ["bench", "plan", "--json", "{tmp}"],

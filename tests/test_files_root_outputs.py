@@ -109,3 +109,28 @@ def test_a_run_folder_holding_an_input_is_not_offered_overwrite(
         )
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and len(err) == 1 and "would delete" in err[0], err
+
+
+def test_a_bad_checkpoint_in_a_folder_holding_an_input_does_not_suggest_overwrite(
+    stream_with_files, tmp_path, capsys
+):
+    # --resume of a damaged checkpoint suggests a fresh run with --overwrite, unless the
+    # folder holds an input of the command (here the --source), which it would delete
+    source, root = stream_with_files
+    run = tmp_path / "run"
+    main(["stream", "--source", str(source), "--files-root", str(root), "--out", str(run), *FLAGS])
+    inside = run / ".events.jsonl"
+    inside.write_bytes(source.read_bytes())
+    (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    for given, advice in (
+        (source, "start a new run with --overwrite"),
+        (inside, "choose another --out (this one holds an input of the command)"),
+    ):
+        with pytest.raises(SystemExit) as done:
+            main(
+                ["stream", "--source", str(given), "--files-root", str(root), "--out", str(run)]
+                + [*FLAGS, "--resume"]
+            )
+        err = capsys.readouterr().err.strip().splitlines()
+        assert done.value.code == 2 and len(err) == 1 and err[0].endswith(advice), err

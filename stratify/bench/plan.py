@@ -19,7 +19,7 @@ from typing import Any
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.data.partition import parse_partition_spec, partition
-from stratify.errors import StratifyError
+from stratify.errors import ConfigError, StratifyError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
 from stratify.stratify import Stratify
@@ -144,6 +144,10 @@ class PlanResult:
         return self.rows
 
 
+#: the most clients of a cell: a million one-sample clients already plans for minutes
+MAX_CLIENTS = 1_000_000
+
+
 def bench_plan(
     dataset: str,
     specs: list[str],
@@ -181,7 +185,20 @@ def bench_plan(
     if min_size is not None:
         check_positive_int(min_size, "--min-size")
     loader_options = dict(dataset_options or {})
-    load_dataset(dataset, data_dir=data_dir, device="cpu", seed=0, **loader_options)  # fail early
+    if max(client_counts, default=0) > MAX_CLIENTS:
+        raise ConfigError(
+            f"--clients takes at most {MAX_CLIENTS:,} clients, got {max(client_counts):,}"
+        )
+    # loaded now to fail early, and to bound the sizes by its training samples: a chunk or
+    # a smallest client larger than the data plans nothing (more clients than samples is
+    # a row of the table: the sweep's largest counts may exceed a small data set)
+    data = load_dataset(dataset, data_dir=data_dir, device="cpu", seed=0, **loader_options)
+    samples = len(data.train_labels)
+    for flag, value in (("--chunk", chunk), ("--min-size", min_size)):
+        if value is not None and value > samples:
+            raise ConfigError(
+                f"{flag} {value:,}: more than the {samples:,} training samples of {dataset}"
+            )
     options = tuple(sorted(loader_options.items()))
     rows = []
     for spec in specs:

@@ -40,6 +40,7 @@ from stratify.runfolder import (
     RunFolder,
     array_checkpoint_bytes,
     check_same_settings,
+    fresh_start_advice,
     json_safe,
     read_checkpoint,
     software_versions,
@@ -215,8 +216,8 @@ class StreamRun:
             checkpoint = read_checkpoint(path)
             if checkpoint.get("format") not in READABLE_FORMATS:
                 raise ConfigError(
-                    f"--resume: {path} is not a stream checkpoint of this version; start a "
-                    "new run with --overwrite"
+                    f"--resume: {path} is not a stream checkpoint of this version; "
+                    f"{fresh_start_advice(path.parent)}"
                 )
             saved = checkpoint.get("config")
             if isinstance(saved, dict):
