@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ from stratify.parallel.execute import (
     DatasetCache,
     execute_group,
 )
+from stratify.parallel.local_workers import sigterm_stops_runs
 from stratify.parallel.specs import (
     EventHandler,
     RunGroup,
@@ -139,6 +142,9 @@ class RayBackend:
         except ImportError:
             raise ConfigError(RAY_HINT) from None
         started_here = not ray.is_initialized()
+        # ray.init installs a SIGTERM handler of its own and ray.shutdown leaves it: the
+        # handler found here is put back once the Ray started here is shut down
+        found = signal.getsignal(signal.SIGTERM) if started_here else None
         if started_here:
             self.check()
             try:
@@ -166,29 +172,45 @@ class RayBackend:
                     on_event(event)
 
         try:
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.25)
-                drain()
-                for reference in done:
-                    group = pending.pop(reference)
-                    try:
-                        results = ray.get(reference)
-                    except Exception as error:  # the task's process died or Ray failed it
-                        message = f"Ray: {str(error).splitlines()[0]}"
-                        results = [RunOutcome(spec.name, "failed", message) for spec in group.specs]
-                    for outcome in results:
-                        outcomes[outcome.name] = outcome
-                        on_event(outcome)
+            # SIGTERM takes Ctrl-C's path: the tasks are cancelled and a Ray started here
+            # is shut down, where the default action would leave its processes running
+            with sigterm_stops_runs():
+                self._wait(ray, pending, outcomes, on_event, drain)
             drain()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             for reference in pending:
                 ray.cancel(reference, force=True)
             stopped = [
                 outcomes.get(spec.name) or RunOutcome(spec.name, "interrupted") for spec in specs
             ]
-            raise RunsInterrupted(stopped) from None
+            raise RunsInterrupted(stopped, RunsInterrupted.signal_of(stop)) from None
         finally:
             events.shutdown(force=True)
             if started_here:
                 ray.shutdown()
+                if found is not None and threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, found)
         return [outcomes[spec.name] for spec in specs]
+
+    @staticmethod
+    def _wait(
+        ray: Any,
+        pending: dict[Any, RunGroup],
+        outcomes: dict[str, RunOutcome],
+        on_event: EventHandler,
+        drain: Callable[[], None],
+    ) -> None:
+        """Collect the tasks' outcomes as they end (``pending`` empties as they do)."""
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.25)
+            drain()
+            for reference in done:
+                group = pending.pop(reference)
+                try:
+                    results = ray.get(reference)
+                except Exception as error:  # the task's process died or Ray failed it
+                    message = f"Ray: {str(error).splitlines()[0]}"
+                    results = [RunOutcome(spec.name, "failed", message) for spec in group.specs]
+                for outcome in results:
+                    outcomes[outcome.name] = outcome
+                    on_event(outcome)
