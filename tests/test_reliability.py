@@ -600,10 +600,10 @@ def test_a_full_disk_after_epoch_one_keeps_a_resumable_run(capsys, tmp_path, mon
     out = str(tmp_path / "run")
     real_write = runfolder.write_atomically
 
-    def full_at_epoch_two(path, data):
+    def full_at_epoch_two(path, data, *args):
         if path.name == "checkpoint.pt" and (path.parent / "checkpoint.pt").exists():
             raise OSError(28, "No space left on device")
-        real_write(path, data)
+        real_write(path, data, *args)
 
     monkeypatch.setattr(runfolder, "write_atomically", full_at_epoch_two)
     line = assert_one_line_error(capsys, "train", *BASE, "--epochs", "3", "--out", out)

@@ -147,7 +147,9 @@ def test_invalid_utf8_on_standard_input_is_one_skipped_line(tmp_path):
 
 @pytest.mark.slow
 def test_a_fifo_as_npy_file_or_test_set_does_not_hang(tmp_path, capsys):
-    fifo = tmp_path / "rows.npy"
+    root = tmp_path / "files"  # the run folder is not under it: outputs never are
+    root.mkdir()
+    fifo = root / "rows.npy"
     os.mkfifo(fifo)
     source = tmp_path / "events.jsonl"
     lines = event_lines(5)
@@ -155,7 +157,7 @@ def test_a_fifo_as_npy_file_or_test_set_does_not_hang(tmp_path, capsys):
     source.write_text("\n".join(lines) + "\n")
     start = time.monotonic()
     main(
-        ["stream", "--source", str(source), "--files-root", str(tmp_path)]
+        ["stream", "--source", str(source), "--files-root", str(root)]
         + ["--out", str(tmp_path / "run"), *FLAGS]
     )
     err = capsys.readouterr().err

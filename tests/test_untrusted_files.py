@@ -73,17 +73,16 @@ def test_a_pickled_npy_feature_file_and_checkpoint_run_nothing(tmp_path, capsys)
     marker = tmp_path / "marker"
     array = np.empty(2, dtype=object)
     array[:] = [Payload(str(marker)), 1]
-    np.save(tmp_path / "rows.npy", array, allow_pickle=True)
+    root = tmp_path / "files"  # the run folder is not under it: outputs never are
+    root.mkdir()
+    np.save(root / "rows.npy", array, allow_pickle=True)
     source = tmp_path / "events.jsonl"
     rng = np.random.default_rng(0)
     lines = [event_line(number, rng) for number in range(1, 6)]
     lines.append(json.dumps({"client": "c0", "label": 1, "path": "rows.npy", "row": 0}))
     source.write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
-    main(
-        ["stream", "--source", str(source), "--files-root", str(tmp_path), "--out", str(out)]
-        + FLAGS
-    )
+    main(["stream", "--source", str(source), "--files-root", str(root), "--out", str(out)] + FLAGS)
     assert "warning: line 6: cannot read" in capsys.readouterr().err
     (out / "checkpoint.pt").write_bytes(payload(marker))
     with pytest.raises(SystemExit) as exit_:
