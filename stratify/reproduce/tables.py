@@ -358,6 +358,14 @@ TABLES: dict[str, Table] = {
             accuracy_and_transfers_report,
         ),
         Table(
+            "table1-mnist",
+            "docs/results.md",
+            "docs/results/table1-mnist.csv",
+            "stratify reproduce table1 --out OUT --data-dir DIR --seeds 0,1,2,3,4 --workers 2 "
+            "--vectorize --methods fedavg,fedprox,scaffold,sfl,fedavgm,stratify",
+            table1_report,
+        ),
+        Table(
             "paired-digits",
             "docs/results.md",
             "docs/results/paired-digits.csv",
