@@ -40,6 +40,7 @@ from stratify.reproduce.paired import pair_budgets
 from stratify.reproduce.results import csv_runs
 from stratify.reproduce.runner import (
     Display,
+    Report,
     cell_phases,
     cell_specs,
     check_setups,
@@ -364,8 +365,9 @@ def reproduce_command(
                 f"--seeds-until-verdict: grid {grid} has no pairs (a paired grid, or one "
                 "compared against a reference column: table1)"
             )
-    try:
-        report = reproduce(
+
+    def run(settings: Settings, write: bool = True) -> Report:
+        return reproduce(
             grid,
             out,
             settings,
@@ -375,7 +377,12 @@ def reproduce_command(
             keep_corrupt=keep_corrupt,
             vectorize=group,
             report_only=report_only,
+            write=write,
         )
+
+    try:
+        # with the two-stage design the second stage writes the tables (of both stages)
+        report = run(settings, write=cap is None)
         if cap is not None:
             runs = csv_runs(report.grid, report.results, tuning is not None)
             plan = extension(runs, cap, chosen_grid.reference)
@@ -383,18 +390,7 @@ def reproduce_command(
                 f"two-stage design: {len(plan)} group(s) get more seeds"
                 + "".join(f"\n  {group}: {total} in all" for group, total in sorted(plan.items()))
             )
-            if plan:
-                report = reproduce(
-                    grid,
-                    out,
-                    dataclasses.replace(settings, extended=plan),
-                    tuning=tuning,
-                    backend=runner,
-                    display=board_display(console),
-                    keep_corrupt=keep_corrupt,
-                    vectorize=group,
-                    report_only=report_only,
-                )
+            report = run(dataclasses.replace(settings, extended=plan))
     except RunsInterrupted as stop:
         # one line (rich would wrap it at 80 columns on a pipe), and the shell's exit code
         # of a process ended by that signal

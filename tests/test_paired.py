@@ -1,6 +1,7 @@
 """Matched comparisons: each method against its base with the same local training."""
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -340,3 +341,21 @@ def test_a_plateau_dry_run_calibrates_on_runs_that_never_stop_early(capsys, tmp_
     main(command + ["--dry-run", "--workers", "1"])
     err = capsys.readouterr().err
     assert "estimated" in err and "error" not in err
+
+
+def test_a_first_stage_report_writes_no_tables(monkeypatch, tmp_path):
+    # --seeds-until-verdict: the first stage's report plans the second and writes nothing,
+    # so a report-only pass over an extended grid is not refused as "fewer runs than the
+    # results.csv" the second stage wrote; the second stage writes both stages' tables
+    monkeypatch.setitem(GRIDS, "tiny-paired", TINY_PAIRED)
+    settings = Settings(seeds=(0, 1))
+    first = reproduce("tiny-paired", tmp_path, settings, backend=LocalBackend(1), write=False)
+    assert len(first.results) == 6 and not first.failed  # 2 methods, 1 shared comparator
+    assert not (tmp_path / "results.csv").exists() and not (tmp_path / "results.md").exists()
+    key = next(cell.group for cell in first.cells if cell.comparator is not None)
+    extended = dataclasses.replace(settings, extended={key: 3})
+    second = reproduce("tiny-paired", tmp_path, extended, backend=LocalBackend(1))
+    # seed 2 for one method and the comparator it shares with the other
+    assert len(second.results) == 8 and (tmp_path / "results.csv").exists()
+    again = reproduce("tiny-paired", tmp_path, settings, report_only=True, write=False)
+    assert len(again.results) == 6  # no refusal: nothing is written

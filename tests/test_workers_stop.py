@@ -136,11 +136,12 @@ def alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.slow
-def test_sigterm_during_local_runs_stops_the_workers_for_every_command(tmp_path):
-    # LocalBackend is what `train --workers` and `reproduce --workers` run on; a handler
-    # of the test's own sees a SIGTERM the backend did not take (before the fix the runs
-    # went on to their end), and is what the backend must put back
+def sigterm_during_runs(backend, tmp_path) -> tuple[RunsInterrupted, set[int]]:
+    """Two digits runs on ``backend``, SIGTERM sent to this process after the first epoch:
+    the backend's stop and the worker pids. A handler of the test's own sees a SIGTERM the
+    backend did not take (before the fix the runs went on to their end), and is what the
+    backend must put back."""
+
     def ours(number, frame):
         unhandled.append(number)
 
@@ -172,13 +173,20 @@ def test_sigterm_during_local_runs_stops_the_workers_for_every_command(tmp_path)
     ]
     try:
         with pytest.raises(RunsInterrupted) as stop:
-            run_specs(specs, LocalBackend(workers=2), on_event)
+            run_specs(specs, backend, on_event)
         assert signal.getsignal(signal.SIGTERM) is ours
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert unhandled == []
     assert stop.value.signal == "SIGTERM"
     assert {outcome.status for outcome in stop.value.outcomes} <= {"interrupted", "finished"}
+    return stop.value, workers
+
+
+@pytest.mark.slow
+def test_sigterm_during_local_runs_stops_the_workers_for_every_command(tmp_path):
+    # LocalBackend is what `train --workers` and `reproduce --workers` run on
+    _, workers = sigterm_during_runs(LocalBackend(workers=2), tmp_path)
     assert workers and not any(alive(pid) for pid in workers)
 
 
@@ -186,50 +194,16 @@ def test_sigterm_during_local_runs_stops_the_workers_for_every_command(tmp_path)
 def test_sigterm_during_ray_tasks_cancels_them_and_shuts_the_local_ray_down(tmp_path):
     # `reproduce --backend ray` without --address starts a local Ray: SIGTERM must take
     # Ctrl-C's path there too (tasks cancelled, that Ray shut down) and put back the
-    # handler it found; before, SIGTERM went to the test's handler and the runs went on
+    # handler it found (ray.init installs its own); before, Ray's handler ended the runs
+    # with a SystemExit
     import ray  # in the test extra: this test runs, never skips, in CI
 
     from stratify.parallel import RayBackend
 
-    def ours(number, frame):
-        unhandled.append(number)
-
-    unhandled: list[int] = []
-    previous = signal.signal(signal.SIGTERM, ours)
-    workers: set[int] = set()
-
-    def on_event(item):
-        if isinstance(item, RunEvent) and item.kind == "epoch":
-            workers.add(item.pid)
-            if len(workers) == 1 and item.epoch == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    specs = [
-        RunSpec(
-            f"seed-{seed}",
-            TrainConfig(
-                dataset="digits",
-                partition="classes:2",
-                lr=0.05,
-                secure=False,
-                epochs=20,
-                seed=seed,
-                options={"repeat_count": 40},
-                out=str(tmp_path / f"seed-{seed}"),
-            ),  # fmt: skip
-        )
-        for seed in SEEDS
-    ]
     try:
-        with pytest.raises(RunsInterrupted) as stop:
-            run_specs(specs, RayBackend(), on_event)
-        assert signal.getsignal(signal.SIGTERM) is ours
+        _, workers = sigterm_during_runs(RayBackend(), tmp_path)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if ray.is_initialized():  # only if the backend failed to: the next test needs none
             ray.shutdown()
             pytest.fail("the backend left its local Ray running")
-    assert unhandled == []
-    assert stop.value.signal == "SIGTERM"
-    assert {outcome.status for outcome in stop.value.outcomes} <= {"interrupted", "finished"}
     assert workers and wait_for(lambda: not any(alive(pid) for pid in workers), STOPPED_SECONDS)

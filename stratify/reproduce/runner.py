@@ -270,6 +270,7 @@ def reproduce(
     keep_corrupt: bool = False,
     vectorize: int | None = None,
     report_only: bool = False,
+    write: bool = True,
 ) -> Report:
     """Run grid ``grid_name`` into ``out`` and write its tables and plots.
 
@@ -300,6 +301,9 @@ def reproduce(
     report_only : bool
         Run nothing: write the tables and plots from what the run folders hold (a grid
         stopped part way, or run on another machine); unfinished cells show as such.
+    write : bool, default True
+        Write the tables and plots; ``False``: only return the report (the first stage
+        of ``--seeds-until-verdict``, whose tables the second stage writes).
     """
     grid = grid_named(grid_name)
     out = grid_folder(out)
@@ -366,6 +370,8 @@ def reproduce(
                     title, specs, backend, display, vectorize, run_notes, diverged
                 )
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
+        if not write:
+            return Report(grid, cells, results, chosen, notes, files, run_notes=run_notes)
         if report_only:
             check_report_keeps_runs(results, out / "results.csv")
         if chosen is not None:
