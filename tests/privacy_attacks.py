@@ -33,13 +33,21 @@ from stratify.registry.base import assign_placeholders
 from stratify.registry.ckks import CKKSRegistry
 from stratify.registry.ckks.encoding import MATCH_THRESHOLD
 from stratify.registry.ckks.protocols import _NaiveRun, _PackedRun, _ProtocolRun
-from stratify.registry.client_secrets import RegistrySecrets
+from stratify.registry.client_secrets import OrderKey, RegistrySecrets, SharedSecrets
+
+#: clients that :func:`fixed_secrets` gives an order key
+FIXED_CLIENTS = 200
 
 
 def fixed_secrets(seed: int) -> RegistrySecrets:
-    """Clients' secrets fixed by ``seed``, for tests that compare registries exactly (a
-    run draws its own from the OS)."""
-    return RegistrySecrets(hashlib.sha256(b"test secrets %d" % seed).digest())
+    """Clients' secrets fixed by ``seed`` (the shared secret and each client's order key),
+    for tests that compare registries exactly (a run draws its own from the OS)."""
+    shared = SharedSecrets(hashlib.sha256(b"test secrets %d" % seed).digest())
+    order_keys = {
+        client: OrderKey(hashlib.sha256(b"test order key %d %d" % (seed, client)).digest())
+        for client in range(FIXED_CLIENTS)
+    }
+    return RegistrySecrets(shared, order_keys)
 
 
 def federation_labels(spec: str, classes: int, clients: int, seed: int) -> list[dict[int, int]]:
