@@ -244,3 +244,211 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- the key holder over Flower, with everything its own node holds ------------------------
+
+
+@dataclass(frozen=True)
+class KeyHolderView:
+    """What client 0's node (the key holder) holds after a secure registration over the
+    nodes' real message handlers, and the truth to score it against.
+
+    Parameters
+    ----------
+    rows : list of list of int
+        Per client, the index in ``U`` of each of its labels, in the order the key holder
+        decrypted them (the mapping phase's match rows).
+    own_order : list of int
+        The key holder's own encoding order (its own order key).
+    derived_orders : dict
+        Client -> its encoding order as the key holder can derive it from what its node
+        holds: every client's on the leaky variant, none on the defended one.
+    label_of_index : numpy.ndarray
+        The real label of each entry of ``U`` (the truth, from the nodes).
+    own_labels : set of int
+        The labels the key holder holds itself.
+    """
+
+    rows: list[list[int]]
+    own_order: list[int]
+    derived_orders: dict[int, list[int]]
+    label_of_index: np.ndarray
+    own_labels: set[int]
+
+
+def ascending(rows: Sequence[int], order: Sequence[int]) -> list[int]:
+    """``rows`` (a client's labels in the order ``order`` sent them) put back in the order
+    the client lists its labels, ascending: row ``i`` is its label number ``order[i]``."""
+    listed = [0] * len(rows)
+    for row, position in zip(rows, order):
+        listed[position] = row
+    return listed
+
+
+def flower_key_holder_view(spec: str, seed: int, key_file, leaky: bool) -> KeyHolderView:
+    """Register digits over ten nodes, each message delivered to the node's own handler
+    (``stratify.flower.node``), and return what the key holder's node holds.
+
+    Parameters
+    ----------
+    spec : str
+        The split.
+    seed : int
+        The run's seed (the split).
+    key_file : path
+        The federation key file every node loads.
+    leaky : bool
+        Every node derives its order from the shared secret as format 1 did (the key
+        holder can derive them all), instead of drawing its own order key.
+    """
+    from flwr.app import Context, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from stratify.config import TrainConfig
+    from stratify.flower import node
+    from stratify.flower.keys import read_federation_keys
+    from stratify.flower.link import NodeLink
+    from stratify.flower.messages import HELLO, MATCHES, config_json
+    from stratify.flower.server import register_over_flower
+    from stratify.registry.client_secrets import LegacyOrderKey
+
+    keys = read_federation_keys(key_file)
+    job = TrainConfig(
+        dataset="digits",
+        clients=10,
+        partition=spec,
+        seed=seed,
+        mode="batch",
+        secure=True,
+        protocol="packed-blind",
+        device="cpu",
+    )
+    handlers = {
+        "query.hello": node.hello,
+        "query.labels": node.labels,
+        "query.unique": node.unique,
+        "query.matches": node.matches,
+        "query.counts": node.counts,
+        "query.total": node.total,
+    }
+    seen: list[tuple[list[int], np.ndarray]] = []
+
+    class Link(NodeLink):
+        """Each message straight to its node's handler, as a deployed SuperNode runs it."""
+
+        def exchange(self, requests):
+            replies = []
+            for client, kind, content in requests:
+                message = self.message(client, kind, RecordDict(dict(content)))
+                settings = {"partition-id": client, "registry-keys": str(key_file)}
+                context = Context(
+                    run_id=1, node_id=client, node_config=settings, state=RecordDict(),
+                    run_config={},
+                )  # fmt: skip
+                answer = handlers[kind](message, context).content
+                if kind == MATCHES:  # what the key holder's node decrypted
+                    sizes = [int(size) for size in content.config_records["compared"]["labels"]]
+                    matched = np.asarray(answer.array_records["matched"]["matched"].numpy())
+                    seen.append((sizes, matched))
+                replies.append(answer)
+            return replies
+
+    registration = node.ClientRegistration
+    identity = {
+        name: getattr(TaskIdentity, name, None) for name in ("_run_id", "_task_id", "_node_id")
+    }
+    nodes = node._NODES
+    try:
+        node._NODES = {}
+        for name in identity:
+            setattr(TaskIdentity, name, 1)
+        if leaky:
+
+            def derived(keys, protocol, client, labels, order_key=None):
+                return registration(
+                    keys, protocol, client, labels, LegacyOrderKey(keys.secrets.secret, client)
+                )
+
+            node.ClientRegistration = derived
+        link = Link(None, job, timeout=1.0, retries=0)
+        hellos = link.exchange([(client, HELLO, RecordDict()) for client in range(job.clients)])
+        register_over_flower(link, job, hellos, num_classes=10)
+        own = {
+            client: node._NODES[(client, config_json(job))].registration
+            for client in range(job.clients)
+        }
+    finally:
+        node._NODES = nodes
+        node.ClientRegistration = registration
+        for name, value in identity.items():
+            setattr(TaskIdentity, name, value)
+    sizes, matched = seen[-1]  # the mapping phase: every client's labels against U
+    assert sizes == [len(own[client].sent) for client in range(job.clients)], sizes
+    flat = matched.reshape(sum(sizes), -1)
+    rows, start = [], 0
+    for size in sizes:
+        rows.append([int(np.flatnonzero(row)[0]) for row in flat[start : start + size]])
+        start += size
+    label_of_index = np.full(flat.shape[1], -1)
+    for client, client_rows in enumerate(rows):
+        for index, (label, _) in zip(client_rows, own[client].sent):
+            label_of_index[index] = int(label)
+    derived_orders = {}
+    if leaky:  # from the key file alone, as format 1 let every node derive them
+        for client, client_rows in enumerate(rows):
+            derived_orders[client] = LegacyOrderKey(keys.secrets.secret, client).order(
+                len(client_rows)
+            )
+    return KeyHolderView(
+        rows=rows,
+        own_order=own[0].order_key.order(len(rows[0])),
+        derived_orders=derived_orders,
+        label_of_index=label_of_index,
+        own_labels={int(label) for label, _ in own[0].sent},
+    )
+
+
+@dataclass(frozen=True)
+class KeyHolderRecovery:
+    """The order attacks of the key holder on the others' match rows (each put back in
+    label order where it can derive that client's order), and what it knows by itself.
+
+    ``closure``, ``borda``: share of the entries of ``U`` whose label the ranking from the
+    other clients' rows gets exactly (chance ``1 / C``). ``unheld_closure``: the same with
+    its own rows added in its own label order, over the entries it does not hold itself.
+    ``own_share``: the share of ``U`` it names because it holds those labels itself (not
+    an order attack: no order key hides that)."""
+
+    closure: float
+    borda: float
+    unheld_closure: float
+    own_share: float
+
+
+def key_holder_recovery(view: KeyHolderView) -> KeyHolderRecovery:
+    """Score the key holder's order attacks on ``view``.
+
+    Parameters
+    ----------
+    view : KeyHolderView
+        What its node held (:func:`flower_key_holder_view`).
+    """
+    size = len(view.label_of_index)
+    others = [
+        ascending(rows, view.derived_orders[client]) if client in view.derived_orders else rows
+        for client, rows in enumerate(view.rows)
+        if client != 0
+    ]
+    truth = view.label_of_index
+    with_own = [ascending(view.rows[0], view.own_order), *others]
+    unheld = np.array([label not in view.own_labels for label in truth])
+    closure_all = closure_ranking(with_own, size)
+    return KeyHolderRecovery(
+        closure=float(np.mean(closure_ranking(others, size) == truth)),
+        borda=float(np.mean(borda_ranking(others, size) == truth)),
+        unheld_closure=float(np.mean(closure_all[unheld] == truth[unheld]))
+        if unheld.any()
+        else 0.0,
+        own_share=float(1 - unheld.mean()),
+    )
