@@ -24,6 +24,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -286,7 +287,9 @@ def ascending(rows: Sequence[int], order: Sequence[int]) -> list[int]:
     return listed
 
 
-def flower_key_holder_view(spec: str, seed: int, key_file, leaky: bool) -> KeyHolderView:
+def flower_key_holder_view(
+    spec: str, seed: int, key_file, leaky: bool, order_dir=None
+) -> KeyHolderView:
     """Register digits over ten nodes, each message delivered to the node's own handler
     (``stratify.flower.node``), and return what the key holder's node holds.
 
@@ -300,7 +303,10 @@ def flower_key_holder_view(spec: str, seed: int, key_file, leaky: bool) -> KeyHo
         The federation key file every node loads.
     leaky : bool
         Every node derives its order from the shared secret as format 1 did (the key
-        holder can derive them all), instead of drawing its own order key.
+        holder can derive them all), instead of using its own order key.
+    order_dir : path, optional
+        A folder of the nodes' order-key files (``client-K.json``, ``--node-config
+        order-key``), so that a test is repeatable; default: each node draws its own.
     """
     from flwr.app import Context, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
@@ -342,6 +348,8 @@ def flower_key_holder_view(spec: str, seed: int, key_file, leaky: bool) -> KeyHo
             for client, kind, content in requests:
                 message = self.message(client, kind, RecordDict(dict(content)))
                 settings = {"partition-id": client, "registry-keys": str(key_file)}
+                if order_dir is not None:
+                    settings["order-key"] = str(Path(order_dir) / f"client-{client}.json")
                 context = Context(
                     run_id=1, node_id=client, node_config=settings, state=RecordDict(),
                     run_config={},
