@@ -460,3 +460,41 @@ def key_holder_recovery(view: KeyHolderView) -> KeyHolderRecovery:
         else 0.0,
         own_share=float(1 - unheld.mean()),
     )
+
+
+def in_process_key_holder(spec: str, classes: int, seed: int, leaky: bool) -> float:
+    """The key holder's closure attack in-process, with what its party holds: the shared
+    secret and its own order key (defended), or, on the leaky variant, format 1's one
+    secret every client's order derives from. Returns the share of ``U``'s labels ranked
+    exactly from the other clients' match rows (10 clients for 10 classes, 20 for 100).
+
+    Parameters
+    ----------
+    spec : str
+        The split.
+    classes : int
+        Labels ``0..classes-1``.
+    seed : int
+        The split's seed and the secrets' (:func:`fixed_secrets`).
+    leaky : bool
+        Every order derived from the shared secret (format 1).
+    """
+    clients = federation_labels(spec, classes, 10 if classes == 10 else 20, seed)
+    fixed = fixed_secrets(seed)
+    secrets = RegistrySecrets.legacy(fixed.shared.secret) if leaky else fixed
+    registry = CKKSRegistry(seed=seed, protocol="packed-blind", secrets=secrets)
+    with observe() as views:
+        result = registry.register(clients, num_classes=classes)
+    label_of_placeholder = np.empty(result.num_placeholders, dtype=np.int64)
+    for mapping in result.client_maps:
+        for label, placeholder in mapping.items():
+            label_of_placeholder[placeholder] = label
+    truth = label_of_placeholder[np.array(registry.placeholder_of_index)]
+    assert len(views.key_holder_rows) == len(clients)
+    others = [
+        # leaky: the key holder derives client k's order from the shared secret
+        ascending(rows, secrets.client_order(client, len(rows))) if leaky else rows
+        for client, rows in enumerate(views.key_holder_rows)
+        if client != 0
+    ]
+    return float(np.mean(closure_ranking(others, len(truth)) == truth))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from privacy_attacks import ascending, key_holder_recovery
+from privacy_attacks import ascending, in_process_key_holder, key_holder_recovery
 
 from stratify.cli.main import main
 from stratify.errors import ConfigError, CorruptRunError
@@ -265,3 +265,14 @@ def test_the_key_holder_over_flower_on_every_split(federation, spec: str):
     print(f"\n{spec}: defended {defended}, leaky {leaky}")
     assert defended["closure"] <= DEFENDED_MOST and defended["borda"] <= DEFENDED_MOST, defended
     assert leaky["closure"] >= LEAKY_LEAST, leaky
+
+
+@pytest.mark.parametrize("spec", ["dirichlet:0.5", "dirichlet:0.1"])
+def test_in_process_at_100_classes_the_key_holder_ranks_only_with_derived_orders(spec: str):
+    # 20 clients, two seeds; chance 0.01. The key holder's party holds the shared secret
+    # and its own order key; on the leaky variant (format 1) every order follows from the
+    # shared secret
+    defended = [in_process_key_holder(spec, 100, seed, leaky=False) for seed in range(2)]
+    leaky = [in_process_key_holder(spec, 100, seed, leaky=True) for seed in range(2)]
+    assert np.mean(defended) <= 0.1, defended
+    assert np.mean(leaky) >= LEAKY_LEAST, leaky
