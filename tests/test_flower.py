@@ -681,10 +681,15 @@ def test_a_deployed_node_loads_the_key_file_its_node_config_names(
         monkeypatch.setattr(TaskIdentity, name, 1)
     monkeypatch.setattr(node, "_NODES", {})  # the nodes' data, as a fresh node process holds
     job = config("stratify-secure")
-    node_configs = [parse_config_args([node_config(k, key_file)]) for k in range(job.clients)]
-    assert node_configs[1] == {"partition-id": 1, "registry-keys": str(key_file)}
-    for client, settings in enumerate(node_configs):  # each node's own order key
-        settings["order-key"] = str(order_dir / f"client-{client}.json")
+    node_configs = [
+        parse_config_args([node_config(k, key_file, order_dir / f"client-{k}.json")])
+        for k in range(job.clients)
+    ]
+    assert node_configs[1] == {
+        "partition-id": 1,
+        "registry-keys": str(key_file),
+        "order-key": str(order_dir / "client-1.json"),  # its own order key, nobody else's
+    }
     link = HandlerLink(job, node_configs)
     hellos = link.exchange([(client, HELLO, RecordDict()) for client in range(job.clients)])
     result, placeholders = register_over_flower(link, job, hellos, num_classes=10)
