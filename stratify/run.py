@@ -2,7 +2,8 @@
 
 Files written to the run folder (docs/architecture.md, "Run folder"): ``config.json``,
 ``metrics.jsonl`` (one object per epoch), ``summary.json``, ``checkpoint.pt`` and, for a
-secure run, the clients' registry secrets (``client_secrets.json``).
+secure run, the clients' registry secrets (``client_secrets.json``, mode 0600: the shared
+secret and each client's own order key, the parties this process plays).
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ class Run:
     ) -> None:
         checkpoint = self._read_checkpoint() if resume else None
         if secrets is None and self.config.secure:
-            secrets = self._read_secrets() if resume else RegistrySecrets.draw()
+            secrets = self._read_secrets() if resume else RegistrySecrets.draw(self.config.clients)
+        if secrets is not None:
+            check_order_keys(secrets, self.config.clients)
         registry = make_registry(
             self.config.secure, self.config.seed, self.config.protocol, secrets=secrets
         )
@@ -401,6 +404,29 @@ def train(config: TrainConfig, **kwargs: Any) -> dict[str, Any]:
 
 
 __all__ = ["TrainConfig", "Run", "EpochRecord", "train", "StratifyError"]
+
+
+def check_order_keys(secrets: RegistrySecrets, clients: int) -> None:
+    """Refuse secrets holding another number of clients' order keys than the run has.
+
+    Parameters
+    ----------
+    secrets : RegistrySecrets
+        The run's secrets (format 1's derive every client's order: always accepted).
+    clients : int
+        The run's clients.
+
+    Raises
+    ------
+    ConfigError
+        One line naming both numbers.
+    """
+    if secrets.is_legacy or len(secrets.order_keys) == clients:
+        return
+    raise ConfigError(
+        f"the registry secrets hold the order keys of {len(secrets.order_keys)} clients, "
+        f"the run has {clients}; give the secrets of a run with {clients} clients"
+    )
 
 
 def read_secrets(path: Path, option: str, if_missing: str = "") -> RegistrySecrets:

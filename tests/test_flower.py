@@ -64,7 +64,7 @@ from stratify.flower.server import (  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.method import EpochStats  # noqa: E402
 from stratify.nn.models import build_model  # noqa: E402
-from stratify.registry import make_registry  # noqa: E402
+from stratify.registry import OrderKey, RegistrySecrets, make_registry  # noqa: E402
 from stratify.registry.ckks import (  # noqa: E402
     BLIND_PLAIN_MODULUS,
     COUNT_LIMIT,
@@ -72,6 +72,7 @@ from stratify.registry.ckks import (  # noqa: E402
     ProtocolStats,
 )
 from stratify.registry.ckks.protocols import PackedLayout  # noqa: E402
+from stratify.registry.client_secrets import write_secret_file  # noqa: E402
 from stratify.stratify import Stratify  # noqa: E402
 
 #: every case: digits over three Dirichlet clients, batch mode unless it says otherwise,
@@ -124,9 +125,17 @@ def config(case: str) -> TrainConfig:
     return TrainConfig(**{**settings, **CASES[case]})
 
 
+#: each node's own order key, written to the nodes' order-key files (:func:`order_dir`)
+#: so that the in-process run can be given the same ones: a node without such a file
+#: draws its own and no one else can know it
+ORDER_KEYS = {client: OrderKey.draw() for client in range(3)}
+
+
 def experiment(config: TrainConfig, keys: FederationKeys) -> Experiment:
-    """The in-process run; a secure one with the federation's registry secret."""
-    registry = make_registry(config.secure, config.seed, config.protocol, secrets=keys.secrets)
+    """The in-process run; a secure one with the federation's shared secret and the
+    nodes' own order keys."""
+    secrets = RegistrySecrets(keys.secrets, ORDER_KEYS)
+    registry = make_registry(config.secure, config.seed, config.protocol, secrets=secrets)
     return build_experiment(config, registry=registry if config.secure else None)
 
 
@@ -157,11 +166,25 @@ def keys(key_file: Path) -> FederationKeys:
 
 
 @pytest.fixture(scope="module")
-def runs(key_file: Path) -> dict:
+def order_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The nodes' order-key files, ``client-K.json``: each node's own, nobody else's."""
+    folder = tmp_path_factory.mktemp("order-keys")
+    for client, key in ORDER_KEYS.items():
+        write_secret_file(folder / f"client-{client}.json", key.to_bytes())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(key_file: Path, order_dir: Path) -> dict:
     configs = [config(case) for case in CASES]
     # a node's first answer waits for its Ray worker to start (torch and Flower imported):
     # beside two busy processes on two cores no node had answered after 60 s
-    return dict(zip(CASES, simulate(configs, timeout=300, keys=key_file, record=True)))
+    return dict(
+        zip(
+            CASES,
+            simulate(configs, timeout=300, keys=key_file, record=True, order_keys=order_dir),
+        )
+    )
 
 
 @pytest.mark.slow
@@ -651,15 +674,22 @@ def test_on_lost_drop_is_for_stratifys_batch_mode() -> None:
 
 
 def test_a_deployed_node_loads_the_key_file_its_node_config_names(
-    monkeypatch: pytest.MonkeyPatch, key_file: Path, keys: FederationKeys
+    monkeypatch: pytest.MonkeyPatch, key_file: Path, keys: FederationKeys, order_dir: Path
 ) -> None:
     # a message is made inside a Flower task, whose identity the runtime sets
     for name in ("_run_id", "_task_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, name, 1)
     monkeypatch.setattr(node, "_NODES", {})  # the nodes' data, as a fresh node process holds
     job = config("stratify-secure")
-    node_configs = [parse_config_args([node_config(k, key_file)]) for k in range(job.clients)]
-    assert node_configs[1] == {"partition-id": 1, "registry-keys": str(key_file)}
+    node_configs = [
+        parse_config_args([node_config(k, key_file, order_dir / f"client-{k}.json")])
+        for k in range(job.clients)
+    ]
+    assert node_configs[1] == {
+        "partition-id": 1,
+        "registry-keys": str(key_file),
+        "order-key": str(order_dir / "client-1.json"),  # its own order key, nobody else's
+    }
     link = HandlerLink(job, node_configs)
     hellos = link.exchange([(client, HELLO, RecordDict()) for client in range(job.clients)])
     result, placeholders = register_over_flower(link, job, hellos, num_classes=10)

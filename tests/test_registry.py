@@ -183,6 +183,7 @@ def test_keyed_permutations_are_exact_per_key_and_uniform_over_keys():
     assert stats.chisquare(np.bincount(np.argmax(draws == 0, axis=1), minlength=6)).pvalue > 0.01
     assert stats.chisquare(np.bincount(draws[:, 0], minlength=6)).pvalue > 0.01
     # secrets survive their file, and their repr does not show them
-    secrets = RegistrySecrets.draw()
+    secrets = RegistrySecrets.draw(clients=2)
     assert RegistrySecrets.from_bytes(secrets.to_bytes(), "file") == secrets
-    assert secrets.secret.hex() not in repr(secrets)
+    for hidden in (secrets.shared.secret, secrets.order_keys[0].key, secrets.order_keys[1].key):
+        assert hidden.hex() not in repr(secrets)

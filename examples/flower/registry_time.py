@@ -19,6 +19,7 @@ from stratify.experiment import build_experiment
 from stratify.flower.keys import write_federation_keys
 from stratify.flower.messages import SECURE_PROTOCOLS
 from stratify.flower.simulation import simulate
+from stratify.registry import RegistrySecrets
 from stratify.registry.ckks import CKKSRegistry
 
 
@@ -53,7 +54,7 @@ def main() -> None:
     for protocol in SECURE_PROTOCOLS:
         local = []
         for _ in range(repeats):
-            registry = CKKSRegistry(protocol=protocol, secrets=keys.secrets)
+            registry = CKKSRegistry(protocol=protocol, secrets=RegistrySecrets(keys.secrets))
             registry.roles()  # key generation is not the registration's
             start = time.perf_counter()
             registry.register(counts, num_classes=10)

@@ -1,7 +1,8 @@
 """A secure Stratify job deployed on this machine: a SuperLink and two SuperNodes, each
 node loading the federation key file from its ``--node-config`` (docs/flower.md, "The
-encrypted registry"); its final weights against the in-process run's with the same
-registry secret, and its wall time.
+encrypted registry") and keeping its own order key in a node-local file; its final
+weights against the in-process run's with the same shared secret and order keys, and its
+wall time.
 
     python examples/flower/secure_deployment.py [packed-blind|packed]
 """
@@ -20,7 +21,8 @@ from stratify.config import TrainConfig
 from stratify.experiment import build_experiment
 from stratify.flower.deploy import LocalDeployment
 from stratify.flower.keys import write_federation_keys
-from stratify.registry import make_registry
+from stratify.registry import RegistrySecrets, make_registry
+from stratify.registry.client_secrets import node_order_key
 
 APP = Path(__file__).resolve().parent
 
@@ -43,7 +45,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         keys = write_federation_keys(Path(folder) / "keys.json")
         out = Path(folder) / "out"
-        with LocalDeployment(job.clients, registry_keys=Path(folder) / "keys.json") as deployment:
+        orders = Path(folder) / "order-keys"
+        orders.mkdir()
+        with LocalDeployment(
+            job.clients, registry_keys=Path(folder) / "keys.json", order_keys=orders
+        ) as deployment:
             start = time.perf_counter()
             deployment.submit(APP, job, out, timeout=120.0)
             result = deployment.wait(out, 900.0)
@@ -51,7 +57,10 @@ def main() -> None:
         if result["file"] != "result.json":
             raise SystemExit(f"the job failed: {result['error']}")
         weights = torch.load(io.BytesIO((out / "weights.pt").read_bytes()), weights_only=True)
-    registry = make_registry(True, job.seed, protocol, secrets=keys.secrets)
+        # each node's own order key, read here only to rerun the job in-process
+        order_keys = {k: node_order_key(orders / f"client-{k}.json") for k in range(job.clients)}
+    secrets = RegistrySecrets(keys.secrets, order_keys)
+    registry = make_registry(True, job.seed, protocol, secrets=secrets)
     experiment = build_experiment(job, registry=registry)
     experiment.engine.run_epoch(1)
     reference = experiment.model.state_dict()

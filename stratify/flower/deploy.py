@@ -26,17 +26,24 @@ from stratify.flower.messages import config_json
 STOP_GRACE = 5.0
 
 
-def node_config(client: int, registry_keys: str | os.PathLike | None = None) -> str:
+def node_config(
+    client: int,
+    registry_keys: str | os.PathLike | None = None,
+    order_key: str | os.PathLike | None = None,
+) -> str:
     """A SuperNode's ``--node-config``: its client number and, for secure runs, the
-    federation key file it loads (:mod:`stratify.flower.keys`), a TOML string."""
+    federation key file it loads (:mod:`stratify.flower.keys`) and, optionally, its own
+    order-key file (read, or drawn and written 0600), a TOML string."""
     text = f"partition-id={client}"
-    if registry_keys is not None:
-        if '"' in str(registry_keys) or "\\" in str(registry_keys):
+    for option, path in (("registry-keys", registry_keys), ("order-key", order_key)):
+        if path is None:
+            continue
+        if '"' in str(path) or "\\" in str(path):
             # Flower reads the node configuration's strings between quotes, unescaped
             raise ConfigError(
-                f"a key file's path for --node-config has no quote or backslash: {registry_keys}"
+                f"a key file's path for --node-config has no quote or backslash: {path}"
             )
-        text += f' registry-keys="{registry_keys}"'
+        text += f' {option}="{path}"'
     return text
 
 
@@ -75,6 +82,9 @@ class LocalDeployment:
     registry_keys : path, optional
         The federation key file every node loads for secure runs (here all nodes share
         one machine, so one path); without it a secure job's nodes refuse to register.
+    order_keys : path, optional
+        A folder where node ``k`` keeps its own order key, ``client-k.json`` (read if
+        there, else drawn and written 0600); default: each node draws its own in memory.
     """
 
     def __init__(
@@ -83,6 +93,7 @@ class LocalDeployment:
         folder: str | os.PathLike | None = None,
         start_timeout: float = 60.0,
         registry_keys: str | os.PathLike | None = None,
+        order_keys: str | os.PathLike | None = None,
     ) -> None:
         self.temporary = tempfile.TemporaryDirectory() if folder is None else None
         self.folder = Path(self.temporary.name if self.temporary else str(folder))
@@ -113,7 +124,11 @@ class LocalDeployment:
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    node_config(client, registry_keys),
+                    node_config(
+                        client,
+                        registry_keys,
+                        None if order_keys is None else Path(order_keys) / f"client-{client}.json",
+                    ),
                 )
             self.write_connection()
         except BaseException:

@@ -1,12 +1,14 @@
 """A federation's key file: what the clients share before a secure run over Flower.
 
 The encrypted registry's clients share, out of band (as they would receive TLS
-certificates), the 256-bit registry secret
-(:class:`~stratify.registry.client_secrets.RegistrySecrets`: label-hash key, placeholder
-permutation, encoding orders) and the schemes' contexts with their secret key (BFV for
-``packed-blind``, CKKS for ``packed``). Every node loads the file (``--node-config
-registry-keys=PATH``); the server never does: the key-holder node sends it the public
-context (docs/flower.md, "The encrypted registry").
+certificates), the 256-bit shared secret
+(:class:`~stratify.registry.client_secrets.SharedSecrets`: label-hash key and placeholder
+permutation) and the schemes' contexts with their secret key (BFV for ``packed-blind``,
+CKKS for ``packed``). Every node loads the file (``--node-config registry-keys=PATH``);
+the server never does: the key-holder node sends it the public context (docs/flower.md,
+"The encrypted registry"). The file holds no client's encoding order: each node draws its
+own order key (:func:`~stratify.registry.client_secrets.node_order_key`), so the key
+holder, which holds this file too, cannot undo another client's order.
 
 ``python -m stratify.flower.keys PATH`` writes a new one.
 """
@@ -25,7 +27,7 @@ import tenseal as ts
 from stratify.errors import ConfigError, StratifyError
 from stratify.registry.ckks.encoding import BFVParameters, CKKSParameters, KeyedLabelHash
 from stratify.registry.ckks.roles import BlindKeyHolder, KeyHolder, KeyHolderRole
-from stratify.registry.client_secrets import SECRET_BYTES, RegistrySecrets
+from stratify.registry.client_secrets import SECRET_BYTES, SharedSecrets, write_secret_file
 
 #: version of the key file's layout
 KEYS_FORMAT = 1
@@ -39,21 +41,21 @@ class FederationKeys:
 
     Parameters
     ----------
-    secrets : RegistrySecrets
-        The registry secret.
+    secrets : SharedSecrets
+        The clients' shared secret (no client's order key).
     contexts : dict
         Scheme (``"bfv"``, ``"ckks"``) -> its context serialized with the secret key; left
         out of ``repr``.
     """
 
-    secrets: RegistrySecrets
+    secrets: SharedSecrets
     contexts: dict[str, bytes] = field(repr=False)
 
     @classmethod
     def draw(cls) -> FederationKeys:
         """Fresh keys: a registry secret from the OS's CSPRNG and a context per scheme
         with the registry's default parameters."""
-        secrets = RegistrySecrets.draw()
+        secrets = SharedSecrets.draw()
         label_hash = KeyedLabelHash(secrets.hash_key)
         holders = {
             "bfv": BlindKeyHolder(BFVParameters(), label_hash),
@@ -106,7 +108,7 @@ class FederationKeys:
                 f"{where} is not a federation key file (format {KEYS_FORMAT}); write one with "
                 "python -m stratify.flower.keys PATH"
             )
-        return cls(RegistrySecrets(secret), contexts)
+        return cls(SharedSecrets(secret), contexts)
 
 
 def write_federation_keys(path: str | os.PathLike) -> FederationKeys:
@@ -119,11 +121,7 @@ def write_federation_keys(path: str | os.PathLike) -> FederationKeys:
         The key file to create (replaced if it exists).
     """
     keys = FederationKeys.draw()
-    # created unreadable to others from the start, not made so after
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(keys.to_bytes())
-    os.chmod(path, 0o600)  # a file that existed keeps its mode under O_CREAT
+    write_secret_file(path, keys.to_bytes())  # created 0600, not made so after
     return keys
 
 

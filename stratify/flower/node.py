@@ -6,8 +6,8 @@ own code: local training is :meth:`stratify.client.LocalTrainer.train_eager`, a 
 global batch :meth:`~stratify.client.LocalTrainer.batch_gradient` (docs/flower.md).
 Sample positions are the node's own, ``0..n_k-1``; labels never leave it except as the
 plain registry's counts. With the encrypted registry they leave it only encrypted
-(:class:`~stratify.flower.registry.ClientRegistration`), and client 0's node is also the
-key holder.
+(:class:`~stratify.flower.registry.ClientRegistration`), each node encoding them in the
+order of its own order key, and client 0's node is also the key holder.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from stratify.flower.messages import (
 from stratify.flower.registry import KEY_HOLDER, ClientRegistration, values_record
 from stratify.nn.models import build_model, default_model
 from stratify.nn.norm_exchange import Party
+from stratify.registry.client_secrets import node_order_key
 from stratify.state import load_into
 
 
@@ -117,10 +118,17 @@ def received_model(node: NodeData, content: RecordDict) -> nn.Module:
 
 
 def registration(
-    node: NodeData, content: RecordDict, context: Context, keys: str | None
+    node: NodeData,
+    content: RecordDict,
+    context: Context,
+    keys: str | None,
+    order_keys: str | None = None,
 ) -> ClientRegistration:
     """The node's side of the encrypted registry, with the federation's keys: from
-    ``--node-config registry-keys=PATH``, else ``keys`` (the simulation's)."""
+    ``--node-config registry-keys=PATH``, else ``keys`` (the simulation's); and its own
+    order key: read from (or drawn and written, mode 0600, to) ``--node-config
+    order-key=PATH``, else ``order_keys/client-K.json`` (the simulation's), else drawn
+    and held in the node's memory for the run. No message carries it."""
     if node.registration is None:
         path = context.node_config.get("registry-keys") or keys
         if not path:
@@ -130,8 +138,17 @@ def registration(
             )
         if str(path) not in _KEYS:
             _KEYS[str(path)] = read_federation_keys(Path(str(path)))
+        order_path = context.node_config.get("order-key")
+        if not order_path and order_keys:
+            order_path = str(Path(order_keys) / f"client-{node.client}.json")
         protocol = read_config(content).protocol
-        node.registration = ClientRegistration(_KEYS[str(path)], protocol, node.client, node.labels)
+        node.registration = ClientRegistration(
+            _KEYS[str(path)],
+            protocol,
+            node.client,
+            node.labels,
+            node_order_key(str(order_path) if order_path else None),
+        )
     return node.registration
 
 
@@ -139,7 +156,9 @@ def reply(message: Message, **records: ArrayRecord | ConfigRecord) -> Message:
     return Message(RecordDict(dict(records)), reply_to=message)
 
 
-def hello(message: Message, context: Context, keys: str | None = None) -> Message:
+def hello(
+    message: Message, context: Context, keys: str | None = None, order_keys: str | None = None
+) -> Message:
     """The node's client number and sample count, and the registry's input. Plain: its
     ``{label: count}``, in ascending labels as
     :meth:`~stratify.federation.Federation.label_counts` lists them in-process. Encrypted:
@@ -149,7 +168,7 @@ def hello(message: Message, context: Context, keys: str | None = None) -> Messag
         "node": ConfigRecord({"client": node.client, "size": node.size})
     }
     if read_config(message.content).secure:
-        own = registration(node, message.content, context, keys)
+        own = registration(node, message.content, context, keys, order_keys)
         records["labels"] = ConfigRecord({"number": len(own.codes)})
         if node.client == KEY_HOLDER:
             records["context"] = ConfigRecord({"public": own.key_holder.public_context()})
@@ -165,29 +184,35 @@ def registry_settings(message: Message) -> dict[str, int]:
     return {key: int(cast(int, value)) for key, value in record.items()}
 
 
-def labels(message: Message, context: Context, keys: str | None = None) -> Message:
+def labels(
+    message: Message, context: Context, keys: str | None = None, order_keys: str | None = None
+) -> Message:
     """The node's label vectors, encrypted, at the block size the server asks for."""
     node = node_data(message.content, context)
-    own = registration(node, message.content, context, keys)
+    own = registration(node, message.content, context, keys, order_keys)
     vectors = own.label_vectors(registry_settings(message)["block_size"])
     return reply(message, labels=ConfigRecord({"vectors": vectors}))
 
 
-def unique(message: Message, context: Context, keys: str | None = None) -> Message:
+def unique(
+    message: Message, context: Context, keys: str | None = None, order_keys: str | None = None
+) -> Message:
     """``Enc(delta)``: the node's labels that are new to ``U``, as its next entries."""
     node = node_data(message.content, context)
-    own = registration(node, message.content, context, keys)
+    own = registration(node, message.content, context, keys, order_keys)
     settings = registry_settings(message)
     positions = read_indices(message.content.array_records["new"], "positions").tolist()
     vector = own.unique_delta(settings["block_size"], positions, settings["first"])
     return reply(message, unique=ConfigRecord({"vector": vector}))
 
 
-def counts(message: Message, context: Context, keys: str | None = None) -> Message:
+def counts(
+    message: Message, context: Context, keys: str | None = None, order_keys: str | None = None
+) -> Message:
     """The node's counts encrypted at its placeholders' slots, and the placeholder of each
     of its samples, from the index in ``U`` of each of its labels."""
     node = node_data(message.content, context)
-    own = registration(node, message.content, context, keys)
+    own = registration(node, message.content, context, keys, order_keys)
     settings = registry_settings(message)
     indices = read_indices(message.content.array_records["indices"], "indices").tolist()
     vector, of_sample = own.counts(settings["block_size"], indices, settings["num_unique"])
@@ -198,10 +223,12 @@ def counts(message: Message, context: Context, keys: str | None = None) -> Messa
     )
 
 
-def matches(message: Message, context: Context, keys: str | None = None) -> Message:
+def matches(
+    message: Message, context: Context, keys: str | None = None, order_keys: str | None = None
+) -> Message:
     """The key holder: which compared slots of the server's comparisons match."""
     node = node_data(message.content, context)
-    own = registration(node, message.content, context, keys)
+    own = registration(node, message.content, context, keys, order_keys)
     settings = registry_settings(message)
     compared = message.content.config_records["compared"]
     found = own.matches(
@@ -213,10 +240,12 @@ def matches(message: Message, context: Context, keys: str | None = None) -> Mess
     return reply(message, matched=index_record(matched=found.ravel().astype(np.int64)))
 
 
-def total(message: Message, context: Context, keys: str | None = None) -> Message:
+def total(
+    message: Message, context: Context, keys: str | None = None, order_keys: str | None = None
+) -> Message:
     """The key holder: its decryption of the server's (masked) total of counts."""
     node = node_data(message.content, context)
-    own = registration(node, message.content, context, keys)
+    own = registration(node, message.content, context, keys, order_keys)
     blob = cast(bytes, message.content.config_records["total"]["vector"])
     return reply(
         message, total=values_record(own.total(blob, registry_settings(message)["num_unique"]))
@@ -317,7 +346,9 @@ def hop(message: Message, context: Context) -> Message:
     )
 
 
-def client_app(keys: str | os.PathLike | None = None) -> ClientApp:
+def client_app(
+    keys: str | os.PathLike | None = None, order_keys: str | os.PathLike | None = None
+) -> ClientApp:
     """The ``ClientApp`` every node runs (simulation and deployment alike).
 
     Parameters
@@ -326,13 +357,18 @@ def client_app(keys: str | os.PathLike | None = None) -> ClientApp:
         The federation key file of a secure run (:mod:`stratify.flower.keys`), where a
         node's ``--node-config registry-keys`` does not name one: the simulation's nodes
         have no node configuration of their own.
+    order_keys : path, optional
+        A folder of the nodes' order-key files, ``client-K.json`` each (read if there,
+        else drawn and written 0600), where a node's ``--node-config order-key`` does not
+        name one; default: each node draws its own and keeps it in memory.
     """
     path = None if keys is None else str(keys)
+    orders = None if order_keys is None else str(order_keys)
     app = ClientApp()
-    app.query("hello")(partial(hello, keys=path))
+    app.query("hello")(partial(hello, keys=path, order_keys=orders))
     app.query("placeholders")(placeholders)
     for handler in (labels, unique, counts, matches, total):
-        app.query(handler.__name__)(partial(handler, keys=path))
+        app.query(handler.__name__)(partial(handler, keys=path, order_keys=orders))
     app.train()(train)
     app.train("gradient")(gradient)
     app.train("hop")(hop)

@@ -4,10 +4,11 @@ In-process, :class:`~stratify.registry.ckks.CKKSRegistry` plays every party in o
 object. Here the server app is the :class:`~stratify.registry.ckks.roles.ServerRole`
 (:class:`SecureRegistration`); every node encodes and encrypts its own labels and counts
 (:class:`ClientRegistration`), with the keys the clients share
-(:mod:`stratify.flower.keys`); client 0's node is also the key holder, which decrypts
-the server's blinded comparisons and masked total. All of them lay out their vectors with
-the in-process :class:`~stratify.registry.ckks.protocols.PackedLayout`, and the result is
-:class:`~stratify.registry.ckks.CKKSRegistry`'s for the same secrets
+(:mod:`stratify.flower.keys`) and its own order key, which no other party holds; client
+0's node is also the key holder, which decrypts the server's blinded comparisons and
+masked total. All of them lay out their vectors with the in-process
+:class:`~stratify.registry.ckks.protocols.PackedLayout`, and the result is
+:class:`~stratify.registry.ckks.CKKSRegistry`'s for the same shared secret and order keys
 (docs/flower.md, "The encrypted registry").
 """
 
@@ -46,6 +47,7 @@ from stratify.registry.ckks.protocols import (
 )
 from stratify.registry.ckks.roles import BlindServer, Server, ServerRole, Vector
 from stratify.registry.ckks.stats import ProtocolStats
+from stratify.registry.client_secrets import OrderKey
 
 if TYPE_CHECKING:  # the server imports this module
     from stratify.flower.link import NodeLink
@@ -82,19 +84,29 @@ class ClientRegistration:
         The client's number.
     labels : numpy.ndarray
         The label of each of its samples.
+    order_key : OrderKey, optional
+        Its own order key, which it sends to no one; default: drawn now from the OS's
+        CSPRNG (:func:`~stratify.registry.client_secrets.node_order_key`).
     """
 
     def __init__(
-        self, keys: FederationKeys, protocol: str, client: int, labels: np.ndarray
+        self,
+        keys: FederationKeys,
+        protocol: str,
+        client: int,
+        labels: np.ndarray,
+        order_key: OrderKey | None = None,
     ) -> None:
         self.keys = keys
         self.client = client
         self.labels = labels
+        self.order_key = order_key or OrderKey.draw()
         self.key_holder = keys.key_holder(protocol)
         self.stats = ProtocolStats()
         counts = list(Federation([np.arange(len(labels))], labels).label_counts()[0].items())
-        # the client's secret order, as CKKSRegistry.encoding_order draws it in-process
-        order = keys.secrets.client_order(client, len(counts))
+        # its own secret order, from its own key only (docs/architecture.md, "Privacy"),
+        # as CKKSRegistry.encoding_order gives client k its key in-process
+        order = self.order_key.order(len(counts))
         #: (label, count) in the order the client sends them
         self.sent = [counts[position] for position in order]
         owner: dict[int, tuple[object, int]] = {}
@@ -141,7 +153,7 @@ class ClientRegistration:
     ) -> tuple[bytes, np.ndarray]:
         """Its counts encrypted at their placeholders' slots, and the placeholder of each
         of its samples, from the index in ``U`` of each of its labels: the placeholder
-        permutation is the clients' secret (:meth:`RegistrySecrets.placeholders`).
+        permutation is the clients' shared secret (:meth:`SharedSecrets.placeholders`).
 
         Parameters
         ----------

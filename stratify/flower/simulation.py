@@ -27,6 +27,7 @@ def simulate(
     cpus: int = 2,
     keys: str | os.PathLike | None = None,
     record: bool = False,
+    order_keys: str | os.PathLike | None = None,
 ) -> list[FlowerRun]:
     """Run every configuration in ``configs``, one after another, in one Flower simulation
     (the Ray cluster starts once); all of them must have the same number of clients.
@@ -44,6 +45,10 @@ def simulate(
         (:func:`~stratify.flower.keys.write_federation_keys`); the server never reads it.
     record : bool
         Keep every message the server sends and receives (:attr:`FlowerRun.payloads`).
+    order_keys : path, optional
+        A folder of the nodes' own order-key files (``client-K.json``, read or drawn and
+        written 0600; :func:`~stratify.flower.node.client_app`); default: each node draws
+        its own in memory.
 
     Returns
     -------
@@ -78,7 +83,10 @@ def simulate(
         "init_args": {"num_cpus": cpus, "logging_level": logging.ERROR, "log_to_driver": False},
     }
     run_simulation(
-        server, client_app(keys), num_supernodes=configs[0].clients, backend_config=backend
+        server,
+        client_app(keys, order_keys),
+        num_supernodes=configs[0].clients,
+        backend_config=backend,
     )
     if failures:
         raise failures[0]

@@ -1,7 +1,12 @@
 """Label registries: real labels -> placeholders and global counts per placeholder."""
 
 from stratify.registry.base import PROTOCOLS, LabelRegistry, RegistryResult
-from stratify.registry.client_secrets import SECRETS_FILE, RegistrySecrets
+from stratify.registry.client_secrets import (
+    SECRETS_FILE,
+    OrderKey,
+    RegistrySecrets,
+    SharedSecrets,
+)
 from stratify.registry.plain import PlainRegistry
 
 __all__ = [
@@ -10,6 +15,8 @@ __all__ = [
     "LabelRegistry",
     "RegistryResult",
     "RegistrySecrets",
+    "SharedSecrets",
+    "OrderKey",
     "PlainRegistry",
     "make_registry",
 ]
