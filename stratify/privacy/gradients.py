@@ -18,7 +18,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +28,9 @@ import torch
 from stratify.client import LocalTrainer
 from stratify.config import TrainConfig
 from stratify.privacy.views import GradientMessage, ServerView, Truth
+
+if TYPE_CHECKING:
+    from stratify.experiment import Experiment
 
 #: relative error below which an input counts as recovered
 RECOVERED_ERROR = 1e-3
@@ -243,6 +248,74 @@ ATTACKS = ("labels", "labels-aggregated", "inputs")
 ATTACKED_PARAMETERS = ("head.bias", "layers.1.weight", "layers.1.bias")
 
 
+@dataclass
+class RecordedRun:
+    """A trained run and what its server saw.
+
+    Parameters
+    ----------
+    experiment : Experiment
+        The built and trained run.
+    view : ServerView
+        Its training messages.
+    truth : Truth
+        The real labels and inputs, for scoring.
+    """
+
+    experiment: Experiment
+    view: ServerView
+    truth: Truth
+
+
+def record_run(
+    config: TrainConfig,
+    *,
+    trainer: Callable[[torch.Tensor, torch.Tensor], LocalTrainer] = LocalTrainer,
+    parameters: Collection[str] | None = ATTACKED_PARAMETERS,
+) -> RecordedRun:
+    """Build and train ``config``'s run (``config.epochs`` epochs) through a
+    :class:`~stratify.privacy.views.RecordingTrainer`.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The run (its ``validation`` must be 0: the recorder indexes the samples as
+        loaded).
+    trainer : callable
+        ``trainer(x_train, y_train)`` builds the client trainer whose messages are
+        recorded (default: plain SGD; a differentially private trainer goes here).
+    parameters : collection of str, optional
+        The parameters recorded (default: those the attacks read; ``None``: all).
+
+    Raises
+    ------
+    ConfigError
+        A validation split.
+    """
+    from stratify.backend import resolve_device
+    from stratify.data.datasets import load_dataset
+    from stratify.errors import ConfigError
+    from stratify.experiment import build_experiment
+    from stratify.privacy.views import RecordingTrainer, placeholder_labels
+
+    if config.validation:
+        raise ConfigError("a recorded run indexes the samples as loaded: leave validation at 0")
+    dataset = load_dataset(
+        config.dataset,
+        data_dir=config.data_dir,
+        device=resolve_device(config.device),
+        seed=config.seed,
+        **config.dataset_options,
+    )
+    recorder = RecordingTrainer(trainer(dataset.x_train, dataset.y_train), parameters=parameters)
+    experiment = build_experiment(config, dataset=dataset, trainer=recorder)
+    recorder.attach(experiment.federation, experiment.placeholders)
+    for epoch in range(1, config.epochs + 1):
+        experiment.engine.run_epoch(epoch)
+    truth = Truth(placeholder_labels(experiment.placeholders), dataset.x_train, dataset.y_train)
+    return RecordedRun(experiment, recorder.view, truth)
+
+
 def attack_run(
     config: TrainConfig,
     attacks: Sequence[str] = ATTACKS,
@@ -256,8 +329,7 @@ def attack_run(
     Parameters
     ----------
     config : TrainConfig
-        The run (its ``validation`` must be 0: the recorder indexes the samples as
-        loaded).
+        The run, trained by :func:`record_run`.
     attacks : sequence of str
         Any of :data:`ATTACKS`: ``labels`` (the placeholder → label map from every share
         and hop, :func:`recover_labels`), ``labels-aggregated`` (the same on the view
@@ -284,38 +356,18 @@ def attack_run(
     Raises
     ------
     ConfigError
-        An unknown attack, or a validation split.
+        An unknown attack, or a validation split (:func:`record_run`).
     """
-    from stratify.backend import resolve_device
-    from stratify.data.datasets import load_dataset
     from stratify.errors import ConfigError
-    from stratify.experiment import build_experiment
     from stratify.nn.models import MLP
-    from stratify.privacy.views import RecordingTrainer, placeholder_labels
 
     unknown = sorted(set(attacks) - set(ATTACKS))
     if unknown:
         raise ConfigError(
             f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(ATTACKS)}"
         )
-    if config.validation:
-        raise ConfigError("attack_run records the samples as loaded: leave validation at 0")
-    dataset = load_dataset(
-        config.dataset,
-        data_dir=config.data_dir,
-        device=resolve_device(config.device),
-        seed=config.seed,
-        **config.dataset_options,
-    )
-    recorder = RecordingTrainer(
-        trainer(dataset.x_train, dataset.y_train), parameters=ATTACKED_PARAMETERS
-    )
-    experiment = build_experiment(config, dataset=dataset, trainer=recorder)
-    recorder.attach(experiment.federation, experiment.placeholders)
-    for epoch in range(1, config.epochs + 1):
-        experiment.engine.run_epoch(epoch)
-    truth = Truth(placeholder_labels(experiment.placeholders), dataset.x_train, dataset.y_train)
-    view = recorder.view
+    run = record_run(config, trainer=trainer)
+    experiment, view, truth = run.experiment, run.view, run.truth
     results = {"accuracy": experiment.engine.evaluate()[0]}
     if "labels" in attacks:
         results["labels"] = label_recovery(recover_labels(view, seed=seed), truth)
