@@ -21,6 +21,13 @@ from stratify.client import LocalTrainer
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
+from stratify.privacy.batchnorm import (
+    infer_share_labels,
+    invert_one_sample,
+    nearest_centroid,
+    share_sums,
+    sums_mismatch,
+)
 from stratify.privacy.gradients import (
     RECOVERED_ERROR,
     assign_labels,
@@ -362,3 +369,87 @@ def test_attack_run_refuses_an_unknown_attack_and_a_validation_split():
     held_out = TrainConfig(dataset="digits", model="cnn", epochs=1, validation=0.1)
     with pytest.raises(ConfigError, match="validation"):
         attack_run(held_out)
+
+
+# -- sum-based BatchNorm: the sums a share sends ------------------------------------------
+
+
+@cache
+def sumbn_model():
+    run = build_experiment(
+        TrainConfig(
+            dataset="digits",
+            model="resnet20",
+            norm="sumbn",
+            mode="batch",
+            partition="dirichlet:0.5",
+            epochs=1,
+            seed=0,
+            secure=False,
+        )
+    )
+    return run.model, run.dataset
+
+
+def public_references(dataset, per_class: int = 10) -> torch.Tensor:
+    labels = dataset.y_test.numpy()
+    return torch.as_tensor(
+        np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in range(10)])
+    )
+
+
+def test_the_shares_sums_add_up_to_the_batch_s_and_match_the_in_process_layer():
+    model, dataset = sumbn_model()
+    batch = np.arange(12)
+    shares = [batch[:5], batch[5:6], batch[6:]]
+    *parts, total = share_sums(model, dataset.x_train, shares)
+    assert len(total) == 19  # ResNet-20's BatchNorm layers
+    for layer in range(19):
+        summed = sum(part[layer].total for part in parts)
+        torch.testing.assert_close(summed, total[layer].total)
+        assert sum(part[layer].count for part in parts) == total[layer].count
+    # the first layer's sums are the stem conv's outputs summed (no statistics before it)
+    with torch.no_grad():
+        out = model.stem[0](dataset.x_train[torch.as_tensor(batch[5:6])]).double()
+    torch.testing.assert_close(parts[1][0].total, out.sum((0, 2, 3)))
+    torch.testing.assert_close(parts[1][0].squares, out.square().sum((0, 2, 3)))
+
+
+def test_nearest_centroid_picks_the_closest_row():
+    centroids = np.array([[0.0, 0.0], [1.0, 1.0], [5.0, 0.0]])
+    features = np.array([[0.9, 0.8], [4.0, 0.5], [0.1, -0.2]])
+    assert nearest_centroid(features, centroids).tolist() == [1, 2, 0]
+
+
+@pytest.mark.parametrize("share_size", [1, 64])
+def test_one_sample_shares_sums_name_their_labels(share_size):
+    """One-sample shares (no smallest share is set): the last layers' means name the
+    label well above chance on an untrained ResNet-20; the same batch sent as one share
+    (its sum over 64 samples) names one label for all, near chance."""
+    model, dataset = sumbn_model()
+    batch = np.random.default_rng(0).choice(len(dataset.x_train), 64, replace=False)
+    shares = [batch[i : i + share_size] for i in range(0, 64, share_size)]
+    reference = public_references(dataset)
+    labels = infer_share_labels(
+        model, dataset.x_train, shares, dataset.x_test[reference], dataset.y_test[reference]
+    )
+    right = sum(
+        int((dataset.y_train[torch.as_tensor(share)] == int(label)).sum())
+        for share, label in zip(shares, labels)
+    )
+    accuracy = right / 64
+    if share_size == 1:
+        assert accuracy >= CHANCE + 2 * MARGIN
+    else:
+        assert accuracy <= CHANCE + MARGIN
+
+
+def test_the_input_fit_lowers_the_sums_mismatch():
+    model, dataset = sumbn_model()
+    *parts, total = share_sums(model, dataset.x_train, [np.array([3]), np.array([4, 5])])
+    shape = tuple(dataset.x_train.shape[1:])
+    start = invert_one_sample(model, parts[0], total, shape, steps=0)
+    fitted = invert_one_sample(model, parts[0], total, shape, steps=40)
+    before = float(sums_mismatch(model, start[None], parts[0], total).detach())
+    after = float(sums_mismatch(model, fitted[None], parts[0], total).detach())
+    assert after < 0.5 * before

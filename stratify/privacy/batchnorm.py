@@ -131,6 +131,38 @@ def infer_share_labels(
     return np.asarray(classes)[nearest_centroid(features, np.stack(centroids))]
 
 
+def sums_mismatch(
+    model: nn.Module,
+    guess: torch.Tensor,
+    sums: Sequence[LayerSums],
+    batch: Sequence[LayerSums],
+) -> torch.Tensor:
+    """How far ``guess``'s sums are from a one-sample share's, summed over the layers:
+    squared differences of ``Σx`` (and of ``Σx²``) over the share's ``Σ‖x‖²`` (squared);
+    differentiable in ``guess``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The global model.
+    guess : torch.Tensor
+        ``(1, *shape)``: a candidate input.
+    sums, batch : sequence of LayerSums
+        What the share sent and the batch's sums, every layer.
+    """
+    layers = forward_order(model, guess.detach())
+    handler = _PartyPass(layers, dict(enumerate(batch)), measure=None)
+    with _party_layers(layers, handler):
+        model(guess)
+    loss = torch.zeros((), dtype=torch.float64)
+    for position, target in enumerate(sums):
+        total, squares, _ = handler.parts[position]
+        scale = target.squares.sum().clamp_min(1e-12)
+        loss = loss + ((total - target.total) ** 2).sum() / scale
+        loss = loss + ((squares - target.squares) ** 2).sum() / scale**2
+    return loss
+
+
 def invert_one_sample(
     model: nn.Module,
     sums: Sequence[LayerSums],
@@ -140,8 +172,8 @@ def invert_one_sample(
     lr: float = 0.05,
     seed: int = 0,
 ) -> torch.Tensor:
-    """An input whose sums match a one-sample share's, every layer: Adam on the squared
-    differences, each layer's scaled by the share's own size.
+    """An input whose sums match a one-sample share's in every layer: Adam on
+    :func:`sums_mismatch` from a small seeded random start.
 
     Parameters
     ----------
@@ -158,20 +190,11 @@ def invert_one_sample(
     seed : int
         Seed of the starting point.
     """
-    layers = forward_order(model, torch.zeros(1, *shape))
     generator = torch.Generator().manual_seed(seed)
     guess = (torch.randn(1, *shape, generator=generator) * 0.1).requires_grad_(True)
     optimizer = torch.optim.Adam([guess], lr=lr)
     for _ in range(steps):
-        handler = _PartyPass(layers, dict(enumerate(batch)), measure=None)
-        with _party_layers(layers, handler):
-            model(guess)
-        loss = torch.zeros((), dtype=torch.float64)
-        for position, target in enumerate(sums):
-            total, squares, _ = handler.parts[position]
-            scale = target.squares.sum().clamp_min(1e-12)
-            loss = loss + ((total - target.total) ** 2).sum() / scale
-            loss = loss + ((squares - target.squares) ** 2).sum() / scale**2
+        loss = sums_mismatch(model, guess, sums, batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
