@@ -20,17 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from stratify.backend import resolve_device
 from stratify.client import LocalTrainer
 from stratify.config import TrainConfig
-from stratify.privacy.views import GradientMessage, ServerView, Truth
-
-if TYPE_CHECKING:
-    from stratify.experiment import Experiment
+from stratify.data.datasets import load_dataset
+from stratify.errors import ConfigError
+from stratify.experiment import Experiment, build_experiment
+from stratify.nn.models import MLP
+from stratify.privacy.views import (
+    GradientMessage,
+    RecordingTrainer,
+    ServerView,
+    Truth,
+    placeholder_labels,
+)
 
 #: relative error below which an input counts as recovered
 RECOVERED_ERROR = 1e-3
@@ -292,11 +299,6 @@ def record_run(
     ConfigError
         A validation split.
     """
-    from stratify.backend import resolve_device
-    from stratify.data.datasets import load_dataset
-    from stratify.errors import ConfigError
-    from stratify.experiment import build_experiment
-    from stratify.privacy.views import RecordingTrainer, placeholder_labels
 
     if config.validation:
         raise ConfigError("a recorded run indexes the samples as loaded: leave validation at 0")
@@ -358,8 +360,6 @@ def attack_run(
     ConfigError
         An unknown attack, or a validation split (:func:`record_run`).
     """
-    from stratify.errors import ConfigError
-    from stratify.nn.models import MLP
 
     unknown = sorted(set(attacks) - set(ATTACKS))
     if unknown:

@@ -37,6 +37,7 @@ from stratify.client import (
 )
 from stratify.compiled import CompileSwitch
 from stratify.federation import Federation
+from stratify.nn.norm import has_batch_norm
 from stratify.registry.base import RegistryResult
 
 #: parameters by name, detached copies
@@ -284,9 +285,6 @@ class RecordingTrainer(LocalTrainer):
             raise RuntimeError("RecordingTrainer.attach must be called before training")
         return self.sample_placeholders[positions]
 
-    def receive(self, global_model: nn.Module) -> nn.Module:
-        return self.inner.receive(global_model)
-
     def single_sample_steps(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, indices: list[int], lr: float
     ) -> list[torch.Tensor]:
@@ -325,8 +323,6 @@ class RecordingTrainer(LocalTrainer):
         size into ``.grad`` as the wrapped trainer would. A model with batch-statistics
         norms couples the shares: it runs as one call, and its shares are not recorded
         (their exchange is :mod:`stratify.privacy.batchnorm`'s)."""
-        from stratify.nn.norm import has_batch_norm
-
         if has_batch_norm(model):
             return self.inner.batch_gradient(model, samples, clients, fused, divisor)
         scale = len(samples) if divisor is None else divisor
