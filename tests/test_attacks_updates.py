@@ -453,3 +453,20 @@ def test_the_input_fit_lowers_the_sums_mismatch():
     before = float(sums_mismatch(model, start[None], parts[0], total).detach())
     after = float(sums_mismatch(model, fitted[None], parts[0], total).detach())
     assert after < 0.5 * before
+
+
+def test_a_baseline_s_rounds_are_recorded_as_sent_and_returned():
+    run = record_run(
+        TrainConfig(
+            dataset="digits", model="mlp", algorithm="fedavg", epochs=1, seed=0, secure=False
+        )
+    )
+    rounds = run.view.rounds
+    assert rounds and not run.view.shares and not run.view.hops
+    clients = run.experiment.federation.sample_clients()
+    for update in rounds:
+        assert (clients[update.positions] == update.client).all()
+        assert not torch.equal(update.before["head.bias"], update.after["head.bias"])
+    # every client of the round received the same global model
+    first = rounds[0].before["head.bias"]
+    assert all(torch.equal(update.before["head.bias"], first) for update in rounds)
