@@ -470,3 +470,20 @@ def test_a_baseline_s_rounds_are_recorded_as_sent_and_returned():
     # every client of the round received the same global model
     first = rounds[0].before["head.bias"]
     assert all(torch.equal(update.before["head.bias"], first) for update in rounds)
+
+
+def test_attack_run_says_nan_where_the_recorder_keeps_no_share():
+    results = attack_run(
+        TrainConfig(
+            dataset="digits",
+            model="resnet20",
+            norm="sumbn",
+            mode="batch",
+            epochs=1,
+            seed=0,
+            secure=False,
+            options={"batch_labels": 256},
+        ),
+        attacks=["labels", "labels-aggregated"],
+    )
+    assert np.isnan(results["labels"]) and np.isnan(results["labels-aggregated"])

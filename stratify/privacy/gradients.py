@@ -353,7 +353,9 @@ def attack_run(
         :data:`RECOVERED_ERROR` relative error, with ``inputs-error`` (the median
         relative error of the reconstructions) and ``one-sample-messages``. ``nan``
         where an attack does not apply (``labels-aggregated`` in single-sample mode,
-        ``inputs`` on a model other than the MLP) or found nothing to read.
+        ``inputs`` on a model other than the MLP, the label attacks on a model with
+        batch-statistics norms, whose shares the recorder does not split: see
+        :mod:`stratify.privacy.batchnorm`) or found nothing to read.
 
     Raises
     ------
@@ -370,7 +372,12 @@ def attack_run(
     experiment, view, truth = run.experiment, run.view, run.truth
     results = {"accuracy": experiment.engine.evaluate()[0]}
     if "labels" in attacks:
-        results["labels"] = label_recovery(recover_labels(view, seed=seed), truth)
+        # a model with batch-statistics norms: its shares are not recorded (nothing to read)
+        results["labels"] = (
+            label_recovery(recover_labels(view, seed=seed), truth)
+            if view.gradient_messages()
+            else float("nan")
+        )
     if "labels-aggregated" in attacks:
         aggregated = view.aggregated()
         results["labels-aggregated"] = (
