@@ -21,7 +21,9 @@ from typing import cast
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from torch import nn
 
 from stratify.client import GradientHook, GradientOffset, LocalTrainer, ProximalGradient
@@ -39,6 +41,7 @@ from stratify.flower.messages import (
     state_record,
 )
 from stratify.flower.registry import KEY_HOLDER, ClientRegistration, values_record
+from stratify.flower.secure_sum import contribution, contribution_reply, read_request
 from stratify.nn.models import build_model, default_model
 from stratify.nn.norm_exchange import Party
 from stratify.state import load_into
@@ -279,6 +282,44 @@ def gradient(message: Message, context: Context) -> Message:
     return reply(message, gradient=state_record(grads), loss=ConfigRecord({"loss_sum": loss}))
 
 
+def share_sum(node: NodeData, model: nn.Module, share: np.ndarray) -> tuple[list, float]:
+    """The gradient of the summed loss over ``share`` (the node's positions), parameter by
+    parameter, and that summed loss."""
+    model.zero_grad(set_to_none=True)
+    loss = node.trainer.batch_gradient(
+        model, share, np.zeros(len(share), dtype=np.int64), divisor=1
+    )
+    grads = [
+        parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+        for parameter in model.parameters()
+    ]
+    return grads, loss
+
+
+def secure_share(message: Message, context: Context) -> Message:
+    """The node's contribution to a global batch's SecAgg+ sum (:mod:`.secure_sum`), which
+    :func:`flwr.client.mod.secaggplus_mod` masks before it leaves the node."""
+    request = read_request(message.content)
+    node = node_data(RecordDict({"run": ConfigRecord({"config": request.run})}), context)
+    state = dict(zip(node.model.state_dict(), request.model))
+    load_into(node.model, {key: torch.as_tensor(value) for key, value in state.items()})
+    node.model.train()
+    grads, loss = share_sum(node, node.model, request.positions)
+    values = contribution(
+        [g.detach().numpy() for g in grads], loss, request.scale, request.clipping_range
+    )
+    return contribution_reply(message, values)
+
+
+def train_or_share(message: Message, context: Context) -> Message:
+    """A ``train`` message: a stage of SecAgg+ (Flower's workflow sends its four stages as
+    ``train``), handled by ``secaggplus_mod`` around :func:`secure_share`; else a local
+    training (:func:`train`)."""
+    if RECORD_KEY_CONFIGS in message.content.config_records:
+        return secaggplus_mod(message, context, secure_share)
+    return train(message, context)
+
+
 def norm(message: Message, context: Context) -> Message:
     """One exchange of the sum-based BatchNorm over the node's share of a global batch:
     its part of a layer's sums, its term of a layer's adjoint, or its term of the
@@ -333,7 +374,7 @@ def client_app(keys: str | os.PathLike | None = None) -> ClientApp:
     app.query("placeholders")(placeholders)
     for handler in (labels, unique, counts, matches, total):
         app.query(handler.__name__)(partial(handler, keys=path))
-    app.train()(train)
+    app.train()(train_or_share)
     app.train("gradient")(gradient)
     app.train("hop")(hop)
     app.train("norm")(norm)
