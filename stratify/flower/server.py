@@ -197,7 +197,8 @@ class RemoteTrainer(LocalTrainer):
         self.withheld = 0
         self._last_withheld = False
         #: when the link records: every global batch as the server holds it
-        self.batches: list[dict[str, Any]] | None = [] if link.payloads is not None else None
+        recording = getattr(link, "payloads", None) is not None
+        self.batches: list[dict[str, Any]] | None = [] if recording else None
 
     def drop(self, lost: ClientLostError) -> None:
         """Go on without the clients ``lost`` names: their shares of this and every later
