@@ -27,6 +27,7 @@ from stratify.data.datasets import load_dataset  # noqa: E402
 from stratify.errors import ConfigError  # noqa: E402
 from stratify.experiment import build_experiment, partition_clients  # noqa: E402
 from stratify.flower.apps import check_run_config  # noqa: E402
+from stratify.flower.link import Traffic  # noqa: E402
 from stratify.flower.messages import config_json  # noqa: E402
 from stratify.flower.secure_sum import (  # noqa: E402
     SecAggSettings,
@@ -34,6 +35,7 @@ from stratify.flower.secure_sum import (  # noqa: E402
     contribution,
     read_sum,
 )
+from stratify.flower.server import RemoteTrainer  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.nn.models import build_model  # noqa: E402
 from stratify.privacy.aggregate import (  # noqa: E402
@@ -334,3 +336,52 @@ def test_the_label_attack_on_batch_sums(runs, data):
     assert summed >= 0.9
     # the matching needs each batch's own counts: against another batch's it is near chance
     assert control <= 0.4
+
+
+class CountingSum:
+    """A stand-in for SecureBatchSum: every call is kept, the sum is the shares' count."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+
+    def sum(self, shares, model, scale):
+        self.calls.append(list(shares))
+        gradients = [
+            np.full(p.shape, float(len(shares)))
+            for p in build_model("mlp", (1, 8, 8), 10).parameters()
+        ]
+        return gradients, 1.5
+
+
+class Nodes:
+    """The link's parts the trainer reads: client -> node, and the traffic counters."""
+
+    nodes = {0: 100, 1: 101}
+    payloads = None
+    traffic = Traffic()
+
+
+def test_a_batch_of_one_participant_is_withheld_not_summed():
+    model = build_model("mlp", (1, 8, 8), 10)
+    secure = CountingSum()
+    trainer = RemoteTrainer(
+        Nodes(),
+        [4, 4],
+        torch.zeros(8, 1, 8, 8),
+        torch.zeros(8),
+        secure_sum=secure,  # type: ignore[arg-type]
+    )
+    # one participant: its sum would be its share; nothing is sent and no step is taken
+    assert trainer.batch_gradient(model, np.arange(4), np.zeros(4, dtype=np.int64)) == 0.0
+    assert trainer.withheld == 4 and trainer.trained_samples(np.zeros(4)) == 0
+    assert secure.calls == []
+    # two participants: summed, the nodes' own positions sent, the sum put into .grad
+    clients = np.array([0, 0, 1, 1])
+    assert trainer.batch_gradient(model, np.array([1, 2, 4, 7]), clients) == 1.5
+    assert [(node, positions.tolist()) for node, positions in secure.calls[0]] == [
+        (100, [1, 2]),
+        (101, [0, 3]),
+    ]
+    assert trainer.trained_samples(clients) == 4
+    assert (Nodes.traffic.transfers, Nodes.traffic.uploads) == (2, 2)
+    assert all(torch.all(p.grad == 2.0) for p in model.parameters())
