@@ -40,10 +40,10 @@ def job(seed: int = 3) -> TrainConfig:
 def payload_bytes(content: RecordDict) -> int:
     """The bytes of a message's arrays, texts and byte strings (8 a number)."""
     total = 0
-    for record in content.array_records.values():
-        total += sum(len(array.data) for array in record.values())
-    for record in content.config_records.values():
-        for value in record.values():
+    for arrays in content.array_records.values():
+        total += sum(len(array.data) for array in arrays.values())
+    for config in content.config_records.values():
+        for value in config.values():
             for item in value if isinstance(value, list) else [value]:
                 total += len(item) if isinstance(item, (bytes, str)) else 8
     return total

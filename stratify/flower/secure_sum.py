@@ -266,9 +266,9 @@ class SecureBatchSum:
             raise AssertionError("a secure sum needs two participants or more")
         self.batches += 1
         parameters = ndarrays_to_parameters(list(model))
-        requests = []
+        requests: list[tuple[ClientProxy, FitIns]] = []
         for node, positions in shares:
-            config = {
+            config: dict[str, bool | bytes | float | int | str] = {
                 RUN_KEY: self.run_config,
                 "positions": np.asarray(positions, dtype=np.int64).tobytes(),
                 "scale": int(scale),
