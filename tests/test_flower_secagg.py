@@ -20,12 +20,15 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
 )
 
+from flwr.app import Context, Message, RecordDict  # noqa: E402
 from flwr.common import bytes_to_ndarray  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from stratify.config import TrainConfig  # noqa: E402
 from stratify.data.datasets import load_dataset  # noqa: E402
 from stratify.errors import ConfigError  # noqa: E402
 from stratify.experiment import build_experiment, partition_clients  # noqa: E402
+from stratify.flower import node  # noqa: E402
 from stratify.flower.apps import check_run_config  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
 from stratify.flower.messages import config_json  # noqa: E402
@@ -385,3 +388,19 @@ def test_a_batch_of_one_participant_is_withheld_not_summed():
     assert trainer.trained_samples(clients) == 4
     assert (Nodes.traffic.transfers, Nodes.traffic.uploads) == (2, 2)
     assert all(torch.all(p.grad == 2.0) for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["train", "train.gradient", "train.hop", "train.norm"])
+@pytest.mark.parametrize("only", [True, False])
+def test_a_secagg_only_node_refuses_to_send_an_update_in_the_clear(kind, only, monkeypatch):
+    # the node, not the server, decides: a handler that would answer one client's update
+    # is refused before it reads anything; without the setting it goes on (and here fails
+    # on the empty message, past the guard)
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    app = node.client_app()
+    context = Context(0, 0, {"partition-id": 0, "secagg-only": only}, RecordDict(), {})
+    message = Message(RecordDict(), dst_node_id=0, message_type=kind)
+    with pytest.raises(Exception) as refused:
+        app(message, context)
+    assert ("secagg-only" in str(refused.value)) is only

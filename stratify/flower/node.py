@@ -13,8 +13,9 @@ key holder.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import cast
 
@@ -311,13 +312,41 @@ def secure_share(message: Message, context: Context) -> Message:
     return contribution_reply(message, values)
 
 
+def secagg_only(context: Context) -> bool:
+    """Whether this node sends model updates only inside SecAgg+ sums
+    (``--node-config secagg-only=true``)."""
+    value = context.node_config.get("secagg-only", False)
+    return value is True or str(value).lower() == "true"
+
+
+#: a ClientApp's message handler
+Handler = Callable[[Message, Context], Message]
+
+
+def in_the_clear(handler: Handler) -> Handler:
+    """``handler`` (it sends the server one client's update or gradient), refused in one
+    line on a node that sends its updates only inside SecAgg+ sums: there the node, not
+    the server, decides (docs/flower.md, "Secure aggregation")."""
+
+    @wraps(handler)
+    def guarded(message: Message, context: Context) -> Message:
+        if secagg_only(context):
+            raise ConfigError(
+                f"this node is secagg-only: it answers {message.metadata.message_type} "
+                "(one client's update in the clear) only without --node-config secagg-only"
+            )
+        return handler(message, context)
+
+    return guarded
+
+
 def train_or_share(message: Message, context: Context) -> Message:
     """A ``train`` message: a stage of SecAgg+ (Flower's workflow sends its four stages as
     ``train``), handled by ``secaggplus_mod`` around :func:`secure_share`; else a local
     training (:func:`train`)."""
     if RECORD_KEY_CONFIGS in message.content.config_records:
         return secaggplus_mod(message, context, secure_share)
-    return train(message, context)
+    return in_the_clear(train)(message, context)
 
 
 def norm(message: Message, context: Context) -> Message:
@@ -375,7 +404,6 @@ def client_app(keys: str | os.PathLike | None = None) -> ClientApp:
     for handler in (labels, unique, counts, matches, total):
         app.query(handler.__name__)(partial(handler, keys=path))
     app.train()(train_or_share)
-    app.train("gradient")(gradient)
-    app.train("hop")(hop)
-    app.train("norm")(norm)
+    for update in (gradient, hop, norm):
+        app.train(update.__name__)(in_the_clear(update))
     return app
