@@ -11,8 +11,11 @@ same attack on the shares' own gradients.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import tomllib
 import torch
 import torch.nn.functional as F
 
@@ -49,6 +52,7 @@ from stratify.privacy.aggregate import (  # noqa: E402
 from stratify.state import load_into  # noqa: E402
 
 CLIENTS = 4
+APP = Path(__file__).resolve().parents[1] / "examples" / "flower"
 #: a share's gradient counts as observed when a received array correlates with it above this
 FOUND = 0.99
 
@@ -137,12 +141,19 @@ def test_the_run_configuration_turns_secagg_and_min_share_on():
     assert checked.secagg == SecAggSettings(clipping_range=4.0)
     assert check_run_config(run_config()).secagg is None
     assert check_run_config(run_config(**{"min-share": 8})).config.options["min_share"] == 8
+    # the app's pyproject.toml declares every key (flwr run refuses an undeclared one): its
+    # defaults leave both off
+    app = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = {key: value for key, value in app.items() if key not in ("config", "result-dir")}
+    checked = check_run_config(run_config(**defaults))
+    assert checked.secagg is None and "min_share" not in checked.config.options
+    assert check_run_config(run_config(**{**defaults, "secagg": True})).secagg == SecAggSettings()
 
 
 @pytest.mark.parametrize(
     ("extra", "line"),
     [
-        ({"secagg-clipping-range": 4.0}, "secagg-clipping-range applies with secagg = true"),
+        ({"min-share": -1}, "min-share"),
         ({"secagg": "yes"}, "secagg must be true or false"),
         ({"secagg": True, "on-lost": "drop"}, "secagg stops on a lost client"),
         ({"min-share": 65}, "--min-share 65 exceeds --batch-labels 64"),

@@ -184,8 +184,11 @@ def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
 
 def with_min_share(config: TrainConfig, value: Any) -> TrainConfig:
     """``config`` with the run configuration's ``min-share`` as its ``--min-share``
-    (Stratify's batch mode; refused in one line where the option is)."""
+    (Stratify's batch mode; refused in one line where the option is); 0 is none (the
+    app's ``pyproject.toml`` declares every key, so a default must mean "not set")."""
     number = int(_number(value, "min-share", int))
+    if number == 0:
+        return config
     if "min_share" in config.options:
         raise ConfigError("give min-share once: in the run configuration or in config, not both")
     values = json.loads(config_json(config))
@@ -194,15 +197,13 @@ def with_min_share(config: TrainConfig, value: Any) -> TrainConfig:
 
 
 def secagg_settings(settings: Mapping[str, Any]) -> SecAggSettings | None:
-    """The run configuration's SecAgg+ settings: ``None`` unless ``secagg`` is true; its
-    ``secagg-*`` parameters are refused without it."""
+    """The run configuration's SecAgg+ settings: ``None`` unless ``secagg`` is true (its
+    ``secagg-*`` parameters are then unused: the app's ``pyproject.toml`` declares them
+    all, so they are always there)."""
     enabled = settings.get("secagg", False)
     if not isinstance(enabled, bool):
         raise ConfigError(f"secagg must be true or false, got {enabled!r}")
-    given = [key for key in SECAGG_KEYS if key in settings]
     if not enabled:
-        if given:
-            raise ConfigError(f"{given[0]} applies with secagg = true")
         return None
     values = {
         field: _number(settings[key], key, kind)
