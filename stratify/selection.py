@@ -282,6 +282,84 @@ def plan_global_batches(
     )
 
 
+def check_min_share(min_share: int | None, batch_labels: int) -> None:
+    """Refuse a smallest share no global batch can hold.
+
+    Parameters
+    ----------
+    min_share : int or None
+        ``--min-share`` (``None``: no minimum).
+    batch_labels : int
+        ``--batch-labels``, the entries B of a global batch.
+
+    Raises
+    ------
+    ConfigError
+        One line when ``min_share`` is not positive or exceeds B.
+    """
+    if min_share is None:
+        return
+    if min_share < 1:
+        raise ConfigError(f"--min-share must be a positive integer, got {min_share}")
+    if min_share > batch_labels:
+        raise ConfigError(
+            f"--min-share {min_share} exceeds --batch-labels {batch_labels}: a client's "
+            "share of a global batch could only be formed from held-back samples; give "
+            f"--min-share {batch_labels} or less"
+        )
+
+
+def hold_back_small_shares(plan: Plan, min_share: int) -> Plan:
+    """A batch plan in which no client's share of a global batch is under ``min_share``.
+
+    A client whose share of a batch (with what it held back before) has fewer than
+    ``min_share`` samples holds them back and adds them to its next share; the batch goes
+    on with the other shares (so a batch may hold fewer or more than B entries, and a batch
+    whose every share is held back is no step). Samples still held back when the epoch ends
+    are dropped and counted in :attr:`Plan.skipped`: moving them into an earlier batch would
+    change the gradient steps already planned, and the next epoch draws its own schedule
+    (docs/flower.md, "Secure aggregation"). Within a batch, shares stay ordered by client.
+
+    Parameters
+    ----------
+    plan : Plan
+        A batch plan (:func:`plan_global_batches`).
+    min_share : int
+        ``N >= 1``; 1 returns ``plan`` unchanged.
+    """
+    if plan.mode != "batch" or plan.batch_starts is None or min_share <= 1:
+        return plan
+    held: dict[int, list[int]] = {}
+    samples: list[int] = []
+    clients: list[int] = []
+    starts = [0]
+    bounds = plan.batch_starts.tolist()
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        shares: dict[int, list[int]] = {}
+        for sample, client in zip(
+            plan.samples[start:stop].tolist(), plan.clients[start:stop].tolist()
+        ):
+            shares.setdefault(client, held.pop(client, [])).append(sample)
+        for client in sorted(shares):
+            share = shares[client]
+            if len(share) < min_share:
+                held[client] = share
+                continue
+            samples += share
+            clients += [client] * len(share)
+        if len(samples) > starts[-1]:
+            starts.append(len(samples))
+    dropped = sum(len(share) for share in held.values())
+    return Plan(
+        "batch",
+        np.asarray(samples, dtype=np.int64),
+        np.asarray(clients, dtype=np.int64),
+        plan.skipped + dropped,
+        plan.reused,
+        np.asarray(starts, dtype=np.int64),
+    )
+
+
 def merge_trailing_singleton(plan: Plan) -> Plan:
     """A batch plan whose last global batch of one entry joins the batch before it.
 

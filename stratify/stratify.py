@@ -38,6 +38,8 @@ from stratify.selection import (
     HOPS,
     ClientSelector,
     Plan,
+    check_min_share,
+    hold_back_small_shares,
     merge_trailing_singleton,
     plan_global_batches,
     plan_single_sample,
@@ -102,6 +104,15 @@ class StratifyOptions(StrategyOptions):
         "them (refill), or drop the entry (skip).",
         choices=EXHAUSTED,
     )
+    min_share: int | None = option(
+        None,
+        "Smallest share N of a global batch: a client whose share would be under N samples "
+        "holds them back to its next share; what is still under N at the epoch's end is "
+        "dropped [default: no minimum].",
+        check=check_positive_int,
+        cli_type=int,
+        modes=("batch",),
+    )
     compile: str = option(
         "auto",
         "Single-sample steps as a compiled functional step (torch.compile): from the first "
@@ -110,6 +121,11 @@ class StratifyOptions(StrategyOptions):
         choices=COMPILE_MODES,
         modes=("single-sample",),
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # refused with the other options, before any data is loaded
+        check_min_share(self.min_share, self.batch_labels)
 
 
 class Stratify(Strategy):
@@ -229,6 +245,8 @@ class Stratify(Strategy):
         if context.mode == "single-sample":
             return plan_single_sample(schedule, pools, self.selector, self.options.chunk, rng)
         plan = plan_global_batches(schedule, pools, self.selector, self.options.batch_labels, rng)
+        if self.options.min_share is not None:
+            plan = hold_back_small_shares(plan, self.options.min_share)
         return merge_trailing_singleton(plan) if self.batch_norm else plan
 
     def configure_rounds(

@@ -70,6 +70,7 @@ OTHER_VALUES: dict[str, tuple[Any, dict[str, Any]]] = {
     "cosine_temperature": (0.5, {}),
     "margin": (0.5, {}),
     "drift_weight": (0.0, {}),
+    "min_share": (20, {}),  # the tiny clients hold about 16 samples a batch
 }
 
 #: Options that choose how the same numbers are computed, not which: their equality is

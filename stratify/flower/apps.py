@@ -29,9 +29,10 @@ from flwr.serverapp import Grid, ServerApp
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, RegistryError, StratifyError
 from stratify.flower.link import ClientLostError
-from stratify.flower.messages import check_flower_config, config_from_json
+from stratify.flower.messages import check_flower_config, config_from_json, config_json
 from stratify.flower.node import client_app
-from stratify.flower.server import ON_LOST, FlowerRun, run_on_grid
+from stratify.flower.secure_sum import SecAggSettings
+from stratify.flower.server import ON_LOST, FlowerRun, check_secagg, run_on_grid
 from stratify.runfolder import write_file
 
 log = logging.getLogger("stratify.flower")
@@ -39,7 +40,15 @@ log = logging.getLogger("stratify.flower")
 #: the run configuration's keys (examples/flower/pyproject.toml) and their defaults;
 #: ``config`` and ``result-dir`` have none
 RUN_DEFAULTS: dict[str, Any] = {"timeout": 120.0, "retries": 1, "on-lost": "stop"}
-RUN_KEYS = ("config", "result-dir", *RUN_DEFAULTS)
+#: secure aggregation of batch shares (docs/flower.md, "Secure aggregation"): off unless
+#: ``secagg = true``; its parameters default to :class:`SecAggSettings`'s
+SECAGG_KEYS = {
+    "secagg-num-shares": ("num_shares", float),
+    "secagg-reconstruction-threshold": ("reconstruction_threshold", float),
+    "secagg-clipping-range": ("clipping_range", float),
+    "secagg-quantization-range": ("quantization_range", int),
+}
+RUN_KEYS = ("config", "result-dir", *RUN_DEFAULTS, "secagg", *SECAGG_KEYS, "min-share")
 #: seconds one exchange may wait at most: a day, so a silent node ends a run (``inf``
 #: waited for ever) while the slowest exchange (a node's local epochs) has room
 MAX_TIMEOUT = 86_400.0
@@ -63,6 +72,8 @@ class RunSettings:
         Times an unanswered request is sent again, 0 to :data:`MAX_RETRIES`.
     on_lost : {"stop", "drop"}
         What a lost client does to the run.
+    secagg : SecAggSettings or None
+        SecAgg+ of every global batch's shares (``secagg = true``), or none.
     """
 
     config: TrainConfig
@@ -70,6 +81,7 @@ class RunSettings:
     timeout: float
     retries: int
     on_lost: str
+    secagg: SecAggSettings | None = None
 
 
 def check_result_dir(value: Any) -> Path:
@@ -119,7 +131,9 @@ def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
         ``context.run_config``: ``config`` (the JSON of :class:`TrainConfig` values),
         ``result-dir``, and optionally ``timeout`` (seconds, finite, in (0,
         :data:`MAX_TIMEOUT`]), ``retries`` (0 to :data:`MAX_RETRIES`) and ``on-lost``
-        (``stop`` or ``drop``; ``drop`` in Stratify's batch mode only).
+        (``stop`` or ``drop``; ``drop`` in Stratify's batch mode only), ``secagg``
+        (true: SecAgg+ of every global batch's shares) with its ``secagg-*``
+        parameters, and ``min-share`` (Stratify's ``--min-share``).
 
     Returns
     -------
@@ -154,13 +168,49 @@ def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
     if not isinstance(settings["config"], str):
         raise ConfigError(f"config must be JSON text, got {settings['config']!r}")
     config = config_from_json(settings["config"])
+    if "min-share" in settings:
+        config = with_min_share(config, settings["min-share"])
     check_flower_config(config)
     if on_lost == "drop" and (config.algorithm != "stratify" or config.mode != "batch"):
         raise ConfigError(
             "on-lost drop goes on without a lost client in Stratify's batch mode only; "
             f"{config.algorithm} in {config.mode} mode stops (on-lost stop)"
         )
-    return RunSettings(config, result_dir, timeout, retries, on_lost)
+    secagg = secagg_settings(settings)
+    if secagg is not None:
+        check_secagg(config, secagg, on_lost)
+    return RunSettings(config, result_dir, timeout, retries, on_lost, secagg)
+
+
+def with_min_share(config: TrainConfig, value: Any) -> TrainConfig:
+    """``config`` with the run configuration's ``min-share`` as its ``--min-share``
+    (Stratify's batch mode; refused in one line where the option is); 0 is none (the
+    app's ``pyproject.toml`` declares every key, so a default must mean "not set")."""
+    number = int(_number(value, "min-share", int))
+    if number == 0:
+        return config
+    if "min_share" in config.options:
+        raise ConfigError("give min-share once: in the run configuration or in config, not both")
+    values = json.loads(config_json(config))
+    values["options"] = {**values.get("options", {}), "min_share": number}
+    return config_from_json(json.dumps(values))
+
+
+def secagg_settings(settings: Mapping[str, Any]) -> SecAggSettings | None:
+    """The run configuration's SecAgg+ settings: ``None`` unless ``secagg`` is true (its
+    ``secagg-*`` parameters are then unused: the app's ``pyproject.toml`` declares them
+    all, so they are always there)."""
+    enabled = settings.get("secagg", False)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"secagg must be true or false, got {enabled!r}")
+    if not enabled:
+        return None
+    values = {
+        field: _number(settings[key], key, kind)
+        for key, (field, kind) in SECAGG_KEYS.items()
+        if key in settings
+    }
+    return SecAggSettings(**values)
 
 
 def write_failure(folder: Path, error: StratifyError) -> None:
@@ -187,6 +237,8 @@ def run_summary(run: FlowerRun) -> dict[str, Any]:
         ],
         "traffic": dataclasses.asdict(run.traffic),
         "dropped": {str(client): lost for client, lost in run.dropped.items()},
+        "secagg": run.secagg,
+        "withheld": run.withheld,
     }
 
 
@@ -234,6 +286,7 @@ def server_main(grid: Grid, context: Context) -> None:
             timeout=checked.timeout,
             retries=checked.retries,
             on_lost=checked.on_lost,
+            secagg=checked.secagg,
         )
     except (ClientLostError, RegistryError) as lost:  # a registration refused is reported too
         log.error("stratify: the run stopped: %s", lost)

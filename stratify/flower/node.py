@@ -13,15 +13,18 @@ order of its own order key, and client 0's node is also the key holder.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from torch import nn
 
 from stratify.client import GradientHook, GradientOffset, LocalTrainer, ProximalGradient
@@ -39,6 +42,7 @@ from stratify.flower.messages import (
     state_record,
 )
 from stratify.flower.registry import KEY_HOLDER, ClientRegistration, values_record
+from stratify.flower.secure_sum import contribution, contribution_reply, read_request
 from stratify.nn.models import build_model, default_model
 from stratify.nn.norm_exchange import Party
 from stratify.registry.client_secrets import node_order_key
@@ -308,6 +312,72 @@ def gradient(message: Message, context: Context) -> Message:
     return reply(message, gradient=state_record(grads), loss=ConfigRecord({"loss_sum": loss}))
 
 
+def share_sum(node: NodeData, model: nn.Module, share: np.ndarray) -> tuple[list, float]:
+    """The gradient of the summed loss over ``share`` (the node's positions), parameter by
+    parameter, and that summed loss."""
+    model.zero_grad(set_to_none=True)
+    loss = node.trainer.batch_gradient(
+        model, share, np.zeros(len(share), dtype=np.int64), divisor=1
+    )
+    grads = [
+        parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+        for parameter in model.parameters()
+    ]
+    return grads, loss
+
+
+def secure_share(message: Message, context: Context) -> Message:
+    """The node's contribution to a global batch's SecAgg+ sum (:mod:`.secure_sum`), which
+    :func:`flwr.client.mod.secaggplus_mod` masks before it leaves the node."""
+    request = read_request(message.content)
+    node = node_data(RecordDict({"run": ConfigRecord({"config": request.run})}), context)
+    state = dict(zip(node.model.state_dict(), request.model))
+    load_into(node.model, {key: torch.as_tensor(value) for key, value in state.items()})
+    node.model.train()
+    grads, loss = share_sum(node, node.model, request.positions)
+    values = contribution(
+        [g.detach().numpy() for g in grads], loss, request.scale, request.clipping_range
+    )
+    return contribution_reply(message, values)
+
+
+def secagg_only(context: Context) -> bool:
+    """Whether this node sends model updates only inside SecAgg+ sums
+    (``--node-config secagg-only=true``)."""
+    value = context.node_config.get("secagg-only", False)
+    return value is True or str(value).lower() == "true"
+
+
+#: a ClientApp's message handler
+Handler = Callable[[Message, Context], Message]
+
+
+def in_the_clear(handler: Handler) -> Handler:
+    """``handler`` (it sends the server one client's update or gradient), refused in one
+    line on a node that sends its updates only inside SecAgg+ sums: there the node, not
+    the server, decides (docs/flower.md, "Secure aggregation")."""
+
+    @wraps(handler)
+    def guarded(message: Message, context: Context) -> Message:
+        if secagg_only(context):
+            raise ConfigError(
+                f"this node is secagg-only: it answers {message.metadata.message_type} "
+                "(one client's update in the clear) only without --node-config secagg-only"
+            )
+        return handler(message, context)
+
+    return guarded
+
+
+def train_or_share(message: Message, context: Context) -> Message:
+    """A ``train`` message: a stage of SecAgg+ (Flower's workflow sends its four stages as
+    ``train``), handled by ``secaggplus_mod`` around :func:`secure_share`; else a local
+    training (:func:`train`)."""
+    if RECORD_KEY_CONFIGS in message.content.config_records:
+        return secaggplus_mod(message, context, secure_share)
+    return in_the_clear(train)(message, context)
+
+
 def norm(message: Message, context: Context) -> Message:
     """One exchange of the sum-based BatchNorm over the node's share of a global batch:
     its part of a layer's sums, its term of a layer's adjoint, or its term of the
@@ -369,8 +439,7 @@ def client_app(
     app.query("placeholders")(placeholders)
     for handler in (labels, unique, counts, matches, total):
         app.query(handler.__name__)(partial(handler, keys=path, order_keys=orders))
-    app.train()(train)
-    app.train("gradient")(gradient)
-    app.train("hop")(hop)
-    app.train("norm")(norm)
+    app.train()(train_or_share)
+    for update in (gradient, hop, norm):
+        app.train(update.__name__)(in_the_clear(update))
     return app

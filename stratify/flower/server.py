@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import nn
 
@@ -54,6 +54,7 @@ from stratify.flower.messages import (
     state_record,
 )
 from stratify.flower.registry import KEY_HOLDER, SecureRegistration
+from stratify.flower.secure_sum import SecAggSettings, SecureBatchSum, check_secagg_config
 from stratify.method import EpochStats
 from stratify.nn.norm import has_batch_norm
 from stratify.nn.norm_exchange import (
@@ -164,6 +165,11 @@ class RemoteTrainer(LocalTrainer):
         What a global batch does when a participant is lost after every retry: stop the
         run (:class:`ClientLostError`), or go on without that client (Stratify's batch
         mode; a local training or a hop always stops).
+    secure_sum : SecureBatchSum, optional
+        Sum every global batch's shares with SecAgg+ (docs/flower.md, "Secure
+        aggregation"): the server gets the batch's sum only. A batch with a single
+        participant is then not sent (its sum would be that share): its samples are
+        counted in :attr:`withheld` and no step is taken.
     """
 
     #: the samples stay on the nodes: no compiled or vectorised step reads them here
@@ -176,6 +182,7 @@ class RemoteTrainer(LocalTrainer):
         x_train: torch.Tensor,
         y_train: torch.Tensor,
         on_lost: str = "stop",
+        secure_sum: SecureBatchSum | None = None,
     ) -> None:
         super().__init__(x_train, y_train)
         if on_lost not in ON_LOST:
@@ -185,6 +192,13 @@ class RemoteTrainer(LocalTrainer):
         self.on_lost = on_lost
         #: client -> what happened, for every client dropped so far (``on_lost="drop"``)
         self.dropped: dict[int, str] = {}
+        self.secure_sum = secure_sum
+        #: samples of single-participant batches not sent under SecAgg+
+        self.withheld = 0
+        self._last_withheld = False
+        #: when the link records: every global batch as the server holds it
+        recording = getattr(link, "payloads", None) is not None
+        self.batches: list[dict[str, Any]] | None = [] if recording else None
 
     def drop(self, lost: ClientLostError) -> None:
         """Go on without the clients ``lost`` names: their shares of this and every later
@@ -289,7 +303,39 @@ class RemoteTrainer(LocalTrainer):
         return losses
 
     def trained_samples(self, clients: np.ndarray) -> int:
+        if self._last_withheld:
+            return 0
         return int(np.isin(clients, list(self.dropped), invert=True).sum())
+
+    def secure_batch_gradient(
+        self, model: nn.Module, samples: np.ndarray, clients: np.ndarray, scale: int
+    ) -> float:
+        """A global batch's mean gradient into ``.grad`` through SecAgg+
+        (:class:`~stratify.flower.secure_sum.SecureBatchSum`); its summed loss."""
+        assert self.secure_sum is not None
+        boundaries = np.flatnonzero(np.diff(clients)) + 1
+        shares = []
+        for segment in np.split(np.arange(len(samples)), boundaries):
+            client = int(clients[segment[0]])
+            shares.append((self.link.nodes[client], samples[segment] - self.offsets[client]))
+        if len(shares) < 2:
+            self.withheld += len(samples)
+            self._last_withheld = True
+            return 0.0
+        state = [value.detach().cpu().numpy() for value in model.state_dict().values()]
+        gradients, loss_sum = self.secure_sum.sum(shares, state, scale)
+        if self.batches is not None:
+            self.batches[-1]["sum"] = gradients
+        self.link.traffic.transfers += len(shares)  # each participant receives the model
+        self.link.traffic.uploads += len(shares)  # and sends its masked contribution
+        with torch.no_grad():
+            for parameter, total in zip(model.parameters(), gradients):
+                value = torch.as_tensor(total, dtype=parameter.dtype, device=parameter.device)
+                if parameter.grad is None:
+                    parameter.grad = value.reshape(parameter.shape).clone()
+                else:
+                    parameter.grad += value.reshape(parameter.shape)
+        return loss_sum
 
     def batch_gradient(
         self,
@@ -303,7 +349,17 @@ class RemoteTrainer(LocalTrainer):
         for in one exchange, added up and divided by the batch size into ``.grad``; with
         sum-based BatchNorm layers, through their exchanges of sums
         (:meth:`norm_batch_gradient`)."""
+        self._last_withheld = False
+        if self.batches is not None:
+            state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            self.batches.append({"state": state, "samples": samples, "clients": clients})
         normalised = has_batch_norm(model)
+        if self.secure_sum is not None:
+            if normalised:
+                raise ConfigError("secagg does not cover batch-statistics norms: use --norm gn")
+            return self.secure_batch_gradient(
+                model, samples, clients, len(samples) if divisor is None else divisor
+            )
         if normalised:
             exchanged_layers(model)  # torch's BatchNorm or FedTAN's layer: refused now
         boundaries = np.flatnonzero(np.diff(clients)) + 1
@@ -431,6 +487,14 @@ class FlowerRun:
     dropped : dict
         Client -> the epoch in which it was lost and why, for every client the run went
         on without (``on_lost="drop"``).
+    secagg : bool
+        Whether every global batch was summed with SecAgg+.
+    withheld : int
+        Under SecAgg+, samples of single-participant batches that were not sent.
+    batches : list or None
+        With recording, every global batch as the server holds it: the model ``state``,
+        the ``samples`` (client positions end to end) and their ``clients``, and under
+        SecAgg+ the ``sum`` it got (the batch's mean gradients, parameter by parameter).
     """
 
     config: TrainConfig
@@ -444,6 +508,41 @@ class FlowerRun:
     registration_seconds: float = 0.0
     payloads: list[tuple[str, str, RecordDict]] | None = None
     dropped: dict[int, dict[str, Any]] = field(default_factory=dict)
+    secagg: bool = False
+    withheld: int = 0
+    batches: list[dict[str, Any]] | None = None
+
+
+class LinkedGrid:
+    """``grid`` with every message SecAgg+'s workflow sends and receives kept and counted
+    by ``link`` (the workflow talks to the grid itself, not through the link)."""
+
+    def __init__(self, grid: Grid, link: NodeLink) -> None:
+        self.grid = grid
+        self.link = link
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages: Sequence[Message], *, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        for message in messages:
+            self.link.traffic.messages += 1
+            self.link.keep("sent", message.metadata.message_type, message.content)
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        for reply in replies:
+            if not reply.has_error():
+                self.link.keep("received", reply.metadata.message_type, reply.content)
+        return replies
+
+
+def check_secagg(config: TrainConfig, secagg: SecAggSettings, on_lost: str) -> None:
+    """Refuse, in one line, a SecAgg+ run this integration does not cover
+    (:func:`~stratify.flower.secure_sum.check_secagg_config`) or a lost client it would have
+    to drop: a lost participant stops the run."""
+    check_secagg_config(config, secagg)
+    if on_lost != "stop":
+        raise ConfigError("secagg stops on a lost client: leave on-lost at stop")
 
 
 def server_dataset(loaded: Dataset, sizes: Sequence[int], placeholders: np.ndarray) -> Dataset:
@@ -471,6 +570,7 @@ def run_on_grid(
     retries: int = 1,
     record: bool = False,
     on_lost: str = "stop",
+    secagg: SecAggSettings | None = None,
 ) -> FlowerRun:
     """Run ``config`` with its clients on the nodes of ``grid``.
 
@@ -491,11 +591,19 @@ def run_on_grid(
     on_lost : {"stop", "drop"}
         A client lost: the run stops with :class:`ClientLostError`, or (Stratify's batch
         mode) goes on without it (:func:`run_over_link`).
+    secagg : SecAggSettings, optional
+        Sum every global batch's shares with Flower's SecAgg+ (Stratify's batch mode).
     """
-    return run_over_link(NodeLink(grid, config, timeout, retries, record), config, on_lost)
+    link = NodeLink(grid, config, timeout, retries, record)
+    return run_over_link(link, config, on_lost, secagg)
 
 
-def run_over_link(link: NodeLink, config: TrainConfig, on_lost: str = "stop") -> FlowerRun:
+def run_over_link(
+    link: NodeLink,
+    config: TrainConfig,
+    on_lost: str = "stop",
+    secagg: SecAggSettings | None = None,
+) -> FlowerRun:
     """Run ``config`` through ``link``'s nodes (:func:`run_on_grid`'s body).
 
     With ``on_lost="drop"`` (Stratify's batch mode only), a client lost after every retry
@@ -510,6 +618,15 @@ def run_over_link(link: NodeLink, config: TrainConfig, on_lost: str = "stop") ->
             "on-lost drop goes on without a lost client in Stratify's batch mode only; "
             f"{config.algorithm} in {config.mode} mode stops (on-lost stop)"
         )
+    secure_sum = None
+    if secagg is not None:
+        check_secagg(config, secagg, on_lost)
+        secure_sum = SecureBatchSum(
+            LinkedGrid(link.grid, link),  # type: ignore[arg-type]
+            secagg,
+            str(link.run_record["config"]),
+            link.timeout,
+        )
     loaded = load_dataset(
         config.dataset, data_dir=config.data_dir, seed=config.seed, **config.dataset_options
     )
@@ -523,7 +640,9 @@ def run_over_link(link: NodeLink, config: TrainConfig, on_lost: str = "stop") ->
     federation = Federation(
         [np.arange(offsets[k], offsets[k + 1]) for k in range(config.clients)], placeholders
     )
-    trainer = RemoteTrainer(link, sizes, dataset.x_train, dataset.y_train, on_lost=on_lost)
+    trainer = RemoteTrainer(
+        link, sizes, dataset.x_train, dataset.y_train, on_lost=on_lost, secure_sum=secure_sum
+    )
     experiment = build_experiment(
         config,
         dataset=dataset,
@@ -539,6 +658,7 @@ def run_over_link(link: NodeLink, config: TrainConfig, on_lost: str = "stop") ->
         placeholders=placeholders,
         registration_seconds=registration_seconds,
         payloads=link.payloads,
+        secagg=secagg is not None,
     )
     for epoch in range(1, config.epochs + 1):
         start = time.perf_counter()
@@ -559,6 +679,8 @@ def run_over_link(link: NodeLink, config: TrainConfig, on_lost: str = "stop") ->
             strategy.drop_clients(experiment.engine.context, lost)
             for client in lost:
                 run.dropped[client] = {"epoch": epoch, "reason": trainer.dropped[client]}
+    run.withheld = trainer.withheld
+    run.batches = trainer.batches
     run.state = {
         key: value.detach().cpu().clone() for key, value in experiment.model.state_dict().items()
     }

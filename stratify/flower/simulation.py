@@ -16,7 +16,8 @@ from stratify.config import TrainConfig
 from stratify.errors import ConfigError
 from stratify.flower.messages import check_flower_config
 from stratify.flower.node import client_app
-from stratify.flower.server import FlowerRun, run_on_grid
+from stratify.flower.secure_sum import SecAggSettings
+from stratify.flower.server import FlowerRun, check_secagg, run_on_grid
 
 
 def simulate(
@@ -28,6 +29,7 @@ def simulate(
     keys: str | os.PathLike | None = None,
     record: bool = False,
     order_keys: str | os.PathLike | None = None,
+    secagg: SecAggSettings | Sequence[SecAggSettings | None] | None = None,
 ) -> list[FlowerRun]:
     """Run every configuration in ``configs``, one after another, in one Flower simulation
     (the Ray cluster starts once); all of them must have the same number of clients.
@@ -49,6 +51,9 @@ def simulate(
         A folder of the nodes' own order-key files (``client-K.json``, read or drawn and
         written 0600; :func:`~stratify.flower.node.client_app`); default: each node draws
         its own in memory.
+    secagg : SecAggSettings or sequence, optional
+        Sum every global batch's shares with Flower's SecAgg+ (docs/flower.md, "Secure
+        aggregation"): for every run, or per run (``None`` for a run without).
 
     Returns
     -------
@@ -57,8 +62,16 @@ def simulate(
     """
     if not configs or len({config.clients for config in configs}) != 1:
         raise ConfigError("a simulation runs configurations of one number of clients")
-    for config in configs:
+    if secagg is None or isinstance(secagg, SecAggSettings):
+        secaggs: list[SecAggSettings | None] = [secagg] * len(configs)
+    else:
+        secaggs = list(secagg)
+    if len(secaggs) != len(configs):
+        raise ConfigError("give one secagg setting per configuration (None for a run without)")
+    for config, secure_sum in zip(configs, secaggs):
         check_flower_config(config)
+        if secure_sum is not None:
+            check_secagg(config, secure_sum, "stop")
         if config.secure and keys is None:
             raise ConfigError(
                 "a secure run over Flower needs the federation's key file for its nodes: "
@@ -71,9 +84,16 @@ def simulate(
     @server.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            for config in configs:
+            for config, secure_sum in zip(configs, secaggs):
                 runs.append(
-                    run_on_grid(grid, config, timeout=timeout, retries=retries, record=record)
+                    run_on_grid(
+                        grid,
+                        config,
+                        timeout=timeout,
+                        retries=retries,
+                        record=record,
+                        secagg=secure_sum,
+                    )
                 )
         except BaseException as error:  # handed to the caller: the runtime would only log it
             failures.append(error)
