@@ -204,7 +204,9 @@ def test_when_a_row_first_trains_gives_a_class_ordered_stream_away(keyed):
 # -- a server with public samples --------------------------------------------------------
 
 
-def digits_stream(order: str, keyed: bool, seed: int) -> tuple[float, StreamLearner]:
+def digits_stream(
+    order: str, keyed: bool, seed: int, num_classes: int | None = CLASSES
+) -> tuple[float, StreamLearner]:
     """One pass of digits' training split as a stream (10 clients), then the server's
     public-sample attack with the first test sample of each class; its recovery."""
     from stratify.data.datasets import load_dataset
@@ -215,7 +217,7 @@ def digits_stream(order: str, keyed: bool, seed: int) -> tuple[float, StreamLear
         order_of = np.argsort(y, kind="stable")
     else:
         order_of = np.random.default_rng(seed).permutation(len(y))
-    learner = StreamLearner(StreamConfig(device="cpu", seed=seed, num_classes=CLASSES))
+    learner = StreamLearner(StreamConfig(device="cpu", seed=seed, num_classes=num_classes))
     if not keyed:
         learner.registry.place_stream(None)
     for line, index in enumerate(order_of, start=1):
@@ -347,6 +349,7 @@ def test_the_key_holder_names_other_clients_labels_it_holds(spec, least):
 def figures() -> None:
     """Every figure of these attacks, mean over :data:`SEEDS`."""
     mean = lambda values: float(np.mean(list(values)))  # noqa: E731
+    row_seeds = range(20)  # cheap: 20 streams of 30 events per line
     for order in ("class", "random"):
         for keyed in (False, True):
             for capacity in (CLASSES, None):
@@ -358,9 +361,9 @@ def figures() -> None:
                         seed=s,
                         num_classes=capacity,
                     )
-                    for s in SEEDS
+                    for s in row_seeds
                 ]
-                labels = [stream_labels(order, 3, s) for s in SEEDS]
+                labels = [stream_labels(order, 3, s) for s in row_seeds]
                 static = mean(natural_order_recovery(server_rows(r)) for r in runs)
                 timing = mean(
                     first_appearance_recovery(server_rows(r), first_events(ls))
@@ -368,22 +371,36 @@ def figures() -> None:
                 )
                 print(
                     f"row order: {order} stream, {'keyed' if keyed else 'arrival'} rows, "
-                    f"capacity {capacity}: natural-order {static:.2f}, first-trained {timing:.2f}"
+                    f"capacity {capacity}: natural-order {static:.2f}, first-trained {timing:.2f} "
+                    f"({len(row_seeds)} streams)"
                 )
     for order in ("random", "class"):
         for keyed in (False, True):
-            value = mean(digits_stream(order, keyed, s)[0] for s in SEEDS)
-            print(f"public samples: digits {order} stream, keyed={keyed}: {value:.2f}")
+            for capacity in (CLASSES, None):
+                runs = [digits_stream(order, keyed, s, capacity) for s in SEEDS]
+                print(
+                    f"public samples: digits {order} stream, keyed={keyed}, capacity "
+                    f"{capacity}: {mean(r for r, _ in runs):.2f} {[r for r, _ in runs]}; "
+                    "prequential accuracy "
+                    f"{mean(learner.prequential.accuracy for _, learner in runs):.4f}"
+                )
     sources = [("digits", None)]
     data_dir = os.environ.get("STRATIFY_DATA_DIR", "/work/shared/data")
     if os.path.isdir(os.path.join(data_dir, "mnist")):
         sources.append(("mnist-10k", data_dir))
     for name, folder in sources:
         labels, public = dataset_labels(name, folder)
+        from stratify.data.datasets import load_dataset
+
+        data = load_dataset(name, data_dir=folder)
+        # the whole dataset's class totals (training and test split), a weaker prior
+        population = np.bincount(np.concatenate([labels, data.y_test.numpy()]))
         for spec in ("iid", "dirichlet:0.5", "dirichlet:0.1"):
             for step in (1, 10, 50, 100):
                 value = mean(frequency_recovery(labels, public, spec, s, step) for s in SEEDS)
                 print(f"global counts: {name} {spec}, counts to {step}: {value:.2f}")
+            value = mean(frequency_recovery(labels, population, spec, s) for s in SEEDS)
+            print(f"global counts: {name} {spec}, exact, whole-dataset totals: {value:.2f}")
     for spec in ("iid", "dirichlet:0.5", "dirichlet:0.1"):
         shares = [key_holder_naming(spec, s)[0] for s in SEEDS]
         print(f"key holder as client 0: digits {spec}: {mean(shares):.2f} {shares}")

@@ -876,6 +876,11 @@ class StreamLearner:
         self.class_of[label] = row
         model_row = self.model_row(row)
         self.model_rows.append(model_row)
+        if model_row < self.rows and self.rows_are_indices and row > 0 and not self.imprints:
+            # a keyed row that waited for its class was pushed down by every step since:
+            # it starts afresh, as a row grown for it would (an imprinted row is set from
+            # the class's sample instead; docs/streaming.md, "Placeholders")
+            self.redraw_row(model_row)
         if model_row >= self.rows:
             replaced: dict[int, Any]
             # up to the span of the placement, so that every placeholder has its row
@@ -887,6 +892,33 @@ class StreamLearner:
             self.follow_model()
             self.policy.classifier_grown(self.context(), replaced)
         return row
+
+    def redraw_row(self, row: int) -> None:
+        """Draw classifier row ``row`` again as growing the classifier draws it (from
+        ``row_generator(seed, row)``, uniform in ``±1/sqrt(width)``)."""
+        if isinstance(self.model, NumpyMLP):
+            from stratify.stream.mlp import row_generator, uniform_rows
+
+            weight, bias = self.model.weights[-1], self.model.biases[-1]
+            new_weight, new_bias = uniform_rows(
+                row_generator(self.config.seed, row), 1, weight.shape[1]
+            )
+            weight[row], bias[row] = new_weight[0], new_bias[0]
+            return
+        import torch
+
+        from stratify.stream.classifier import row_generator as torch_row_generator
+
+        head = classifier_head(self.model)
+        width = head.in_features
+        bound = 1.0 / math.sqrt(width)
+        values = torch.empty(width + 1).uniform_(
+            -bound, bound, generator=torch_row_generator(self.config.seed, row)
+        )
+        with torch.no_grad():
+            head.weight[row] = values[:width].to(head.weight)
+            if head.bias is not None:
+                head.bias[row] = values[width].to(head.bias)
 
     @property
     def imprints(self) -> bool:
@@ -950,8 +982,7 @@ class StreamLearner:
             return None
         shape = self.input_shape
         x_test = as_numpy(x_test)
-        # -2: a label the stream has not brought, never the -1 of a row without a class
-        targets = np.array([self.class_of.get(label, -2) for label in labels])
+        targets = np.array([self.class_of.get(label, -1) for label in labels])
         predicted = np.empty(len(targets), dtype=np.int64)
         for start in range(0, len(targets), EVAL_BATCH):
             batch = x_test[start : start + EVAL_BATCH].reshape(-1, *shape)
@@ -959,21 +990,21 @@ class StreamLearner:
         return float((predicted == targets).sum()) / len(targets)
 
     def predict_rows(self, batch: np.ndarray) -> np.ndarray:
-        """The predicted class (index in :attr:`classes`, -1 for a row no class has) of
-        every sample of a batch of raw features."""
-        class_of_row = np.full(self.rows, -1, dtype=np.int64)
-        class_of_row[self.model_rows] = np.arange(len(self.model_rows))
+        """The predicted class (index in :attr:`classes`) of every sample of a batch of
+        raw features: the known classes' rows only, as :meth:`predict` (a keyed stream's
+        classifier has rows no class has yet: docs/streaming.md, "Placeholders")."""
+        known = self.model_rows or [0]
         if isinstance(self.model, NumpyMLP):
             with quiet():
-                return class_of_row[self.model.logits(self.array_features(batch)).argmax(axis=1)]
+                return self.model.logits(self.array_features(batch))[:, known].argmax(axis=1)
         import torch
 
         self.model.eval()
         with torch.no_grad():
             x = self.model_features(torch.from_numpy(batch).to(self.device))
-            predicted = self.model(x).argmax(dim=1).cpu().numpy()
+            predicted = self.model(x)[:, known].argmax(dim=1).cpu().numpy()
         self.model.train()
-        return class_of_row[predicted]
+        return predicted
 
     # -- reporting and checkpoints --------------------------------------------------------
 
