@@ -179,6 +179,41 @@ def test_a_resumed_stream_keeps_its_keyed_rows():
     assert again.registry.result.client_maps == learner.registry.result.client_maps
 
 
+def test_a_stream_runs_checkpoint_holding_the_key_is_its_owners_only(tmp_path):
+    """checkpoint.pt holds the clients' placement key and buffers: mode 0600; a resumed
+    run places labels as before."""
+    import json
+
+    from stratify.registry.client_secrets import SECRETS_MODE
+    from stratify.runfolder import read_checkpoint
+    from stratify.stream.run import StreamRun
+
+    rng = np.random.default_rng(0)
+    source = tmp_path / "events.jsonl"
+    lines = [
+        json.dumps({"client": f"c{i % 3}", "label": int(label), "x": cluster(label, rng).tolist()})
+        for i, label in enumerate(stream_labels("class", 4, 0))
+    ]
+    source.write_text("\n".join(lines[:24]) + "\n")
+    out = tmp_path / "run"
+    config = StreamConfig(source=str(source), out=str(out), device="cpu", num_classes=CLASSES)
+    StreamRun(config).run()
+    path = out / "checkpoint.pt"
+    assert path.stat().st_mode & 0o777 == SECRETS_MODE
+    before = read_checkpoint(path)["learner"]
+    assert before["row_key"] is not None
+    source.write_text("\n".join(lines) + "\n")
+    resumed = StreamRun(config, resume=True)
+    resumed.run()
+    assert resumed.learner.row_key.hex() == before["row_key"]
+    known = len(before["classes"])
+    key = bytes.fromhex(before["row_key"])
+    assert resumed.learner.model_rows[:known] == [
+        stream_placeholder(key, index, CLASSES) for index in range(known)
+    ]
+    assert path.stat().st_mode & 0o777 == SECRETS_MODE
+
+
 def first_events(labels: Sequence[int]) -> dict[int, int]:
     first: dict[int, int] = {}
     for event, label in enumerate(labels):
