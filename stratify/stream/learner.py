@@ -211,7 +211,10 @@ def placement_key(registry: LabelRegistry, seed: int) -> bytes:
     secure registry draws them from the OS), else from ``seed`` (the plain registry's
     placement, like its placeholders, is seeded: anyone knowing ``--seed`` can undo it)."""
     if registry.secrets is not None:
-        return registry.secrets.derive(b"stream placeholders")
+        # what the clients share (all of them hold the label -> row map), never a client's
+        # own order key; ``shared`` where the secrets are split per client
+        shared = getattr(registry.secrets, "shared", registry.secrets)
+        return shared.derive(b"stream placeholders")
     return hashlib.sha256(b"stratify stream placeholders %d" % seed).digest()
 
 
