@@ -59,7 +59,8 @@ def test_the_quick_stream_learns_the_accuracy_the_docs_state(capsys):
         for path in STATED_IN
     ]
     assert all(stated), "README.md and docs/streaming.md state the quick run's final accuracy"
-    # the plain registry gives the CKKS one's placeholders, so the same figure (docs)
+    # the plain registry's placement is seeded, so the figure repeats (docs/streaming.md,
+    # "Placeholders"); the secure one's key comes from the OS
     final = load_example("streaming_ingestion").main(["--quick", "--no-secure"])
     assert final > 0.6
     for match in stated:

@@ -11,6 +11,7 @@ import torch
 
 from stratify.errors import ConfigError
 from stratify.registry import PlainRegistry
+from stratify.registry.base import STREAM_BLOCK
 from stratify.registry.ckks import CKKSRegistry, same_result
 from stratify.stream import Event, EventError, PeriodicFedAvg, StreamConfig, StreamLearner
 from stratify.stream.buffers import ClientBuffers
@@ -58,7 +59,9 @@ def test_a_new_label_mid_stream_is_registered_and_learned(secure, monkeypatch):
     learner = StreamLearner(config(secure=secure, protocol="packed"))
     for event in events([0, 1, 2], ["a", "b", "c"], 300, seed=0):
         learner.ingest(event)
-    assert learner.registry.result.num_placeholders == 3 and learner.rows == 3
+    # keyed placeholders, each the row of its class: a block of STREAM_BLOCK rows
+    # (docs/streaming.md, "Placeholders")
+    assert learner.registry.result.num_placeholders == STREAM_BLOCK == learner.rows
     assert class_accuracy(learner, 3) == 0.0  # no row for it yet: always wrong
     # the counts were flushed, each one sample of one registration
     assert learner.registry.result.global_counts.sum() == len(learner.registrations)
@@ -68,10 +71,12 @@ def test_a_new_label_mid_stream_is_registered_and_learned(secure, monkeypatch):
     novel = events([3], ["a"], 1, seed=1, first_line=301)[0]
     assert learner.ingest(novel) is False  # predicted before it could be known
     result = learner.registry.result
-    assert result.num_placeholders == 4 and learner.rows == 4
+    assert result.num_placeholders == STREAM_BLOCK == learner.rows  # still in its block
     assert learner.classes == [0, 1, 2, 3] or sorted(learner.classes) == [0, 1, 2, 3]
     placeholder = result.client_maps[learner.client_of["a"]][3]
-    assert placeholder == 3  # the next placeholder; the older ones did not move
+    # the keyed place of the fourth label, its row; the older ones did not move
+    assert placeholder == learner.registry.placeholder_of_index[3] == learner.model_rows[3]
+    assert learner.model_rows[:3] == [result.client_maps[0][label] for label in learner.classes[:3]]
     for event in events([0, 1, 2, 3], ["a", "b"], 400, seed=2, first_line=302):
         learner.ingest(event)
     assert learner.registry.result.client_maps[learner.client_of["b"]][3] == placeholder
@@ -265,7 +270,9 @@ def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_roun
     rng = np.random.default_rng(0)
     for line, label in enumerate([0, 1, 2], start=1):  # new to the federation: at once
         learner.ingest(Event("a", label, cluster(label, rng), line))
-    assert learner.registry.result.client_maps == [{0: 0, 1: 1, 2: 2}]
+    rows = learner.model_rows  # keyed, distinct: each label's placeholder is its row
+    assert learner.registry.result.client_maps == [{0: rows[0], 1: rows[1], 2: rows[2]}]
+    assert len(set(rows)) == 3
     learner.ingest(Event("b", 1, cluster(1, rng), 4))
     learner.ingest(Event("b", 2, cluster(2, rng), 5))
     assert len(learner.registry.result.client_maps) == 1 and learner.unregistered == {1: [1, 2]}
@@ -274,18 +281,20 @@ def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_roun
         learner.ingest(Event("b", 1, cluster(1, rng), line))
         assert learner.unregistered == ({} if line == 3 + REGISTRATION_ARRIVALS else {1: [1, 2]})
     assert calls[-1] == (1, [1, 2]) and learner.unregistered == {}
-    assert learner.registry.result.client_maps[1] == {1: 1, 2: 2}
+    assert learner.registry.result.client_maps[1] == {1: rows[1], 2: rows[2]}
     assert learner.buffers.counts[1].sum() == learner.buffers.size - 3  # all of b's now
     # class 0 is scarce (2 of 23 buffered samples): b registers it at once, so that a
     # class that came late has its samples trained as soon as they arrive
     learner.ingest(Event("b", 0, cluster(0, rng), 100))
-    assert learner.registry.result.client_maps[1] == {1: 1, 2: 2, 0: 0}
+    assert learner.registry.result.client_maps[1] == {1: rows[1], 2: rows[2], 0: rows[0]}
     assert learner.unregistered == {} and calls[-1] == (1, [0])
     # a plentiful class waits at c; a label new to the federation makes c join at once
     learner.ingest(Event("c", 1, cluster(1, rng), 101))
     assert learner.unregistered == {2: [1]} and len(learner.registry.result.client_maps) == 2
     learner.ingest(Event("c", 3, cluster(3, rng), 102))
-    assert learner.registry.result.client_maps[2] == {3: 3} and learner.unregistered == {2: [1]}
+    assert learner.registry.result.client_maps[2] == {
+        3: learner.model_rows[3]
+    } and learner.unregistered == {2: [1]}
     # the state keeps what waits, and a restored learner goes on the same
     again = StreamLearner(config())
     again.load_state_dict(learner.state_dict())
@@ -321,7 +330,8 @@ def test_a_new_class_is_predicted_from_its_second_example_when_imprinted(new_cla
     learner = StreamLearner(config(new_class=new_class))
     for event in events([0, 1, 2], ["a", "b", "c"], 300, seed=0):
         learner.ingest(event)
-    known_norm = float(np.linalg.norm(learner.model.weights[-1][:3], axis=1).mean())
+    known_rows = learner.model_rows[:3]  # keyed rows (docs/streaming.md, "Placeholders")
+    known_norm = float(np.linalg.norm(learner.model.weights[-1][known_rows], axis=1).mean())
     learner.learn_one(cluster(3, np.random.default_rng(1)), 3, client="a")
     rng = np.random.default_rng(2)
     hits = sum(learner.predict_one(cluster(3, rng)) == 3 for _ in range(20))
@@ -330,7 +340,7 @@ def test_a_new_class_is_predicted_from_its_second_example_when_imprinted(new_cla
         return
     assert hits >= 18
     # scaled like the known rows (one step on it since moves it a little)
-    row = learner.model.weights[-1][3]
+    row = learner.model.weights[-1][learner.model_rows[3]]
     assert float(np.linalg.norm(row)) == pytest.approx(known_norm, rel=0.1)
     assert min(class_accuracy(learner, label) for label in (0, 1, 2)) > 0.8
 
@@ -375,17 +385,21 @@ def test_the_numpy_path_learns_what_the_torch_path_learns(monkeypatch, momentum)
     # tiny MLP's trajectory chaotic: the paths' 3e-8 float difference grows steadily to
     # 1e-3 by event 100 and a prediction flips; at 0.02 it stays below 1e-6
     lr = 0.05 if momentum == 0 else 0.02
-    numpy_learner = StreamLearner(config(momentum=momentum, mlp_hidden=(32, 16), lr=lr))
+    # a declared capacity of 8 rows, keyed: the two paths draw a grown row's initial
+    # weights differently, which imprinting hid while every grown row was a class's
+    numpy_learner = StreamLearner(
+        config(momentum=momentum, mlp_hidden=(32, 16), lr=lr, num_classes=8)
+    )
     outcomes = [numpy_learner.ingest(event) for event in stream]
     assert isinstance(numpy_learner.model, NumpyMLP)
     assert numpy_learner.arrays is not None and numpy_learner.policy.step.arrays is not None
     monkeypatch.setattr(step_module.MLPArrays, "of", classmethod(lambda cls, model: None))
-    # the stream starts with one classifier row, grown (and imprinted) for each new class
-    initial = NumpyMLP.build(FEATURES, 1, (32, 16), seed=0)
-    model = MLP((FEATURES,), 1, hidden=(32, 16))
+    # the same 8 initial rows; each new class's row is imprinted
+    initial = NumpyMLP.build(FEATURES, 8, (32, 16), seed=0)
+    model = MLP((FEATURES,), 8, hidden=(32, 16))
     model.load_state_dict({name: torch.from_numpy(v) for name, v in initial.state_dict().items()})
     torch_learner = StreamLearner(
-        config(momentum=momentum, mlp_hidden=(32, 16), lr=lr), model=model
+        config(momentum=momentum, mlp_hidden=(32, 16), lr=lr, num_classes=8), model=model
     )
     assert outcomes == [torch_learner.ingest(event) for event in stream]
     assert torch_learner.arrays is None and torch_learner.policy.step.arrays is None

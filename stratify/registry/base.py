@@ -6,8 +6,13 @@ label -> placeholder map (known to that client only), and the global count per
 placeholder. The scheduler and selector see only placeholders.
 
 A stream registers one label at a time (:meth:`LabelRegistry.add_label`): a label new to
-every client gets the next placeholder, ``U``, so the placeholders already handed out
-stay as they are.
+every client gets the next unique index, ``U``, so the placeholders already handed out
+stay as they are. Its placeholder is ``U`` itself, the label's arrival order, unless the
+clients set a keyed placement (:meth:`LabelRegistry.place_stream`, a fresh stream's
+default): then it is the ``U``-th entry of a permutation, keyed by the clients' secret,
+of the stream's declared class capacity (or of blocks of :data:`STREAM_BLOCK`
+placeholders as a stream without one grows), so the placeholder says nothing of when its
+label came (docs/streaming.md, "Placeholders").
 
 With :class:`~stratify.registry.client_secrets.RegistrySecrets` (always, in the secure
 registry) every client encodes its labels in a secret random order and the placeholders
@@ -17,6 +22,8 @@ caller lists them and the permutation is seeded (docs/architecture.md, "Privacy"
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from stratify.errors import RegistryError
-from stratify.registry.client_secrets import RegistrySecrets
+from stratify.registry.client_secrets import RegistrySecrets, keyed_permutation
 
 #: The secure registry's protocols (docs/architecture.md, "Privacy"): the paper's ``naive``
 #: and the ``packed`` SIMD layout (CKKS), and each with the server blinding comparisons and
@@ -64,6 +71,47 @@ def assign_placeholders(num_unique: int, seed: int) -> np.ndarray:
     (:meth:`~stratify.registry.client_secrets.RegistrySecrets.placeholders`).
     """
     return np.random.default_rng([seed, 0x5EED]).permutation(num_unique)
+
+
+#: placeholders a stream without a declared class capacity draws at a time: its ``U``-th
+#: label takes a keyed place in the block of ``U``; a block is all the server can tell of
+#: a label's arrival, and the classifier holds at most ``STREAM_BLOCK - 1`` unused rows
+STREAM_BLOCK = 8
+
+
+def stream_placeholder(
+    key: bytes, index: int, capacity: int | None = None, block: int = STREAM_BLOCK
+) -> int:
+    """The placeholder of a stream's ``index``-th unique label under the clients' ``key``.
+
+    Parameters
+    ----------
+    key : bytes
+        The clients' placement key (never sent to the server).
+    index : int
+        The label's rank in arrival order among the unique labels.
+    capacity : int, optional
+        The stream's declared number of classes: the placeholder is entry ``index`` of a
+        keyed permutation of ``range(capacity)``. Without one, entry ``index % block`` of
+        a keyed permutation of the block ``index`` falls in (its own key per block).
+    block : int
+        Size of a block without ``capacity``.
+    """
+    if capacity is not None:
+        if not 0 <= index < capacity:
+            raise RegistryError(f"unique label {index} is beyond the capacity of {capacity}")
+        return keyed_permutation(key, capacity)[index]
+    start = index - index % block
+    block_key = hmac.new(key, b"stream block %d" % start, hashlib.sha256).digest()
+    return start + keyed_permutation(block_key, block)[index % block]
+
+
+def stream_span(unique: int, capacity: int | None = None, block: int = STREAM_BLOCK) -> int:
+    """Placeholders a stream with ``unique`` labels spans under a keyed placement: its
+    capacity, else the blocks its labels fall in (:func:`stream_placeholder`)."""
+    if capacity is not None:
+        return capacity
+    return -(-unique // block) * block
 
 
 # client labels are typed Mapping[Any, int]: Mapping is invariant in its key type, so
@@ -135,6 +183,39 @@ class LabelRegistry(ABC):
         #: counts added with ``defer_count`` and not yet in :attr:`result`: client ->
         #: placeholder -> count (:meth:`flush_counts`)
         self.pending_counts: dict[int, dict[int, int]] = {}
+        #: a stream's keyed placement (:meth:`place_stream`): key and capacity
+        self.stream_key: bytes | None = None
+        self.stream_capacity: int | None = None
+
+    def place_stream(self, key: bytes | None, capacity: int | None = None) -> None:
+        """Give the labels :meth:`add_label` appends keyed placeholders
+        (:func:`stream_placeholder`) instead of their arrival order; ``key`` ``None``
+        puts the arrival order back. Set before the first label is added.
+
+        Parameters
+        ----------
+        key : bytes or None
+            The clients' placement key.
+        capacity : int, optional
+            The stream's declared number of classes.
+        """
+        if self.placeholder_of_index:
+            raise RegistryError("a stream's placement is set before its first label")
+        self.stream_key, self.stream_capacity = key, capacity
+
+    def next_placeholder(self, index: int) -> int:
+        """Placeholder of the ``index``-th unique label appended by :meth:`add_labels`."""
+        if self.stream_key is None:
+            return index
+        return stream_placeholder(self.stream_key, index, self.stream_capacity)
+
+    def placeholder_span(self) -> int:
+        """Placeholders the registered labels span: their number, or under a keyed
+        placement every placeholder it may hand out so far (:func:`stream_span`)."""
+        unique = len(self.placeholder_of_index)
+        if self.stream_key is None:
+            return unique
+        return stream_span(unique, self.stream_capacity)
 
     def encoding_order(self, client_labels: Sequence[Mapping[Any, int]]) -> list[dict[Any, int]]:
         """Each client's ``{label: count}`` in the order the client encodes its labels: a
@@ -278,9 +359,9 @@ class LabelRegistry(ABC):
             indices = self._place_many(client, list(labels), new)
         for index in indices:
             if index == len(self.placeholder_of_index):
-                self.placeholder_of_index.append(index)
+                self.placeholder_of_index.append(self.next_placeholder(index))
         placeholders = [self.placeholder_of_index[index] for index in indices]
-        num_placeholders = len(self.placeholder_of_index)
+        num_placeholders = self.placeholder_span()
         global_counts = np.zeros(num_placeholders, dtype=np.int64)
         global_counts[: len(previous.global_counts)] = previous.global_counts
         for placeholder, count in zip(placeholders, counts):

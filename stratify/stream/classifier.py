@@ -18,6 +18,7 @@ that importing this module does not load it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -165,7 +166,9 @@ def head_input(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return seen[0]
 
 
-def imprint_row(head: nn.Linear, row: int, embedding: torch.Tensor) -> bool:
+def imprint_row(
+    head: nn.Linear, row: int, embedding: torch.Tensor, known: Sequence[int] | None = None
+) -> bool:
     """Set classifier row ``row`` from one sample of its class (weight imprinting: Qi,
     Brown and Lowe, "Low-Shot Learning with Imprinted Weights", CVPR 2018).
 
@@ -184,6 +187,9 @@ def imprint_row(head: nn.Linear, row: int, embedding: torch.Tensor) -> bool:
         The new class's row; the rows before it are the known classes'.
     embedding : torch.Tensor
         One sample's input to ``head``, of ``head.in_features`` values.
+    known : sequence of int, optional
+        The known classes' rows, when they are not ``0 … row − 1`` (a stream's keyed
+        rows: docs/streaming.md, "Placeholders").
 
     Returns
     -------
@@ -193,11 +199,12 @@ def imprint_row(head: nn.Linear, row: int, embedding: torch.Tensor) -> bool:
     import torch
 
     norm = float(embedding.norm())
-    if row == 0 or norm == 0 or not math.isfinite(norm):
+    rows = list(range(row)) if known is None else list(known)
+    if not rows or norm == 0 or not math.isfinite(norm):
         return False
     with torch.no_grad():
-        known = head.weight[:row]
-        head.weight[row] = embedding.to(known) * (float(known.norm(dim=1).mean()) / norm)
+        weights = head.weight[rows]
+        head.weight[row] = embedding.to(weights) * (float(weights.norm(dim=1).mean()) / norm)
         if head.bias is not None:
-            head.bias[row] = head.bias[:row].mean()
+            head.bias[row] = head.bias[rows].mean()
     return True

@@ -24,7 +24,10 @@ learn without testing, and predict without learning.
 
 The server's side (schedule, routing, model) sees placeholders and buffer counts only;
 real labels stay with the clients: in their buffers, their label maps and the map from
-labels to classifier rows (docs/architecture.md, "Streaming").
+labels to classifier rows (docs/architecture.md, "Streaming"). In a fresh stream a label's
+classifier row is its placeholder, placed by a key the clients hold
+(:meth:`~stratify.registry.base.LabelRegistry.place_stream`; the plain registry's key
+follows from ``--seed``), not its arrival order (docs/streaming.md, "Placeholders").
 
 With its defaults (an MLP on CPU trained by single-sample updates) the learner's model is
 the NumPy MLP of :mod:`.mlp` and nothing on its path imports torch; a torch model (given,
@@ -34,6 +37,7 @@ learner starts.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -202,6 +206,18 @@ class Prediction:
         return float(self.probabilities[row])
 
 
+def placement_key(registry: LabelRegistry, seed: int) -> bytes:
+    """The key placing a fresh stream's labels: derived from the clients' secrets (the
+    secure registry draws them from the OS), else from ``seed`` (the plain registry's
+    placement, like its placeholders, is seeded: anyone knowing ``--seed`` can undo it)."""
+    if registry.secrets is not None:
+        # what the clients share (all of them hold the label -> row map), never a client's
+        # own order key; ``shared`` where the secrets are split per client
+        shared = getattr(registry.secrets, "shared", registry.secrets)
+        return shared.derive(b"stream placeholders")
+    return hashlib.sha256(b"stratify stream placeholders %d" % seed).digest()
+
+
 def make_stream_registry(config: StreamConfig) -> LabelRegistry:
     """The registry of ``config``: CKKS bounded by ``--num-classes``, or the plain one."""
     if not config.secure:
@@ -265,6 +281,13 @@ class StreamLearner:
         #: encrypted comparison (docs/architecture.md, "Streaming")
         self.rows_are_indices = registry is None and not classes
         self.registry = registry if registry is not None else make_stream_registry(config)
+        #: the model's row of each class (by index in :attr:`classes`): the keyed
+        #: placeholder in a fresh stream, else the index itself
+        self.model_rows: list[int] = []
+        self.row_key: bytes | None = None
+        if self.rows_are_indices:
+            self.row_key = placement_key(self.registry, config.seed)
+            self.registry.place_stream(self.row_key, config.num_classes)
         registered = len(self.registry.result.client_maps) if self.registry.result else 0
         if registered != len(clients):
             raise ConfigError(
@@ -272,6 +295,7 @@ class StreamLearner:
             )
         self.classes: list[Identifier] = [check_label(label) for label in classes]
         self.class_of = {label: row for row, label in enumerate(self.classes)}
+        self.model_rows = list(range(len(self.classes)))
         self.clients: list[Identifier] = [check_identifier(c, "client") for c in clients]
         self.client_of = {client: index for index, client in enumerate(self.clients)}
         if len(self.class_of) != len(self.classes) or len(self.client_of) != len(self.clients):
@@ -710,7 +734,7 @@ class StreamLearner:
             )
         if self.scaler is not None:
             self.scaler.update(raw)
-        self.buffers.insert(client, raw, row, placeholder, line)
+        self.buffers.insert(client, raw, self.model_rows[row], placeholder, line)
         if new_class and self.imprints:
             self.imprint(row, raw)
         self.stats.events += 1
@@ -777,10 +801,8 @@ class StreamLearner:
         """Whether the clients buffer fewer samples of class ``row`` than half a class's
         share of all they buffer: a class that appeared late, whose every sample should
         be trained at once (its client then registers it without waiting)."""
-        held = np.bincount(
-            self.buffers.targets()[self.buffers.occupied], minlength=len(self.classes)
-        )
-        return 2 * len(self.classes) * int(held[row]) < int(held.sum())
+        held = np.bincount(self.buffers.targets()[self.buffers.occupied], minlength=self.rows)
+        return 2 * len(self.classes) * int(held[self.model_rows[row]]) < int(held.sum())
 
     def known(self, client: int, label: Identifier) -> int:
         """The placeholder ``client`` registered for ``label``, or :data:`UNREGISTERED`."""
@@ -831,7 +853,7 @@ class StreamLearner:
             for label, placeholder in zip(labels, placeholders):
                 self.registrations.append((client, label))
                 self.buffers.add_placeholder(placeholder)
-                self.buffers.assign(client, self.class_of[label], placeholder)
+                self.buffers.assign(client, self.model_rows[self.class_of[label]], placeholder)
 
     def index_of(self, label: Identifier) -> int | None:
         """Where the clients know ``label`` stands among the registry's unique labels: its
@@ -842,20 +864,64 @@ class StreamLearner:
         row = self.class_of.get(label)
         return len(self.classes) if row is None else row
 
+    def model_row(self, index: int) -> int:
+        """The model's row of the ``index``-th class: its keyed placeholder in a fresh
+        stream (registered before its class is added), else ``index``."""
+        if self.rows_are_indices and self.registry.stream_key is not None:
+            return self.registry.placeholder_of_index[index]
+        return index
+
     def add_class(self, label: Identifier) -> int:
-        """Give ``label`` the next classifier row, widening the classifier if needed."""
+        """Give ``label`` the next class index and its classifier row, widening the
+        classifier if needed; returns the index."""
         row = len(self.classes)
         self.classes.append(label)
         self.class_of[label] = row
-        if row >= self.rows:
+        model_row = self.model_row(row)
+        self.model_rows.append(model_row)
+        if model_row < self.rows and self.rows_are_indices and row > 0 and not self.imprints:
+            # a keyed row that waited for its class was pushed down by every step since:
+            # it starts afresh, as a row grown for it would (an imprinted row is set from
+            # the class's sample instead; docs/streaming.md, "Placeholders")
+            self.redraw_row(model_row)
+        if model_row >= self.rows:
             replaced: dict[int, Any]
+            # up to the span of the placement, so that every placeholder has its row
+            rows = max(model_row + 1, self.registry.placeholder_span())
             if isinstance(self.model, NumpyMLP):
-                replaced = self.model.widen_classifier(row + 1, self.config.seed)
+                replaced = self.model.widen_classifier(rows, self.config.seed)
             else:
-                replaced = widen_classifier(self.model, row + 1, self.config.seed)
+                replaced = widen_classifier(self.model, rows, self.config.seed)
             self.follow_model()
             self.policy.classifier_grown(self.context(), replaced)
         return row
+
+    def redraw_row(self, row: int) -> None:
+        """Draw classifier row ``row`` again as growing the classifier draws it (from
+        ``row_generator(seed, row)``, uniform in ``±1/sqrt(width)``)."""
+        if isinstance(self.model, NumpyMLP):
+            from stratify.stream.mlp import row_generator, uniform_rows
+
+            weight, bias = self.model.weights[-1], self.model.biases[-1]
+            new_weight, new_bias = uniform_rows(
+                row_generator(self.config.seed, row), 1, weight.shape[1]
+            )
+            weight[row], bias[row] = new_weight[0], new_bias[0]
+            return
+        import torch
+
+        from stratify.stream.classifier import row_generator as torch_row_generator
+
+        head = classifier_head(self.model)
+        width = head.in_features
+        bound = 1.0 / math.sqrt(width)
+        values = torch.empty(width + 1).uniform_(
+            -bound, bound, generator=torch_row_generator(self.config.seed, row)
+        )
+        with torch.no_grad():
+            head.weight[row] = values[:width].to(head.weight)
+            if head.bias is not None:
+                head.bias[row] = values[width].to(head.bias)
 
     @property
     def imprints(self) -> bool:
@@ -866,17 +932,19 @@ class StreamLearner:
         return choice == "imprint" or (choice == "auto" and self.is_mlp())
 
     def imprint(self, row: int, raw: Any) -> None:
-        """Imprint classifier row ``row`` from the sample ``raw`` (raw features) that
-        brought its class, as training sees it (:func:`~.classifier.imprint_row`)."""
+        """Imprint the classifier row of class ``row`` from the sample ``raw`` (raw
+        features) that brought it, as training sees it (:func:`~.classifier.imprint_row`),
+        scaled to the rows of the classes known before it."""
+        target, known = self.model_rows[row], self.model_rows[:row]
         if isinstance(self.model, NumpyMLP):
             with quiet():
                 self.model.imprint_row(
-                    row, self.model.embedding(self.array_features(raw).reshape(-1))
+                    target, self.model.embedding(self.array_features(raw).reshape(-1)), known
                 )
             return
         x = self.training_features(self.as_tensor(raw))
         embedding = head_input(self.model, x.unsqueeze(0))[0]
-        imprint_row(classifier_head(self.model), row, embedding)
+        imprint_row(classifier_head(self.model), target, embedding, known)
 
     def as_tensor(self, raw: Any) -> torch.Tensor:
         """Raw features (:meth:`features`) as a tensor on the device."""
@@ -886,13 +954,14 @@ class StreamLearner:
 
     def _predict(self, raw: Any) -> Prediction:
         """The prediction for one sample of raw features (:meth:`features`)."""
-        known = max(1, len(self.classes))
+        # the known classes' rows, in class order (the first event's row before it is added)
+        known = self.model_rows or [0]
         if self.arrays is not None:
             # NumPy only, under one errstate: torch's no_grad and a second errstate cost
             # as much as the softmax (docs/architecture.md, "Streaming")
             x = self.array_features(raw).reshape(-1)
             with quiet():
-                logits = self.arrays.activations(x)[-1][:known]
+                logits = self.arrays.activations(x)[-1][known]
                 exp = np.exp(logits - logits.max())
                 probabilities = exp / exp.sum()
             return Prediction(int(probabilities.argmax()), probabilities)
@@ -902,7 +971,7 @@ class StreamLearner:
             x_model = self.model_features(self.as_tensor(raw))
             if self.mode_matters:
                 self.model.eval()
-            output = self.model(x_model.unsqueeze(0))[0, :known]
+            output = self.model(x_model.unsqueeze(0))[0, known]
             if self.mode_matters:
                 self.model.train()
             probabilities_tensor = torch.softmax(output.float(), dim=0)
@@ -924,16 +993,19 @@ class StreamLearner:
         return float((predicted == targets).sum()) / len(targets)
 
     def predict_rows(self, batch: np.ndarray) -> np.ndarray:
-        """The predicted row of every sample of a batch of raw features."""
+        """The predicted class (index in :attr:`classes`) of every sample of a batch of
+        raw features: the known classes' rows only, as :meth:`predict` (a keyed stream's
+        classifier has rows no class has yet: docs/streaming.md, "Placeholders")."""
+        known = self.model_rows or [0]
         if isinstance(self.model, NumpyMLP):
             with quiet():
-                return self.model.logits(self.array_features(batch)).argmax(axis=1)
+                return self.model.logits(self.array_features(batch))[:, known].argmax(axis=1)
         import torch
 
         self.model.eval()
         with torch.no_grad():
             x = self.model_features(torch.from_numpy(batch).to(self.device))
-            predicted = self.model(x).argmax(dim=1).cpu().numpy()
+            predicted = self.model(x)[:, known].argmax(dim=1).cpu().numpy()
         self.model.train()
         return predicted
 
@@ -981,6 +1053,8 @@ class StreamLearner:
             "rows": self.rows if self.started else 0,
             "model": model_state(self.model) if self.started else {},
             "classes": list(self.classes),
+            # the clients' placement key: resuming needs the same placeholders and rows
+            "row_key": self.row_key.hex() if self.row_key is not None else None,
             "clients": list(self.clients),
             "schema": list(self.schema.names) if self.schema is not None else None,
             "registrations": [[client, label] for client, label in self.registrations],
@@ -1006,6 +1080,11 @@ class StreamLearner:
         if self.started or self.registrations or self.clients or self.unregistered:
             raise ValueError("only a fresh learner can load a stream's state")
         rows = {label: row for row, label in enumerate(state["classes"])}
+        if self.rows_are_indices:
+            # a checkpoint of an earlier version placed labels in arrival order
+            key = state.get("row_key")
+            self.row_key = bytes.fromhex(key) if key is not None else None
+            self.registry.place_stream(self.row_key, self.config.num_classes)
         for client, label in state["registrations"]:
             index = rows[label] if self.rows_are_indices else None
             self.registry.add_label(int(client), label, 1, defer_count=True, index=index)
@@ -1017,6 +1096,7 @@ class StreamLearner:
         self.waiting = {int(client): int(events) for client, events in state.get("waiting", [])}
         self.classes = list(state["classes"])
         self.class_of = {label: row for row, label in enumerate(self.classes)}
+        self.model_rows = [self.model_row(index) for index in range(len(self.classes))]
         self.clients = list(state["clients"])
         self.client_of = {client: index for index, client in enumerate(self.clients)}
         if state["schema"] is not None:

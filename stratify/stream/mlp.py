@@ -16,6 +16,7 @@ classifier and its input, imprint a row, and save its weights under the torch mo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -190,15 +191,19 @@ class NumpyMLP(MLPArrays):
         NumpyMLP.__init__(self, weights, biases)
         return {id(before): after for before, after in zip(old, self.arrays)}
 
-    def imprint_row(self, row: int, embedding: np.ndarray) -> bool:
+    def imprint_row(
+        self, row: int, embedding: np.ndarray, known: Sequence[int] | None = None
+    ) -> bool:
         """Set classifier row ``row`` from one sample's ``embedding`` (weight imprinting,
         :func:`stratify.stream.classifier.imprint_row`'s rule: the embedding rescaled to
-        the known rows' mean norm, the bias their mean bias); whether it was."""
+        the known rows' mean norm, the bias their mean bias; ``known``: those rows when
+        they are not ``0 … row − 1``); whether it was."""
         norm = float(np.linalg.norm(embedding))
-        if row == 0 or norm == 0 or not math.isfinite(norm):
+        rows = list(range(row)) if known is None else list(known)
+        if not rows or norm == 0 or not math.isfinite(norm):
             return False
         weight, bias = self.weights[-1], self.biases[-1]
-        known_norm = float(np.linalg.norm(weight[:row], axis=1).mean())
+        known_norm = float(np.linalg.norm(weight[rows], axis=1).mean())
         weight[row] = embedding * (known_norm / norm)
-        bias[row] = bias[:row].mean()
+        bias[row] = bias[rows].mean()
         return True

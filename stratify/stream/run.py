@@ -35,6 +35,7 @@ import numpy as np
 
 from stratify.errors import ConfigError
 from stratify.files import guard_input, release_input
+from stratify.registry.client_secrets import SECRETS_MODE
 from stratify.runfiles import RUN_FILES
 from stratify.runfolder import (
     RunFolder,
@@ -334,7 +335,9 @@ class StreamRun:
             "pending": list(self.pending.values()),
             "learner": self.learner.state_dict(),
         }
-        self.folder.write_bytes("checkpoint.pt", array_checkpoint_bytes(state))
+        # 0600: it holds the clients' buffers and their placement key (docs/streaming.md,
+        # "Placeholders"), for no one but the run's owner
+        self.folder.write_bytes("checkpoint.pt", array_checkpoint_bytes(state), mode=SECRETS_MODE)
         self.folder.write_json("summary.json", self.summary())
         self.folder.commit()
         self.last_checkpoint = time.monotonic()
