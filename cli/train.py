@@ -340,6 +340,13 @@ def print_results(console: Console, run: Run, summary: dict) -> None:
         f"{summary['total_transfers']} transfers, {summary['total_wall_seconds']:.1f} s · "
         f"run folder: {run.out}"
     )
+    privacy = summary.get("privacy")
+    if privacy is not None:
+        console.print(
+            f"differential privacy: (ε = {privacy['epsilon']:.3f}, δ = {privacy['delta']:g}) "
+            f"spent (Opacus RDP accountant; σ = {privacy['noise_multiplier']:.4f}, clip "
+            f"{privacy['clip']:g}, {privacy['uses']} noised uses of a sample, no subsampling)"
+        )
 
 
 def seed_specs(config: TrainConfig, seeds: tuple[int, ...], policy: str) -> list[RunSpec]:

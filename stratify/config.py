@@ -20,8 +20,17 @@ from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError, OutputError
 from stratify.measures import PlateauRule, plateau_budget
 from stratify.method import LR_SCHEDULES, Strategy
-from stratify.nn.catalog import check_model_norm
+from stratify.nn.catalog import BATCH_STATISTICS_NORMS, check_model_norm, default_norm
 from stratify.options import MODES, RunSettings, check_given, option, option_of
+from stratify.privacy.accounting import (
+    DEFAULT_CLIP,
+    DEFAULT_DELTA,
+    DPSettings,
+    check_clip,
+    check_delta,
+    check_epsilon,
+    check_noise,
+)
 from stratify.validation import (
     check_path,
     check_positive_int,
@@ -37,6 +46,12 @@ FALLBACK_LR = 0.01
 # options that may change between a run and its resumption (every registry protocol gives
 # the same placeholders and counts, so the protocol is one of them)
 RESUMABLE_CHANGES = ("epochs", "stop_on_plateau", "device", "out", "protocol")
+#: methods whose clients' local training all goes through the trainer with fixed passes
+#: over their samples, so that a private trainer clips and noises all of it and each
+#: sample's uses are known in advance (docs/architecture.md, "Differential privacy")
+DP_ALGORITHMS = ("stratify", "fedavg", "fedprox", "scaffold", "fedavgm")
+#: the settings that turn differential privacy on, any of which asks for it
+DP_FIELDS = ("dp_epsilon", "dp_noise", "dp_delta", "dp_clip")
 
 
 def check_partition(value: object, flag: str) -> str:
@@ -117,6 +132,33 @@ class TrainConfig(RunSettings):
     device: str = option_of(CommonOptions, "device")
     secure: bool = option_of(CommonOptions, "secure")
     protocol: str = option_of(CommonOptions, "protocol")
+    dp_epsilon: float | None = option(
+        None,
+        "Differential privacy for the updates: per-sample clipping and Gaussian noise on "
+        "the clients, the noise calibrated so that the run spends this ε at --dp-delta "
+        "(Opacus's RDP accountant; needs the privacy extra). Default: no DP.",
+        check=check_epsilon,
+        cli_type=float,
+    )
+    dp_noise: float | None = option(
+        None,
+        "Differential privacy with this noise multiplier σ (noise N(0, σ²C²) per step); "
+        "the ε spent is reported. Give it or --dp-epsilon.",
+        check=check_noise,
+        cli_type=float,
+    )
+    dp_delta: float | None = option(
+        None,
+        f"δ of the differential privacy [default: {DEFAULT_DELTA:g}].",
+        check=check_delta,
+        cli_type=float,
+    )
+    dp_clip: float | None = option(
+        None,
+        f"Per-sample clipping norm C of the differential privacy [default: {DEFAULT_CLIP:g}].",
+        check=check_clip,
+        cli_type=float,
+    )
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     out: str | None = None
@@ -157,6 +199,61 @@ class TrainConfig(RunSettings):
         strategy = build_strategy(self.algorithm, given, self.mode)
         strategy.check_epochs(self.epochs)
         self.options = {key: getattr(strategy.options, key) for key in given}
+        check_private(self)
+
+    def comparable(self) -> dict[str, Any]:
+        # a run without DP compares as before the DP settings existed
+        values = super().comparable()
+        for name in DP_FIELDS:
+            if values.get(name) is None:
+                values.pop(name, None)
+        return values
+
+
+def dp_settings(config: TrainConfig) -> DPSettings | None:
+    """The run's differential privacy, ``None`` when it asks for none."""
+    if config.dp_epsilon is None and config.dp_noise is None:
+        return None
+    return DPSettings(
+        epsilon=config.dp_epsilon,
+        noise_multiplier=config.dp_noise,
+        delta=DEFAULT_DELTA if config.dp_delta is None else config.dp_delta,
+        clip=DEFAULT_CLIP if config.dp_clip is None else config.dp_clip,
+        seed=config.seed,
+    )
+
+
+def check_private(config: TrainConfig) -> None:
+    """Refuse, in one line, differential privacy a run cannot give: options without a
+    noise level, a method or a model whose updates cannot be clipped per sample, and the
+    compiled step (which reads the samples itself, unclipped)."""
+    if all(getattr(config, name) is None for name in DP_FIELDS):
+        return
+    if config.dp_epsilon is None and config.dp_noise is None:
+        raise ConfigError("--dp-delta and --dp-clip need --dp-epsilon E or --dp-noise SIGMA")
+    if config.dp_epsilon is not None and config.dp_noise is not None:
+        raise ConfigError("give --dp-epsilon (σ calibrated) or --dp-noise (σ given), not both")
+    if config.algorithm not in DP_ALGORITHMS:
+        raise ConfigError(
+            f"--dp-epsilon/--dp-noise apply to --method {', '.join(DP_ALGORITHMS)}; "
+            f"{config.algorithm}'s local training is not clipped per sample"
+        )
+    norm = config.norm or (default_norm(config.model) if config.model else "none")
+    if norm in BATCH_STATISTICS_NORMS:
+        raise ConfigError(
+            f"--norm {norm} couples the samples of a batch through its statistics, so a "
+            "sample's gradient cannot be clipped alone; with DP use --norm gn (or none)"
+        )
+    if config.options.get("compile") == "on":
+        raise ConfigError(
+            "--compile on skips the per-sample clipping of DP; with DP the steps run eagerly "
+            "(--compile off or auto)"
+        )
+    if config.options.get("local_steps") is not None:
+        raise ConfigError(
+            "--local-steps draws samples with replacement, so a sample's uses are not fixed; "
+            "with DP use --local-epochs"
+        )
 
 
 def plateau_rule(config: TrainConfig, classes: int | None = None) -> PlateauRule | None:
