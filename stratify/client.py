@@ -700,11 +700,16 @@ class PrivateTrainer(LocalTrainer):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """``Σ_i clip(g_i) + N(0, σ²C²)`` over the samples ``index`` and their summed
         loss: what one client sends for them."""
-        from stratify.privacy.dp import add_noise, clip_per_sample
+        from stratify.privacy.dp import add_noise, clip_gradient, clip_per_sample
 
         total: list[torch.Tensor] | None = None
         loss_sum = torch.zeros((), device=self.x_train.device)
-        for start in range(0, len(index), self.chunk):
+        if len(index) == 1:  # one sample: plain autograd, without vmap's overhead
+            parameters = [p for p in model.parameters() if p.requires_grad]
+            loss = F.cross_entropy(model(self.x_train[index]), self.y_train[index])
+            total = clip_gradient(torch.autograd.grad(loss, parameters), self.clip)
+            loss_sum = loss.detach()
+        for start in range(0, len(index) if total is None else 0, self.chunk):
             part = index[start : start + self.chunk]
             gradients, losses = per_sample_gradients(model, self.x_train[part], self.y_train[part])
             clipped = clip_per_sample(gradients, self.clip)
