@@ -16,6 +16,7 @@ other runs' jobs (:mod:`stratify.vectorize`).
 from __future__ import annotations
 
 import copy
+import secrets
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -657,8 +658,11 @@ class PrivateTrainer(LocalTrainer):
         Per-sample clipping norm ``C``.
     noise_multiplier : float
         ``σ``; 0 clips without noise (tests only).
-    seed : int
-        Seeds the noise generator (on the samples' device).
+    seed : int, optional
+        Seeds the noise generator (on the samples' device). ``None`` (the default): a
+        seed drawn from the operating system's entropy, known to no one: a seed that the
+        server knows (the run's ``--seed`` is in ``config.json``) would let it subtract
+        the noise.
     chunk : int
         Per-sample gradients computed this many at a time (memory).
     """
@@ -671,16 +675,16 @@ class PrivateTrainer(LocalTrainer):
         y_train: torch.Tensor,
         clip: float = 1.0,
         noise_multiplier: float = 1.0,
-        seed: int = 0,
+        seed: int | None = None,
         chunk: int = 256,
     ) -> None:
         super().__init__(x_train, y_train)
         self.clip = clip
         self.noise_multiplier = noise_multiplier
         self.chunk = chunk
+        self.seed = secrets.randbits(62) if seed is None else int(seed)
         self.generator = torch.Generator(device=x_train.device)
-        self.generator.manual_seed(seed)
-        self.seed = seed
+        self.generator.manual_seed(self.seed)
         #: how many noised steps each training sample has been in (this process)
         self.uses = np.zeros(len(y_train), dtype=np.int64)
         #: the run's settings and the most uses of a sample per epoch, set by
@@ -689,9 +693,11 @@ class PrivateTrainer(LocalTrainer):
         self.uses_per_epoch = 0
 
     def start_epoch(self, epoch: int) -> None:
-        """Reseed the noise for ``epoch`` from the run's seed, so that a resumed run
-        draws the same noise as one that never stopped."""
-        self.generator.manual_seed(int(self.seed) * 1_000_003 + int(epoch))
+        """Reseed the noise for ``epoch`` from the trainer's seed: with a given seed
+        (``--dp-seed``) a resumed run draws the same noise as one that never stopped; with
+        an entropy seed a resumed run draws fresh noise (never noise already used, which
+        would let two messages' difference cancel it)."""
+        self.generator.manual_seed((self.seed * 1_000_003 + int(epoch)) % 2**63)
 
     # the noise ------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from stratify.privacy.accounting import (
 from stratify.validation import (
     check_path,
     check_positive_int,
+    check_seed,
     check_share,
     check_text,
 )
@@ -51,7 +52,7 @@ RESUMABLE_CHANGES = ("epochs", "stop_on_plateau", "device", "out", "protocol")
 #: sample's uses are known in advance (docs/architecture.md, "Differential privacy")
 DP_ALGORITHMS = ("stratify", "fedavg", "fedprox", "scaffold", "fedavgm")
 #: the settings that turn differential privacy on, any of which asks for it
-DP_FIELDS = ("dp_epsilon", "dp_noise", "dp_delta", "dp_clip")
+DP_FIELDS = ("dp_epsilon", "dp_noise", "dp_delta", "dp_clip", "dp_seed")
 
 
 def check_partition(value: object, flag: str) -> str:
@@ -159,6 +160,14 @@ class TrainConfig(RunSettings):
         check=check_clip,
         cli_type=float,
     )
+    dp_seed: int | None = option(
+        None,
+        "Seed of the DP noise, for a reproducible simulation only: whoever reads it (it is "
+        "in config.json) can subtract the noise [default: drawn from the OS's entropy, "
+        "so a resumed run draws fresh noise].",
+        check=check_seed,
+        cli_type=int,
+    )
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     out: str | None = None
@@ -219,7 +228,7 @@ def dp_settings(config: TrainConfig) -> DPSettings | None:
         noise_multiplier=config.dp_noise,
         delta=DEFAULT_DELTA if config.dp_delta is None else config.dp_delta,
         clip=DEFAULT_CLIP if config.dp_clip is None else config.dp_clip,
-        seed=config.seed,
+        seed=config.dp_seed,
     )
 
 
@@ -230,7 +239,9 @@ def check_private(config: TrainConfig) -> None:
     if all(getattr(config, name) is None for name in DP_FIELDS):
         return
     if config.dp_epsilon is None and config.dp_noise is None:
-        raise ConfigError("--dp-delta and --dp-clip need --dp-epsilon E or --dp-noise SIGMA")
+        raise ConfigError(
+            "--dp-delta, --dp-clip and --dp-seed need --dp-epsilon E or --dp-noise SIGMA"
+        )
     if config.dp_epsilon is not None and config.dp_noise is not None:
         raise ConfigError("give --dp-epsilon (σ calibrated) or --dp-noise (σ given), not both")
     if config.algorithm not in DP_ALGORITHMS:

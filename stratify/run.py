@@ -411,6 +411,7 @@ class Run:
                 "delta": settings.delta,
                 "clip": settings.clip,
                 "noise_multiplier": trainer.noise_multiplier,
+                "noise_seed": "given (--dp-seed)" if settings.seed is not None else "entropy",
                 "planned_uses": self.config.epochs * trainer.uses_per_epoch,
                 "uses": uses,
                 "epsilon": epsilon_spent(trainer.noise_multiplier, settings.delta, uses),

@@ -292,8 +292,19 @@ def final_weights(out):
     return torch.load(out / "checkpoint.pt", weights_only=True)["model"]
 
 
+def test_the_noise_seed_is_secret_unless_given():
+    # two trainers of the same run settings draw different noise: the server, which knows
+    # the run's --seed, cannot regenerate it; a given --dp-seed reproduces it
+    x, y = tiny_data(1.0)
+    draws = [PrivateTrainer(x, y).seed for _ in range(3)]
+    assert len(set(draws)) == 3
+    assert PrivateTrainer(x, y, seed=5).seed == 5
+    assert dp_settings(config(dp_noise=1.0)).seed is None
+    assert dp_settings(config(dp_noise=1.0, dp_seed=3)).seed == 3
+
+
 def test_resume_with_dp_equals_the_uninterrupted_run(tmp_path):
-    changes = {"mode": "batch", "epochs": 2, "dp_noise": 1.0}
+    changes = {"mode": "batch", "epochs": 2, "dp_noise": 1.0, "dp_seed": 7}
     changes["options"] = {**FAST, "batch_labels": 16}
     straight = Run(config(tmp_path, "straight", **changes)).train()
     Run(config(tmp_path, "pieces", **{**changes, "epochs": 1})).train()
@@ -312,6 +323,7 @@ def test_resume_with_dp_equals_the_uninterrupted_run(tmp_path):
         ({"dp_epsilon": 3.0, "dp_delta": 1.0}, "--dp-delta takes a δ in (0, 1)"),
         ({"dp_epsilon": 3.0, "dp_clip": 0.0}, "--dp-clip takes a finite"),
         ({"dp_clip": 1.0}, "need --dp-epsilon E or --dp-noise SIGMA"),
+        ({"dp_seed": 1}, "need --dp-epsilon E or --dp-noise SIGMA"),
         ({"dp_epsilon": 3.0, "dp_noise": 1.0}, "not both"),
         ({"dp_epsilon": 3.0, "algorithm": "sfl"}, "is not clipped per sample"),
         ({"dp_epsilon": 3.0, "mode": "batch", "model": "resnet20"}, "--norm bn couples"),

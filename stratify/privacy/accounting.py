@@ -150,15 +150,18 @@ class DPSettings:
         δ in (0, 1) (default 1e-5).
     clip : float
         Per-sample clipping norm C > 0 (default 1.0).
-    seed : int
-        Seeds the noise generator.
+    seed : int, optional
+        Seeds the noise generator; ``None`` (the default): a seed from the operating
+        system's entropy, so that no one who knows the run's settings can subtract the
+        noise (a given seed makes a simulation reproducible, and the noise removable by
+        whoever reads it).
     """
 
     epsilon: float | None = None
     noise_multiplier: float | None = None
     delta: float = DEFAULT_DELTA
     clip: float = DEFAULT_CLIP
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if (self.epsilon is None) == (self.noise_multiplier is None):
