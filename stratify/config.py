@@ -22,19 +22,10 @@ from stratify.measures import PlateauRule, plateau_budget
 from stratify.method import LR_SCHEDULES, Strategy
 from stratify.nn.catalog import BATCH_STATISTICS_NORMS, check_model_norm, default_norm
 from stratify.options import MODES, RunSettings, check_given, option, option_of
-from stratify.privacy.accounting import (
-    DEFAULT_CLIP,
-    DEFAULT_DELTA,
-    DPSettings,
-    check_clip,
-    check_delta,
-    check_epsilon,
-    check_noise,
-)
+from stratify.privacy.accounting import DP_FIELDS, DPOptions, DPSettings, dp_settings_of
 from stratify.validation import (
     check_path,
     check_positive_int,
-    check_seed,
     check_share,
     check_text,
 )
@@ -51,8 +42,6 @@ RESUMABLE_CHANGES = ("epochs", "stop_on_plateau", "device", "out", "protocol")
 #: over their samples, so that a private trainer clips and noises all of it and each
 #: sample's uses are known in advance (docs/architecture.md, "Differential privacy")
 DP_ALGORITHMS = ("stratify", "fedavg", "fedprox", "scaffold", "fedavgm")
-#: the settings that turn differential privacy on, any of which asks for it
-DP_FIELDS = ("dp_epsilon", "dp_noise", "dp_delta", "dp_clip", "dp_seed")
 
 
 def check_partition(value: object, flag: str) -> str:
@@ -133,41 +122,11 @@ class TrainConfig(RunSettings):
     device: str = option_of(CommonOptions, "device")
     secure: bool = option_of(CommonOptions, "secure")
     protocol: str = option_of(CommonOptions, "protocol")
-    dp_epsilon: float | None = option(
-        None,
-        "Differential privacy for the updates: per-sample clipping and Gaussian noise on "
-        "the clients, the noise calibrated so that the run spends this ε at --dp-delta "
-        "(Opacus's RDP accountant; needs the privacy extra). Default: no DP.",
-        check=check_epsilon,
-        cli_type=float,
-    )
-    dp_noise: float | None = option(
-        None,
-        "Differential privacy with this noise multiplier σ (noise N(0, σ²C²) per step); "
-        "the ε spent is reported. Give it or --dp-epsilon.",
-        check=check_noise,
-        cli_type=float,
-    )
-    dp_delta: float | None = option(
-        None,
-        f"δ of the differential privacy [default: {DEFAULT_DELTA:g}].",
-        check=check_delta,
-        cli_type=float,
-    )
-    dp_clip: float | None = option(
-        None,
-        f"Per-sample clipping norm C of the differential privacy [default: {DEFAULT_CLIP:g}].",
-        check=check_clip,
-        cli_type=float,
-    )
-    dp_seed: int | None = option(
-        None,
-        "Seed of the DP noise, for a reproducible simulation only: whoever reads it (it is "
-        "in config.json) can subtract the noise [default: drawn from the OS's entropy, "
-        "so a resumed run draws fresh noise].",
-        check=check_seed,
-        cli_type=int,
-    )
+    dp_epsilon: float | None = option_of(DPOptions, "dp_epsilon")
+    dp_noise: float | None = option_of(DPOptions, "dp_noise")
+    dp_delta: float | None = option_of(DPOptions, "dp_delta")
+    dp_clip: float | None = option_of(DPOptions, "dp_clip")
+    dp_seed: int | None = option_of(DPOptions, "dp_seed")
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     out: str | None = None
@@ -221,29 +180,15 @@ class TrainConfig(RunSettings):
 
 def dp_settings(config: TrainConfig) -> DPSettings | None:
     """The run's differential privacy, ``None`` when it asks for none."""
-    if config.dp_epsilon is None and config.dp_noise is None:
-        return None
-    return DPSettings(
-        epsilon=config.dp_epsilon,
-        noise_multiplier=config.dp_noise,
-        delta=DEFAULT_DELTA if config.dp_delta is None else config.dp_delta,
-        clip=DEFAULT_CLIP if config.dp_clip is None else config.dp_clip,
-        seed=config.dp_seed,
-    )
+    return dp_settings_of(config)
 
 
 def check_private(config: TrainConfig) -> None:
     """Refuse, in one line, differential privacy a run cannot give: options without a
     noise level, a method or a model whose updates cannot be clipped per sample, and the
     compiled step (which reads the samples itself, unclipped)."""
-    if all(getattr(config, name) is None for name in DP_FIELDS):
+    if dp_settings_of(config) is None:
         return
-    if config.dp_epsilon is None and config.dp_noise is None:
-        raise ConfigError(
-            "--dp-delta, --dp-clip and --dp-seed need --dp-epsilon E or --dp-noise SIGMA"
-        )
-    if config.dp_epsilon is not None and config.dp_noise is not None:
-        raise ConfigError("give --dp-epsilon (σ calibrated) or --dp-noise (σ given), not both")
     if config.algorithm not in DP_ALGORITHMS:
         raise ConfigError(
             f"--dp-epsilon/--dp-noise apply to --method {', '.join(DP_ALGORITHMS)}; "

@@ -358,3 +358,96 @@ def test_the_command_line_refuses_in_one_line(tmp_path, capsys, flags, message):
     out = tmp_path / "run"
     command = ["train", *flags, "--no-secure", "--out", str(out)]
     assert_refused_in_one_line(capsys, command, message, out)
+
+
+# -- streams --------------------------------------------------------------------------
+
+
+def stream_settings(**changes):
+    from streams import SETTINGS
+
+    return {**SETTINGS, "new_class": "random", "scale": "none", **changes}
+
+
+@pytest.mark.parametrize("numpy_path", [True, False])
+def test_a_private_stream_step_is_clipped_and_noised(numpy_path):
+    # the NumPy path (a CPU MLP's views) and the torch one (any other model): with σ = 0
+    # a step moves the model by at most lr·C, the plain step by more; with σ > 0 the
+    # noise follows its seed
+    from stratify.nn.models import MLP
+    from stratify.stream.step import SingleSampleStep
+
+    x = 40.0 * torch.randn(1, 6, generator=torch.Generator().manual_seed(0))
+
+    def moved(clip=None, noise=0.0, seed=None):
+        torch.manual_seed(0)
+        if numpy_path:
+            model = MLP((6,), 3, hidden=(8,))
+        else:
+            model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        step = SingleSampleStep(model, 1.0, 0.0, clip=clip, noise_multiplier=noise, seed=seed)
+        assert (step.arrays is not None) == numpy_path
+        before = flat_stream(step)
+        with torch.no_grad():
+            target = int(model(x).argmin())  # the least likely class: a large gradient
+        step.step(x, target)
+        return flat_stream(step) - before
+
+    assert float(np.linalg.norm(moved(clip=0.1))) <= 0.1 + 1e-5
+    assert float(np.linalg.norm(moved())) > 1.0
+    assert not np.array_equal(moved(0.1, 1.0, seed=1), moved(0.1, 1.0, seed=2))
+    assert np.array_equal(moved(0.1, 1.0, seed=1), moved(0.1, 1.0, seed=1))
+
+
+def flat_stream(step):
+    return np.concatenate(
+        [np.array(as_array(p), dtype=np.float64).reshape(-1) for p in step.parameters]
+    )
+
+
+def as_array(value):
+    return value.detach().numpy() if isinstance(value, torch.Tensor) else value
+
+
+def test_a_private_stream_reports_the_epsilon_of_its_max_uses(tmp_path):
+    from streams import event_line
+
+    from stratify.stream.run import StreamRun
+
+    rng = np.random.default_rng(0)
+    source = tmp_path / "events.jsonl"
+    source.write_text("".join(event_line(line, rng) + "\n" for line in range(120)))
+    from stratify.stream import StreamConfig
+
+    config = StreamConfig(
+        source=str(source), out=str(tmp_path / "s"), **stream_settings(dp_epsilon=2.0)
+    )
+    run = StreamRun(config)
+    summary = run.run()
+    privacy = summary["privacy"]
+    sigma = calibrate_noise(2.0, 1e-5, 3)  # --max-uses 3 in these settings
+    assert privacy["noise_multiplier"] == sigma and privacy["uses"] == 3
+    assert privacy["epsilon"] == pytest.approx(epsilon_spent(sigma, 1e-5, 3))
+    assert privacy["epsilon"] <= 2.0
+    assert summary["steps"] > 0
+    # the steps that ran were the private ones
+    step = run.learner.policy.step
+    assert (step.clip, step.noise_multiplier) == (1.0, sigma)
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"max_uses": None}, "DP needs --max-uses"),
+        ({"algorithm": "fedavg-periodic"}, "apply to --algorithm stratify"),
+        ({"new_class": "auto"}, "--new-class random"),
+        ({"scale": "running"}, "--scale none"),
+        ({"dp_delta": 0.0}, "--dp-delta takes a δ in (0, 1)"),
+    ],
+)
+def test_stream_refusals(tmp_path, changes, words):
+    from stratify.stream import StreamConfig
+
+    with pytest.raises(ConfigError) as refused:
+        StreamConfig(source="-", **stream_settings(dp_noise=1.0, **changes))
+    assert words in str(refused.value)

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 
 from stratify.errors import ConfigError
+from stratify.options import option
+from stratify.validation import check_seed
 
 #: δ when none is given: well below 1/N for the toolkit's datasets (N ≤ 70,000)
 DEFAULT_DELTA = 1e-5
@@ -180,3 +182,73 @@ class DPSettings:
             return float(self.noise_multiplier)
         assert self.epsilon is not None
         return calibrate_noise(self.epsilon, self.delta, uses)
+
+
+#: the settings that turn differential privacy on, any of which asks for it
+DP_FIELDS = ("dp_epsilon", "dp_noise", "dp_delta", "dp_clip", "dp_seed")
+
+
+@dataclass
+class DPOptions:
+    """The declarations of the DP options ``train`` and ``stream`` share, never made into
+    an instance: :class:`~stratify.config.TrainConfig` and
+    :class:`~stratify.stream.config.StreamConfig` take each with
+    :func:`~stratify.options.option_of` (docs/architecture.md, "Options")."""
+
+    dp_epsilon: float | None = option(
+        None,
+        "Differential privacy for the updates: per-sample clipping and Gaussian noise on "
+        "the clients, the noise calibrated so that the run spends this ε at --dp-delta "
+        "(Opacus's RDP accountant; needs the privacy extra). Default: no DP.",
+        check=check_epsilon,
+        cli_type=float,
+    )
+    dp_noise: float | None = option(
+        None,
+        "Differential privacy with this noise multiplier σ (noise N(0, σ²C²) per step); "
+        "the ε spent is reported. Give it or --dp-epsilon.",
+        check=check_noise,
+        cli_type=float,
+    )
+    dp_delta: float | None = option(
+        None,
+        f"δ of the differential privacy [default: {DEFAULT_DELTA:g}].",
+        check=check_delta,
+        cli_type=float,
+    )
+    dp_clip: float | None = option(
+        None,
+        f"Per-sample clipping norm C of the differential privacy [default: {DEFAULT_CLIP:g}].",
+        check=check_clip,
+        cli_type=float,
+    )
+    dp_seed: int | None = option(
+        None,
+        "Seed of the DP noise, for a reproducible simulation only: whoever reads it (it is "
+        "in config.json) can subtract the noise [default: drawn from the OS's entropy, "
+        "so a resumed run draws fresh noise].",
+        check=check_seed,
+        cli_type=int,
+    )
+
+
+def dp_settings_of(config: object) -> DPSettings | None:
+    """The :class:`DPSettings` of a run's or a stream's config (its :data:`DP_FIELDS`),
+    ``None`` when it asks for no DP; options given without a noise level, or both, are
+    refused in one line."""
+    values = {name: getattr(config, name) for name in DP_FIELDS}
+    if all(value is None for value in values.values()):
+        return None
+    if values["dp_epsilon"] is None and values["dp_noise"] is None:
+        raise ConfigError(
+            "--dp-delta, --dp-clip and --dp-seed need --dp-epsilon E or --dp-noise SIGMA"
+        )
+    if values["dp_epsilon"] is not None and values["dp_noise"] is not None:
+        raise ConfigError("give --dp-epsilon (σ calibrated) or --dp-noise (σ given), not both")
+    return DPSettings(
+        epsilon=values["dp_epsilon"],
+        noise_multiplier=values["dp_noise"],
+        delta=DEFAULT_DELTA if values["dp_delta"] is None else values["dp_delta"],
+        clip=DEFAULT_CLIP if values["dp_clip"] is None else values["dp_clip"],
+        seed=values["dp_seed"],
+    )
