@@ -131,6 +131,12 @@ def build_experiment(
             "give; in --mode single-sample use --norm gn (or none), or use --mode batch"
         )
     privacy = dp_settings(config)
+    if privacy is not None and trainer is not None and not isinstance(trainer, PrivateTrainer):
+        # a caller's trainer (Flower's, whose nodes train): its clients do not clip or noise
+        raise ConfigError(
+            f"--dp-epsilon/--dp-noise are not available with {type(trainer).__name__} "
+            "(Flower runs train on their nodes without DP for now)"
+        )
     if privacy is not None and trainer is None:
         if has_batch_norm(model):
             raise ConfigError(

@@ -451,3 +451,11 @@ def test_stream_refusals(tmp_path, changes, words):
     with pytest.raises(ConfigError) as refused:
         StreamConfig(source="-", **stream_settings(dp_noise=1.0, **changes))
     assert words in str(refused.value)
+
+
+def test_a_trainer_that_does_not_clip_is_refused_with_dp():
+    # Flower's remote trainer, say: DP would otherwise be silently off
+    plain = build_experiment(config())
+    trainer = LocalTrainer(plain.dataset.x_train, plain.dataset.y_train)
+    with pytest.raises(ConfigError, match="not available with LocalTrainer"):
+        build_experiment(config(dp_noise=1.0), trainer=trainer)
