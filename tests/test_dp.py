@@ -352,6 +352,7 @@ def test_refusals(changes, words):
         (["--dp-epsilon", "-1"], "--dp-epsilon takes a finite ε > 0"),
         (["--dp-noise", "1", "--dp-delta", "2"], "--dp-delta takes a δ in (0, 1)"),
         (["--dp-epsilon", "3", "--model", "resnet20", "--mode", "batch"], "--norm bn couples"),
+        (["--dp-noise", "1", "--seeds", "0,1", "--vectorize", "2"], "--vectorize steps runs"),
     ],
 )
 def test_the_command_line_refuses_in_one_line(tmp_path, capsys, flags, message):
