@@ -262,13 +262,17 @@ def test_the_baselines_local_steps_are_noised_and_counted(algorithm, mode, batch
 
 
 def test_summary_reports_the_epsilon_of_the_uses_made(tmp_path):
-    run = Run(config(tmp_path, dp_epsilon=3.0, dp_clip=0.5))
+    # 200 entries per label of fewer than 200 samples: every sample is used twice an epoch
+    options = {"repeat_count": 200, "batch_labels": 16}
+    changes = {"mode": "batch", "epochs": 1, "options": options}
+    run = Run(config(tmp_path, dp_epsilon=3.0, dp_clip=0.5, **changes))
     summary = run.train()
     privacy = json.loads((tmp_path / "run" / "summary.json").read_text())["privacy"]
     assert privacy == summary["privacy"]
     trainer = run.engine.context.trainer
     # each sample's uses counted as they happened; the run planned for epochs × per epoch
-    assert privacy["uses"] == int(trainer.uses.max()) == 2 * trainer.uses_per_epoch
+    assert trainer.uses_per_epoch == 2
+    assert privacy["uses"] == int(trainer.uses.max()) == trainer.uses_per_epoch
     assert privacy["planned_uses"] == privacy["uses"]
     sigma = calibrate_noise(3.0, 1e-5, privacy["planned_uses"])
     assert privacy["noise_multiplier"] == sigma
