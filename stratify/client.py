@@ -706,24 +706,55 @@ class PrivateTrainer(LocalTrainer):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """``Σ_i clip(g_i) + N(0, σ²C²)`` over the samples ``index`` and their summed
         loss: what one client sends for them."""
-        from stratify.privacy.dp import add_noise, clip_gradient, clip_per_sample
+        sums, loss_sum = self.private_share_sums(model, index, [len(index)])
+        return [share[0] for share in sums], loss_sum
 
-        total: list[torch.Tensor] | None = None
-        loss_sum = torch.zeros((), device=self.x_train.device)
-        if len(index) == 1:  # one sample: plain autograd, without vmap's overhead
-            parameters = [p for p in model.parameters() if p.requires_grad]
-            loss = F.cross_entropy(model(self.x_train[index]), self.y_train[index])
-            total = clip_gradient(torch.autograd.grad(loss, parameters), self.clip)
-            loss_sum = loss.detach()
-        for start in range(0, len(index) if total is None else 0, self.chunk):
+    def private_share_sums(
+        self, model: nn.Module, index: torch.Tensor, sizes: Sequence[int]
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each share's ``Σ_i clip(g_i) + N(0, σ²C²)``, one independent noise draw per
+        share, and the summed loss of all: ``index`` holds the shares' samples in
+        consecutive runs of ``sizes``. The per-sample gradients of all shares are
+        computed together (one ``vmap`` per :attr:`chunk` samples), each share's are
+        summed apart.
+
+        Returns
+        -------
+        list of torch.Tensor
+            Per parameter, the shares' noised sums, shape ``(len(sizes), *shape)``.
+        torch.Tensor
+            The summed loss.
+        """
+        from stratify.privacy.dp import add_noise, clip_factor
+
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        device = self.x_train.device
+        share_of = torch.as_tensor(np.repeat(np.arange(len(sizes)), sizes), device=device)
+        sums = [
+            torch.zeros((len(sizes), *p.shape), device=device, dtype=p.dtype) for p in parameters
+        ]
+        loss_sum = torch.zeros((), device=device)
+        for start in range(0, len(index), self.chunk):
             part = index[start : start + self.chunk]
-            gradients, losses = per_sample_gradients(model, self.x_train[part], self.y_train[part])
-            clipped = clip_per_sample(gradients, self.clip)
-            total = clipped if total is None else [a + b for a, b in zip(total, clipped)]
+            if len(part) == 1:  # one sample: plain autograd, without vmap's overhead
+                loss = F.cross_entropy(model(self.x_train[part]), self.y_train[part])
+                gradients = [g.unsqueeze(0) for g in torch.autograd.grad(loss, parameters)]
+                losses = loss.detach().reshape(1)
+            else:
+                gradients, losses = per_sample_gradients(
+                    model, self.x_train[part], self.y_train[part]
+                )
+            norms = torch.stack([g.reshape(len(part), -1).norm(dim=1) for g in gradients], 1)
+            factors = clip_factor(norms.norm(dim=1), self.clip)
+            owners = share_of[start : start + len(part)]
+            for total, gradient in zip(sums, gradients):
+                scaled = gradient * factors.reshape(-1, *([1] * (gradient.dim() - 1)))
+                total.index_add_(0, owners, scaled.to(total.dtype))
             loss_sum = loss_sum + losses.sum()
-        assert total is not None
         np.add.at(self.uses, index.cpu().numpy(), 1)
-        return add_noise(total, self.noise_multiplier, self.clip, self.generator), loss_sum
+        # one independent draw per share and coordinate
+        noised = add_noise(sums, self.noise_multiplier, self.clip, self.generator)
+        return noised, loss_sum
 
     # the trainer's methods ----------------------------------------------------------
 
@@ -768,19 +799,19 @@ class PrivateTrainer(LocalTrainer):
         own computation)."""
         batch_size = len(samples) if divisor is None else divisor
         boundaries = np.flatnonzero(np.diff(clients)) + 1
+        sizes = np.diff(np.concatenate([[0], boundaries, [len(samples)]])).tolist()
         index = torch.as_tensor(samples, device=self.x_train.device)
         parameters = [p for p in model.parameters() if p.requires_grad]
-        total = 0.0
-        for segment in np.split(np.arange(len(samples)), boundaries):
-            share, loss_sum = self.private_sum(model, index[segment[0] : segment[-1] + 1])
-            with torch.no_grad():
-                for parameter, gradient in zip(parameters, share):
-                    if parameter.grad is None:
-                        parameter.grad = gradient / batch_size
-                    else:
-                        parameter.grad.add_(gradient, alpha=1.0 / batch_size)
-            total += float(loss_sum)
-        return total
+        shares, loss_sum = self.private_share_sums(model, index, sizes)
+        with torch.no_grad():
+            for parameter, share in zip(parameters, shares):
+                # the clients' noised sums, added up by the server
+                gradient = share.sum(0) / batch_size
+                if parameter.grad is None:
+                    parameter.grad = gradient
+                else:
+                    parameter.grad.add_(gradient)
+        return float(loss_sum)
 
     def job(self, *args: object, **kwargs: object) -> LocalJob:
         """Refused: a job runs as the compiled or vectorised step, which does not clip."""
