@@ -878,3 +878,12 @@ class PrivateTrainer(LocalTrainer):
                 optimizer.step()
                 steps += 1
         return LocalResult(steps, float(losses), sum(len(order) for order in orders))
+
+
+def private_trainer(trainer: LocalTrainer | None) -> PrivateTrainer | None:
+    """``trainer`` if it is a :class:`PrivateTrainer`, else the private trainer it wraps
+    (a recorder's ``inner``), else ``None``."""
+    if isinstance(trainer, PrivateTrainer):
+        return trainer
+    inner = getattr(trainer, "inner", None)
+    return inner if isinstance(inner, PrivateTrainer) else None

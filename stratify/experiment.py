@@ -18,7 +18,7 @@ from torch import nn
 
 from stratify.algorithms import build_strategy
 from stratify.backend import configure_cpu_for_single_sample, resolve_device
-from stratify.client import LocalTrainer, PrivateTrainer
+from stratify.client import LocalTrainer, PrivateTrainer, private_trainer
 from stratify.config import TrainConfig, dp_settings, resolve_lr
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.data.holdout import EvaluationSet, holdout_validation
@@ -131,7 +131,7 @@ def build_experiment(
             "give; in --mode single-sample use --norm gn (or none), or use --mode batch"
         )
     privacy = dp_settings(config)
-    if privacy is not None and trainer is not None and not isinstance(trainer, PrivateTrainer):
+    if privacy is not None and trainer is not None and private_trainer(trainer) is None:
         # a caller's trainer (Flower's, whose nodes train): its clients do not clip or noise
         raise ConfigError(
             f"--dp-epsilon/--dp-noise are not available with {type(trainer).__name__} "
@@ -164,10 +164,12 @@ def build_experiment(
         total_epochs=config.epochs,
         validation=validation,
     )
-    if privacy is not None and isinstance(trainer, PrivateTrainer):
-        trainer.privacy = privacy
-        trainer.uses_per_epoch = uses_per_epoch(strategy, placeholders)
-        trainer.noise_multiplier = privacy.sigma(config.epochs * trainer.uses_per_epoch)
+    private = private_trainer(trainer)
+    if privacy is not None and private is not None:
+        # a caller's private trainer too (one a recorder wraps): σ for this run's uses
+        private.privacy = privacy
+        private.uses_per_epoch = uses_per_epoch(strategy, placeholders)
+        private.noise_multiplier = privacy.sigma(config.epochs * private.uses_per_epoch)
     return Experiment(
         config,
         device,

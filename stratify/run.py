@@ -18,7 +18,7 @@ import torch
 
 from stratify.backend import Timer
 from stratify.checkpoints import checkpoint_problem
-from stratify.client import PrivateTrainer
+from stratify.client import private_trainer
 from stratify.config import RESUMABLE_CHANGES, TrainConfig, run_complete
 from stratify.data.datasets import Dataset
 from stratify.errors import (
@@ -288,8 +288,8 @@ class Run:
         return self.summary()
 
     def _train_epoch(self, epoch: int) -> None:
-        trainer = self.engine.context.trainer
-        if isinstance(trainer, PrivateTrainer):
+        trainer = private_trainer(self.engine.context.trainer)
+        if trainer is not None:
             trainer.start_epoch(epoch)
         with Timer(self.device) as timer:
             try:
@@ -398,8 +398,8 @@ class Run:
         Each use of a sample is counted as it happens; the epochs before a ``--resume``
         count at their planned uses, an upper bound of what they made.
         """
-        trainer = self.engine.context.trainer
-        if not isinstance(trainer, PrivateTrainer) or not isinstance(trainer.privacy, DPSettings):
+        trainer = private_trainer(self.engine.context.trainer)
+        if trainer is None or not isinstance(trainer.privacy, DPSettings):
             return {}
         settings = trainer.privacy
         uses = self.start_epoch * trainer.uses_per_epoch + int(trainer.uses.max(initial=0))

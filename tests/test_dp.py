@@ -464,3 +464,16 @@ def test_a_trainer_that_does_not_clip_is_refused_with_dp():
     trainer = LocalTrainer(plain.dataset.x_train, plain.dataset.y_train)
     with pytest.raises(ConfigError, match="not available with LocalTrainer"):
         build_experiment(config(dp_noise=1.0), trainer=trainer)
+
+
+def test_a_wrapped_private_trainer_is_calibrated():
+    # a recorder around a private trainer (its ``inner``) gets the run's σ, as a bare one
+    class Wrapper(LocalTrainer):
+        def __init__(self, inner):
+            super().__init__(inner.x_train, inner.y_train)
+            self.inner = inner
+
+    plain = build_experiment(config())
+    inner = PrivateTrainer(plain.dataset.x_train, plain.dataset.y_train, noise_multiplier=0.0)
+    build_experiment(config(dp_epsilon=3.0), trainer=Wrapper(inner))
+    assert inner.noise_multiplier == calibrate_noise(3.0, 1e-5, 2 * inner.uses_per_epoch)
