@@ -13,7 +13,15 @@ import torch
 
 def clip_factor(norm: torch.Tensor, clip: float) -> torch.Tensor:
     """``min(1, C / ‖g‖)``: what a gradient of norm ``norm`` is multiplied by to have a
-    norm of at most ``C`` (1 for a zero gradient)."""
+    norm of at most ``C`` (1 for a zero gradient).
+
+    Parameters
+    ----------
+    norm : torch.Tensor
+        ``‖g‖``, one per sample (or a scalar).
+    clip : float
+        ``C > 0``.
+    """
     return torch.clamp(clip / (norm + 1e-12), max=1.0)
 
 
