@@ -30,7 +30,7 @@ from stratify.cli.board import RunBoard
 from stratify.cli.common import DATASET_OPTION, VECTORIZE_OPTION, parse_options
 from stratify.cli.flags import FLAG_NAMES, config_option, metavar
 from stratify.cli.methods import option_rows
-from stratify.config import TrainConfig
+from stratify.config import TrainConfig, dp_settings
 from stratify.errors import ConfigError, CorruptRunError, StratifyError
 from stratify.files import guard_input, release_input
 from stratify.measures import accuracy_summary
@@ -202,6 +202,11 @@ def train(
     )
     if config.out is None:
         config.out = default_out(config)
+    if vectorize is not None and dp_settings(config) is not None:
+        raise ConfigError(
+            "--vectorize steps runs together in a compiled step, which does not clip: with "
+            "DP give --seeds without it"
+        )
     if seeds is not None:
         count = None if workers is None else check_positive_int(workers, "--workers")
         group = None if vectorize is None else check_positive_int(vectorize, "--vectorize")
@@ -340,6 +345,13 @@ def print_results(console: Console, run: Run, summary: dict) -> None:
         f"{summary['total_transfers']} transfers, {summary['total_wall_seconds']:.1f} s · "
         f"run folder: {run.out}"
     )
+    privacy = summary.get("privacy")
+    if privacy is not None:
+        console.print(
+            f"differential privacy: (ε = {privacy['epsilon']:.3f}, δ = {privacy['delta']:g}) "
+            f"spent (Opacus RDP accountant; σ = {privacy['noise_multiplier']:.4f}, clip "
+            f"{privacy['clip']:g}, {privacy['uses']} noised uses of a sample, no subsampling)"
+        )
 
 
 def seed_specs(config: TrainConfig, seeds: tuple[int, ...], policy: str) -> list[RunSpec]:

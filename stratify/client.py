@@ -16,6 +16,7 @@ other runs' jobs (:mod:`stratify.vectorize`).
 from __future__ import annotations
 
 import copy
+import secrets
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -596,3 +597,293 @@ class LocalTrainer:
                 failure.done + rest.samples,
             )
         return job.result()
+
+
+def per_sample_gradients(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each sample's cross-entropy gradient, one tensor per trainable parameter of shape
+    ``(samples, *parameter.shape)``, and each sample's loss (``torch.func``: ``vmap`` of
+    ``grad`` over a functional call; the model must not couple samples through batch
+    statistics).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Read, not changed.
+    x, y : torch.Tensor
+        The samples and their class targets.
+    """
+    from torch.func import functional_call, grad_and_value, vmap
+
+    trainable = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    fixed = {name: p.detach() for name, p in model.named_parameters() if not p.requires_grad}
+    fixed.update({name: b.detach() for name, b in model.named_buffers()})
+
+    def loss_of(
+        parameters: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor
+    ) -> torch.Tensor:
+        logits = functional_call(model, (parameters, fixed), (xi.unsqueeze(0),))
+        return F.cross_entropy(logits, yi.unsqueeze(0))
+
+    gradients, losses = vmap(grad_and_value(loss_of), in_dims=(None, 0, 0))(trainable, x, y)
+    return [gradients[name] for name in trainable], losses
+
+
+class PrivateTrainer(LocalTrainer):
+    """A :class:`LocalTrainer` whose clients send only differentially private updates:
+    every per-sample gradient is clipped to norm ``C`` and Gaussian noise ``N(0, σ²C²)``
+    is added on the client, before anything leaves it (docs/architecture.md,
+    "Differential privacy").
+
+    - single-sample steps (Stratify's hops): each one-sample step's gradient is clipped
+      and noised, then the SGD step is taken;
+    - a global batch's share (Stratify's batch mode): the share's per-sample gradients
+      are clipped and summed, the noise is added to the share's sum, and only then is it
+      divided by the batch size and added to ``.grad``;
+    - the baselines' local mini-batch steps: the same per step, divided by the
+      mini-batch's size.
+
+    A wrapper around this trainer (one that records what leaves a client) sees the
+    noised values. Every use of a sample is counted in :attr:`uses`. The compiled and
+    vectorised steps, which read the samples themselves, are never used:
+    :attr:`holds_samples` is ``False`` for them (the settings are checked by
+    :func:`stratify.experiment.check_private`).
+
+    Parameters
+    ----------
+    x_train, y_train : torch.Tensor
+        Training tensors on the device.
+    clip : float
+        Per-sample clipping norm ``C``.
+    noise_multiplier : float
+        ``σ``; 0 clips without noise (tests only).
+    seed : int, optional
+        Seeds the noise generator (on the samples' device). ``None`` (the default): a
+        seed drawn from the operating system's entropy, known to no one: a seed that the
+        server knows (the run's ``--seed`` is in ``config.json``) would let it subtract
+        the noise.
+    chunk : int
+        Per-sample gradients computed this many at a time (memory).
+    """
+
+    holds_samples = False
+
+    def __init__(
+        self,
+        x_train: torch.Tensor,
+        y_train: torch.Tensor,
+        clip: float = 1.0,
+        noise_multiplier: float = 1.0,
+        seed: int | None = None,
+        chunk: int = 256,
+    ) -> None:
+        super().__init__(x_train, y_train)
+        self.clip = clip
+        self.noise_multiplier = noise_multiplier
+        self.chunk = chunk
+        self.seed = secrets.randbits(62) if seed is None else int(seed)
+        self.generator = torch.Generator(device=x_train.device)
+        self.generator.manual_seed(self.seed)
+        #: how many noised steps each training sample has been in (this process)
+        self.uses = np.zeros(len(y_train), dtype=np.int64)
+        #: the run's settings and the most uses of a sample per epoch, set by
+        #: :func:`stratify.experiment.build_experiment` for the accounting
+        self.privacy: object | None = None
+        self.uses_per_epoch = 0
+
+    def start_epoch(self, epoch: int) -> None:
+        """Reseed the noise for ``epoch`` from the trainer's seed: with a given seed
+        (``--dp-seed``) a resumed run draws the same noise as one that never stopped; with
+        an entropy seed a resumed run draws fresh noise (never noise already used, which
+        would let two messages' difference cancel it)."""
+        self.generator.manual_seed((self.seed * 1_000_003 + int(epoch)) % 2**63)
+
+    # the noise ------------------------------------------------------------------------
+
+    def private_sum(
+        self, model: nn.Module, index: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``Σ_i clip(g_i) + N(0, σ²C²)`` over the samples ``index`` and their summed
+        loss: what one client sends for them."""
+        sums, loss_sum = self.private_share_sums(model, index, [len(index)])
+        return [share[0] for share in sums], loss_sum
+
+    def private_share_sums(
+        self, model: nn.Module, index: torch.Tensor, sizes: Sequence[int]
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each share's ``Σ_i clip(g_i) + N(0, σ²C²)``, one independent noise draw per
+        share, and the summed loss of all: ``index`` holds the shares' samples in
+        consecutive runs of ``sizes``. The per-sample gradients of all shares are
+        computed together (one ``vmap`` per :attr:`chunk` samples), each share's are
+        summed apart.
+
+        Returns
+        -------
+        list of torch.Tensor
+            Per parameter, the shares' noised sums, shape ``(len(sizes), *shape)``.
+        torch.Tensor
+            The summed loss.
+        """
+        from stratify.privacy.dp import add_noise, clip_factor
+
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        device = self.x_train.device
+        share_of = torch.as_tensor(np.repeat(np.arange(len(sizes)), sizes), device=device)
+        sums = [
+            torch.zeros((len(sizes), *p.shape), device=device, dtype=p.dtype) for p in parameters
+        ]
+        loss_sum = torch.zeros((), device=device)
+        for start in range(0, len(index), self.chunk):
+            part = index[start : start + self.chunk]
+            if len(part) == 1:  # one sample: plain autograd, without vmap's overhead
+                loss = F.cross_entropy(model(self.x_train[part]), self.y_train[part])
+                gradients = [g.unsqueeze(0) for g in torch.autograd.grad(loss, parameters)]
+                losses = loss.detach().reshape(1)
+            else:
+                gradients, losses = per_sample_gradients(
+                    model, self.x_train[part], self.y_train[part]
+                )
+            norms = torch.stack([g.reshape(len(part), -1).norm(dim=1) for g in gradients], 1)
+            factors = clip_factor(norms.norm(dim=1), self.clip)
+            owners = share_of[start : start + len(part)]
+            for total, gradient in zip(sums, gradients):
+                scaled = gradient * factors.reshape(-1, *([1] * (gradient.dim() - 1)))
+                total.index_add_(0, owners, scaled.to(total.dtype))
+            loss_sum = loss_sum + losses.sum()
+        np.add.at(self.uses, index.cpu().numpy(), 1)
+        # one independent draw per share and coordinate
+        noised = add_noise(sums, self.noise_multiplier, self.clip, self.generator)
+        return noised, loss_sum
+
+    # the trainer's methods ----------------------------------------------------------
+
+    def single_sample_steps(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, indices: list[int], lr: float
+    ) -> list[torch.Tensor]:
+        """As :meth:`LocalTrainer.single_sample_steps`, each step's gradient clipped to
+        ``C`` and noised before the step."""
+        from stratify.privacy.dp import add_noise, clip_gradient
+
+        parameters: list[torch.Tensor] = [
+            p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
+        ]
+        plain_sgd = all(group.get("momentum", 0) == 0 for group in optimizer.param_groups)
+        losses: list[torch.Tensor] = []
+        x, y = self.x_train, self.y_train
+        for index in indices:
+            loss = F.cross_entropy(model(x[index : index + 1]), y[index : index + 1])
+            gradients = clip_gradient(torch.autograd.grad(loss, parameters), self.clip)
+            gradients = add_noise(gradients, self.noise_multiplier, self.clip, self.generator)
+            self.uses[index] += 1
+            if plain_sgd:
+                with torch.no_grad():
+                    torch._foreach_add_(parameters, gradients, alpha=-lr)
+            else:
+                for parameter, gradient in zip(parameters, gradients):
+                    parameter.grad = gradient
+                optimizer.step()
+            losses.append(loss.detach())
+        return losses
+
+    def batch_gradient(
+        self,
+        model: nn.Module,
+        samples: np.ndarray,
+        clients: np.ndarray,
+        fused: bool = True,
+        divisor: int | None = None,
+    ) -> float:
+        """As :meth:`LocalTrainer.batch_gradient`, each client's share a noised sum of
+        clipped per-sample gradients (``fused`` makes no difference: every share is its
+        own computation)."""
+        batch_size = len(samples) if divisor is None else divisor
+        boundaries = np.flatnonzero(np.diff(clients)) + 1
+        sizes = np.diff(np.concatenate([[0], boundaries, [len(samples)]])).tolist()
+        index = torch.as_tensor(samples, device=self.x_train.device)
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        shares, loss_sum = self.private_share_sums(model, index, sizes)
+        with torch.no_grad():
+            for parameter, share in zip(parameters, shares):
+                # the clients' noised sums, added up by the server
+                gradient = share.sum(0) / batch_size
+                if parameter.grad is None:
+                    parameter.grad = gradient
+                else:
+                    parameter.grad.add_(gradient)
+        return float(loss_sum)
+
+    def job(self, *args: object, **kwargs: object) -> LocalJob:
+        """Refused: a job runs as the compiled or vectorised step, which does not clip."""
+        raise TypeError("a private trainer's local training runs eagerly, not as a job")
+
+    def train(
+        self,
+        model: nn.Module,
+        indices: np.ndarray | Sequence[np.ndarray],
+        *,
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        rng: np.random.Generator,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        before_step: GradientHook | None = None,
+        loss_fn: LossFunction = cross_entropy_loss,
+        compile: CompileSwitch | None = None,
+    ) -> LocalResult:
+        """As :meth:`LocalTrainer.train`, always eagerly (``compile`` is ignored: the
+        compiled step does not clip)."""
+        orders = self.epoch_orders(indices, epochs, rng)
+        return self.train_eager(
+            model, orders, batch_size, lr, momentum, weight_decay, before_step, loss_fn
+        )
+
+    def train_eager(
+        self,
+        model: nn.Module,
+        orders: list[np.ndarray],
+        batch_size: int,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        before_step: GradientHook | None = None,
+        loss_fn: LossFunction = cross_entropy_loss,
+        initial_velocities: Sequence[torch.Tensor] | None = None,
+    ) -> LocalResult:
+        """As :meth:`LocalTrainer.train_eager`, each mini-batch's gradient the noised
+        sum of its clipped per-sample gradients over the mini-batch's size; the gradient
+        hook (FedProx, SCAFFOLD) then adds its data-free term."""
+        if loss_fn is not cross_entropy_loss:
+            raise TypeError("a private trainer clips per-sample cross-entropy gradients only")
+        optimizer = local_optimizer(model, lr, momentum, weight_decay)
+        if initial_velocities is not None and momentum > 0:
+            for parameter, velocity in zip(model.parameters(), initial_velocities):
+                optimizer.state[parameter]["momentum_buffer"] = velocity.clone()
+        model.train()
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        steps = 0
+        losses = torch.zeros((), device=self.x_train.device)
+        for epoch_order in orders:
+            order = torch.as_tensor(epoch_order, device=self.x_train.device)
+            for start, stop in batch_bounds(len(epoch_order), batch_size, False):
+                batch = order[start:stop]
+                noised, loss_sum = self.private_sum(model, batch)
+                losses += loss_sum.detach()
+                with torch.no_grad():
+                    for parameter, gradient in zip(parameters, noised):
+                        parameter.grad = gradient / len(batch)
+                if before_step is not None:
+                    before_step(model)
+                optimizer.step()
+                steps += 1
+        return LocalResult(steps, float(losses), sum(len(order) for order in orders))
+
+
+def private_trainer(trainer: LocalTrainer | None) -> PrivateTrainer | None:
+    """``trainer`` if it is a :class:`PrivateTrainer`, else the private trainer it wraps
+    (a recorder's ``inner``), else ``None``."""
+    if isinstance(trainer, PrivateTrainer):
+        return trainer
+    inner = getattr(trainer, "inner", None)
+    return inner if isinstance(inner, PrivateTrainer) else None

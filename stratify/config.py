@@ -20,8 +20,9 @@ from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError, OutputError
 from stratify.measures import PlateauRule, plateau_budget
 from stratify.method import LR_SCHEDULES, Strategy
-from stratify.nn.catalog import check_model_norm
+from stratify.nn.catalog import BATCH_STATISTICS_NORMS, check_model_norm, default_norm
 from stratify.options import MODES, RunSettings, check_given, option, option_of
+from stratify.privacy.accounting import DP_FIELDS, DPOptions, DPSettings, dp_settings_of
 from stratify.validation import (
     check_path,
     check_positive_int,
@@ -37,6 +38,10 @@ FALLBACK_LR = 0.01
 # options that may change between a run and its resumption (every registry protocol gives
 # the same placeholders and counts, so the protocol is one of them)
 RESUMABLE_CHANGES = ("epochs", "stop_on_plateau", "device", "out", "protocol")
+#: methods whose clients' local training all goes through the trainer with fixed passes
+#: over their samples, so that a private trainer clips and noises all of it and each
+#: sample's uses are known in advance (docs/architecture.md, "Differential privacy")
+DP_ALGORITHMS = ("stratify", "fedavg", "fedprox", "scaffold", "fedavgm")
 
 
 def check_partition(value: object, flag: str) -> str:
@@ -117,6 +122,11 @@ class TrainConfig(RunSettings):
     device: str = option_of(CommonOptions, "device")
     secure: bool = option_of(CommonOptions, "secure")
     protocol: str = option_of(CommonOptions, "protocol")
+    dp_epsilon: float | None = option_of(DPOptions, "dp_epsilon")
+    dp_noise: float | None = option_of(DPOptions, "dp_noise")
+    dp_delta: float | None = option_of(DPOptions, "dp_delta")
+    dp_clip: float | None = option_of(DPOptions, "dp_clip")
+    dp_seed: int | None = option_of(DPOptions, "dp_seed")
     options: dict[str, Any] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
     out: str | None = None
@@ -157,6 +167,49 @@ class TrainConfig(RunSettings):
         strategy = build_strategy(self.algorithm, given, self.mode)
         strategy.check_epochs(self.epochs)
         self.options = {key: getattr(strategy.options, key) for key in given}
+        check_private(self)
+
+    def comparable(self) -> dict[str, Any]:
+        # a run without DP compares as before the DP settings existed
+        values = super().comparable()
+        for name in DP_FIELDS:
+            if values.get(name) is None:
+                values.pop(name, None)
+        return values
+
+
+def dp_settings(config: TrainConfig) -> DPSettings | None:
+    """The run's differential privacy, ``None`` when it asks for none."""
+    return dp_settings_of(config)
+
+
+def check_private(config: TrainConfig) -> None:
+    """Refuse, in one line, differential privacy a run cannot give: options without a
+    noise level, a method or a model whose updates cannot be clipped per sample, and the
+    compiled step (which reads the samples itself, unclipped)."""
+    if dp_settings_of(config) is None:
+        return
+    if config.algorithm not in DP_ALGORITHMS:
+        raise ConfigError(
+            f"--dp-epsilon/--dp-noise apply to --method {', '.join(DP_ALGORITHMS)}; "
+            f"{config.algorithm}'s local training is not clipped per sample"
+        )
+    norm = config.norm or (default_norm(config.model) if config.model else "none")
+    if norm in BATCH_STATISTICS_NORMS:
+        raise ConfigError(
+            f"--norm {norm} couples the samples of a batch through its statistics, so a "
+            "sample's gradient cannot be clipped alone; with DP use --norm gn (or none)"
+        )
+    if config.options.get("compile") == "on":
+        raise ConfigError(
+            "--compile on skips the per-sample clipping of DP; with DP the steps run eagerly "
+            "(--compile off or auto)"
+        )
+    if config.options.get("local_steps") is not None:
+        raise ConfigError(
+            "--local-steps draws samples with replacement, so a sample's uses are not fixed; "
+            "with DP use --local-epochs"
+        )
 
 
 def plateau_rule(config: TrainConfig, classes: int | None = None) -> PlateauRule | None:

@@ -18,8 +18,8 @@ from torch import nn
 
 from stratify.algorithms import build_strategy
 from stratify.backend import configure_cpu_for_single_sample, resolve_device
-from stratify.client import LocalTrainer
-from stratify.config import TrainConfig, resolve_lr
+from stratify.client import LocalTrainer, PrivateTrainer, private_trainer
+from stratify.config import TrainConfig, dp_settings, resolve_lr
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.data.holdout import EvaluationSet, holdout_validation
 from stratify.data.partition import partition
@@ -130,6 +130,26 @@ def build_experiment(
             f"{type(model).__name__} normalises with batch statistics, which one sample cannot "
             "give; in --mode single-sample use --norm gn (or none), or use --mode batch"
         )
+    privacy = dp_settings(config)
+    if privacy is not None and trainer is not None and private_trainer(trainer) is None:
+        # a caller's trainer (Flower's, whose nodes train): its clients do not clip or noise
+        raise ConfigError(
+            f"--dp-epsilon/--dp-noise are not available with {type(trainer).__name__} "
+            "(Flower runs train on their nodes without DP for now)"
+        )
+    if privacy is not None and trainer is None:
+        if has_batch_norm(model):
+            raise ConfigError(
+                f"{type(model).__name__} normalises with batch statistics, so a sample's "
+                "gradient cannot be clipped alone; with DP use --norm gn (or none)"
+            )
+        trainer = PrivateTrainer(
+            dataset.x_train,
+            dataset.y_train,
+            clip=privacy.clip,
+            noise_multiplier=0.0,  # calibrated below, once the plan's uses are known
+            seed=privacy.seed,
+        )
     engine = Engine(
         model,
         dataset,
@@ -144,6 +164,12 @@ def build_experiment(
         total_epochs=config.epochs,
         validation=validation,
     )
+    private = private_trainer(trainer)
+    if privacy is not None and private is not None:
+        # a caller's private trainer too (one a recorder wraps): σ for this run's uses
+        private.privacy = privacy
+        private.uses_per_epoch = uses_per_epoch(strategy, placeholders)
+        private.noise_multiplier = privacy.sigma(config.epochs * private.uses_per_epoch)
     return Experiment(
         config,
         device,
@@ -157,6 +183,22 @@ def build_experiment(
         lr_schedule,
         validation,
     )
+
+
+def uses_per_epoch(strategy: Strategy, placeholders: RegistryResult) -> int:
+    """The most times one epoch of ``strategy`` trains on any one sample, known before
+    the run (docs/architecture.md, "Differential privacy"): Stratify's schedule takes
+    ``r_l`` entries of a label with ``n_l`` samples, a new pass over them each time they
+    run out, so ``max_l ⌈r_l / n_l⌉``; an averaging baseline's participant makes
+    ``local_epochs`` passes over its samples per round."""
+    repeats = getattr(strategy, "repeats", None)
+    if repeats is not None:
+        counts = np.maximum(np.asarray(placeholders.global_counts, dtype=np.int64), 1)
+        return int(np.max(-(-np.asarray(repeats, dtype=np.int64) // counts)))
+    local_epochs = getattr(strategy, "local_epochs", None)
+    if isinstance(local_epochs, int) and local_epochs > 0:
+        return local_epochs
+    raise ConfigError(f"{strategy.name}: how often it uses a sample is not known; DP refused")
 
 
 def mlp_parameters(input_shape: tuple[int, ...], hidden: tuple[int, ...], num_classes: int) -> int:

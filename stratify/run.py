@@ -19,6 +19,7 @@ import torch
 
 from stratify.backend import Timer
 from stratify.checkpoints import checkpoint_problem
+from stratify.client import private_trainer
 from stratify.config import RESUMABLE_CHANGES, TrainConfig, run_complete
 from stratify.data.datasets import Dataset
 from stratify.errors import (
@@ -31,6 +32,7 @@ from stratify.errors import (
 from stratify.experiment import build_experiment
 from stratify.measures import accuracy_summary
 from stratify.method import EpochStats
+from stratify.privacy.accounting import DPSettings, epsilon_spent
 from stratify.registry import SECRETS_FILE, RegistrySecrets, make_registry
 from stratify.registry.client_secrets import SECRETS_MODE
 from stratify.runfiles import RUN_FILES
@@ -289,6 +291,9 @@ class Run:
         return self.summary()
 
     def _train_epoch(self, epoch: int) -> None:
+        trainer = private_trainer(self.engine.context.trainer)
+        if trainer is not None:
+            trainer.start_epoch(epoch)
         with Timer(self.device) as timer:
             try:
                 stats = self.engine.run_epoch(epoch)
@@ -385,6 +390,35 @@ class Run:
             # None where no client returned an update of its own (Stratify's plans)
             "distinct_clients_trained": len(trained) if trained else None,
             "method": self.strategy.summarize(records),
+            **self.privacy_summary(),
+        }
+
+    def privacy_summary(self) -> dict[str, Any]:
+        """``{"privacy": {...}}``: the (ε, δ) this run has spent so far, from Opacus's
+        accountant over the most uses of any one sample (docs/architecture.md,
+        "Differential privacy"); nothing for a run without DP.
+
+        Each use of a sample is counted as it happens; the epochs before a ``--resume``
+        count at their planned uses, an upper bound of what they made.
+        """
+        trainer = private_trainer(self.engine.context.trainer)
+        if trainer is None or not isinstance(trainer.privacy, DPSettings):
+            return {}
+        settings = trainer.privacy
+        uses = self.start_epoch * trainer.uses_per_epoch + int(trainer.uses.max(initial=0))
+        return {
+            "privacy": {
+                "mechanism": "per-sample clipping + Gaussian noise, no subsampling",
+                "accountant": "opacus RDP",
+                "target_epsilon": settings.epsilon,
+                "delta": settings.delta,
+                "clip": settings.clip,
+                "noise_multiplier": trainer.noise_multiplier,
+                "noise_seed": "given (--dp-seed)" if settings.seed is not None else "entropy",
+                "planned_uses": self.config.epochs * trainer.uses_per_epoch,
+                "uses": uses,
+                "epsilon": epsilon_spent(trainer.noise_multiplier, settings.delta, uses),
+            }
         }
 
 

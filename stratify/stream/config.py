@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from stratify.common_options import CommonOptions
 from stratify.errors import ConfigError
-from stratify.nn.catalog import MODELS, mlp_weight_count
+from stratify.nn.catalog import BATCH_STATISTICS_NORMS, MODELS, mlp_weight_count
 from stratify.options import RunSettings, option, option_of
+from stratify.privacy.accounting import DPOptions, dp_settings_of
 from stratify.stream.classifier import NEW_CLASS_ROWS
 from stratify.stream.events import MISSING
 from stratify.stream.policies import STREAM_ALGORITHMS
@@ -310,6 +311,18 @@ class StreamConfig(RunSettings):
     )
     secure: bool = option_of(CommonOptions, "secure", check=check_flag)
     protocol: str = option_of(CommonOptions, "protocol")
+    dp_epsilon: float | None = option_of(
+        DPOptions,
+        "dp_epsilon",
+        help="Differential privacy for the updates: every step's gradient clipped to "
+        "--dp-clip and noised on the client, the noise calibrated so that each sample's at "
+        "most --max-uses steps spend this ε at --dp-delta (Opacus's RDP accountant; needs "
+        "the privacy extra and --max-uses). Default: no DP.",
+    )
+    dp_noise: float | None = option_of(DPOptions, "dp_noise")
+    dp_delta: float | None = option_of(DPOptions, "dp_delta")
+    dp_clip: float | None = option_of(DPOptions, "dp_clip")
+    dp_seed: int | None = option_of(DPOptions, "dp_seed")
     out: str | None = None
 
     resumable_changes = RESUMABLE_STREAM_CHANGES
@@ -325,6 +338,7 @@ class StreamConfig(RunSettings):
                 raise ConfigError(f"{flags} applies to --algorithm fedavg-periodic, not stratify")
         if self.mlp_hidden is not None and self.model != "mlp":
             raise ConfigError(f"--mlp-hidden applies to --model mlp, not {self.model!r}")
+        check_stream_private(self)
         check_buffer_memory(self.capacity, math.prod(self.input_shape or (1,)))
         if self.model == "mlp" or self.input_shape is not None:
             # the model for the fewest features the stream may have: a lower bound
@@ -334,6 +348,39 @@ class StreamConfig(RunSettings):
         """A ``fedavg-periodic`` option, its default when not given."""
         value = getattr(self, name)
         return FEDAVG_DEFAULTS[name] if value is None else value
+
+
+def check_stream_private(config: StreamConfig) -> None:
+    """Refuse, in one line, DP a stream cannot give (docs/architecture.md, "Differential
+    privacy"): a sample's uses must be bounded (``--max-uses``) for its ε to be, and only
+    the single-sample updates of ``--algorithm stratify`` are clipped per sample."""
+    if dp_settings_of(config) is None:
+        return
+    if config.algorithm != "stratify":
+        raise ConfigError(
+            f"--dp-epsilon/--dp-noise apply to --algorithm stratify; {config.algorithm}'s "
+            "local training is not clipped per sample"
+        )
+    if config.max_uses is None:
+        raise ConfigError(
+            "DP needs --max-uses N: the ε of a sample grows with its steps, which a stream "
+            "does not bound otherwise"
+        )
+    if config.norm in BATCH_STATISTICS_NORMS:
+        raise ConfigError(
+            f"--norm {config.norm} couples samples through batch statistics; with DP use "
+            "--norm gn (or none)"
+        )
+    if config.new_class == "imprint" or (config.new_class == "auto" and config.model == "mlp"):
+        raise ConfigError(
+            "with DP give --new-class random: imprinting sets a classifier row from one "
+            "sample's features, without noise"
+        )
+    if config.scale != "none":
+        raise ConfigError(
+            f"with DP give --scale none: --scale {config.scale} standardises by the mean and "
+            "deviation of the raw features, without noise"
+        )
 
 
 def check_buffer_memory(capacity: int, features: int) -> None:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stratify.errors import ConfigError, RegistryError, TrainingError
+from stratify.privacy.accounting import DPSettings, dp_settings_of
 from stratify.registry import PlainRegistry
 from stratify.registry.base import LabelRegistry
 from stratify.stream.buffers import ClientBuffers
@@ -1161,6 +1162,7 @@ def default_policy(config: StreamConfig) -> StreamPolicy:
             local_momentum=float(config.fedavg_option("local_momentum")),
             seed=config.seed,
         )
+    privacy = dp_settings_of(config)
     return SingleSampleUpdates(
         steps_per_event=config.steps_per_event,
         chunk=config.chunk,
@@ -1168,4 +1170,17 @@ def default_policy(config: StreamConfig) -> StreamPolicy:
         lr=config.lr,
         momentum=config.momentum,
         seed=config.seed,
+        **({} if privacy is None else stream_privacy(config, privacy)),
     )
+
+
+def stream_privacy(config: StreamConfig, privacy: DPSettings) -> dict[str, Any]:
+    """The DP arguments of a stream's policy: each sample takes at most ``--max-uses``
+    noised steps, so σ is calibrated for that many (docs/architecture.md, "Differential
+    privacy")."""
+    assert config.max_uses is not None  # StreamConfig refuses DP without it
+    return {
+        "dp_clip": privacy.clip,
+        "dp_noise": privacy.sigma(config.max_uses),
+        "dp_seed": privacy.seed,
+    }

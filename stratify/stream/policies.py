@@ -157,6 +157,13 @@ class SingleSampleUpdates(StreamPolicy):
         SGD momentum.
     seed : int
         Seeds the schedule's generator.
+    dp_clip : float, optional
+        Differential privacy: each step's gradient clipped to this norm and noised
+        (:class:`~stratify.stream.step.SingleSampleStep`); ``None``: plain steps.
+    dp_noise : float
+        The noise multiplier σ (with ``dp_clip``).
+    dp_seed : int, optional
+        Seeds the noise; ``None``: the operating system's entropy.
     """
 
     name = "stratify"
@@ -170,15 +177,19 @@ class SingleSampleUpdates(StreamPolicy):
         lr: float = 0.01,
         momentum: float = 0.0,
         seed: int = 0,
+        dp_clip: float | None = None,
+        dp_noise: float = 0.0,
+        dp_seed: int | None = None,
     ) -> None:
         self.steps_per_event = steps_per_event
         self.lr = lr
         self.momentum = momentum
+        self.dp = (dp_clip, dp_noise, dp_seed)
         self.schedule = StreamSchedule(chunk, selection, np.random.default_rng([seed, 0x5C4ED]))
         self.step: SingleSampleStep | None = None
 
     def setup(self, context: StreamContext) -> None:
-        self.step = SingleSampleStep(context.model, self.lr, self.momentum)
+        self.step = SingleSampleStep(context.model, self.lr, self.momentum, *self.dp)
 
     def after_arrival(self, context: StreamContext) -> Training:
         assert self.step is not None  # setup ran

@@ -35,6 +35,7 @@ import numpy as np
 
 from stratify.errors import ConfigError
 from stratify.files import guard_input, release_input
+from stratify.privacy.accounting import dp_settings_of, epsilon_spent
 from stratify.registry.client_secrets import SECRETS_MODE
 from stratify.runfiles import RUN_FILES
 from stratify.runfolder import (
@@ -753,7 +754,31 @@ class StreamRun:
             "events_per_second": self.events_per_second(),
             "ingest_seconds": round(self.ingest_seconds, 4),
             "stopped_by": self.stopped_by,
+            **stream_privacy_summary(self.config),
         }
+
+
+def stream_privacy_summary(config: StreamConfig) -> dict[str, Any]:
+    """``{"privacy": {...}}``: the (ε, δ) of a DP stream, from Opacus's accountant over
+    ``--max-uses`` noised steps, the most any one sample takes (per event: a sample sent
+    twice is two samples; docs/architecture.md, "Differential privacy"); nothing without
+    DP."""
+    privacy = dp_settings_of(config)
+    if privacy is None or config.max_uses is None:
+        return {}
+    sigma = privacy.sigma(config.max_uses)
+    return {
+        "privacy": {
+            "mechanism": "per-step clipping + Gaussian noise, no subsampling, per event",
+            "accountant": "opacus RDP",
+            "target_epsilon": privacy.epsilon,
+            "delta": privacy.delta,
+            "clip": privacy.clip,
+            "noise_multiplier": sigma,
+            "uses": config.max_uses,
+            "epsilon": epsilon_spent(sigma, privacy.delta, config.max_uses),
+        }
+    }
 
 
 def looks_complete(raw: RawLine) -> bool:

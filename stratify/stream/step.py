@@ -20,6 +20,7 @@ torch only for such models.
 from __future__ import annotations
 
 import math
+import secrets
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -161,11 +162,33 @@ class SingleSampleStep:
         Learning rate.
     momentum : float
         Momentum ``μ`` (0: plain SGD, no velocity kept).
+    clip : float, optional
+        Differential privacy (docs/architecture.md, "Differential privacy"): every step's
+        gradient is clipped to this L2 norm ``C`` and ``N(0, σ²C²)`` noise is added to
+        it before the update. ``None`` (the default): plain steps.
+    noise_multiplier : float
+        ``σ`` of the noise (with ``clip``).
+    seed : int, optional
+        Seeds the noise; ``None``: a seed from the operating system's entropy.
     """
 
-    def __init__(self, model: MLPArrays | nn.Module, lr: float, momentum: float) -> None:
+    def __init__(
+        self,
+        model: MLPArrays | nn.Module,
+        lr: float,
+        momentum: float,
+        clip: float | None = None,
+        noise_multiplier: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
         self.lr = lr
         self.momentum = momentum
+        self.clip = clip
+        self.noise_multiplier = noise_multiplier
+        self.noise_seed = secrets.randbits(62) if seed is None else int(seed)
+        #: the NumPy path's noise (the torch path makes its generator on first use)
+        self.noise = np.random.default_rng(self.noise_seed)
+        self.torch_noise: Any = None
         self.arrays: MLPArrays | None = None
         self.velocity = None
         self.follow(model)
@@ -227,10 +250,67 @@ class SingleSampleStep:
         output = self.model(x)
         targets = torch.tensor([target], device=output.device)
         loss_tensor = functional.cross_entropy(output, targets)
-        grads = torch.autograd.grad(loss_tensor, self.parameters)
+        grads = list(torch.autograd.grad(loss_tensor, self.parameters))
+        if self.clip is not None:
+            grads = self.private_gradient(grads)
         with torch.no_grad():
-            self._update(list(grads))
+            self._update(grads)
         return loss_tensor.detach()
+
+    def private_gradient(self, gradients: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One sample's gradient clipped to ``C`` and noised, on the torch path."""
+        import torch
+
+        from stratify.privacy.dp import add_noise, clip_gradient
+
+        assert self.clip is not None
+        if self.torch_noise is None:
+            self.torch_noise = torch.Generator(device=gradients[0].device)
+            self.torch_noise.manual_seed(self.noise_seed)
+        clipped = clip_gradient(gradients, self.clip)
+        return add_noise(clipped, self.noise_multiplier, self.clip, self.torch_noise)
+
+    def private_step_array(self, x: np.ndarray, target: int) -> float:
+        """:meth:`step_array` with DP: the gradient's norm from its factors
+        (``‖δ xᵀ‖² + ‖δ‖² = ‖δ‖²(‖x‖² + 1)`` per layer), clipped to ``C`` and noised
+        with ``N(0, σ²C²)`` on every weight and bias, then the SGD update."""
+        arrays = self.arrays
+        assert arrays is not None and self.clip is not None
+        with quiet():
+            loss, factors = arrays.backward(x, target)
+            norm = math.sqrt(
+                sum(
+                    float(delta @ delta) * (float(inputs @ inputs) + 1.0)
+                    for delta, inputs in factors
+                )
+            )
+            factor = min(1.0, self.clip / (norm + 1e-12))
+            scale = self.noise_multiplier * self.clip
+            gradients: list[np.ndarray] = []
+            for delta, inputs in factors:
+                for exact in (np.outer(delta, inputs), delta):
+                    noise = self.noise.standard_normal(exact.shape, dtype=np.float32)
+                    gradients.append((factor * exact + scale * noise).astype(np.float32))
+            self._update_arrays(gradients)
+        return loss
+
+    def _update_arrays(self, gradients: list[np.ndarray]) -> None:
+        """The SGD update of the NumPy path from explicit gradients (parameter order)."""
+        assert self.arrays is not None
+        if self.momentum == 0:
+            for array, gradient in zip(self.arrays.arrays, gradients):
+                array -= self.lr * gradient
+            return
+        if self.velocity is None:
+            self.velocity = [zeros_like(p) for p in self.parameters]
+            for velocity, gradient in zip(self.velocity_arrays, gradients):
+                velocity[...] = gradient  # torch's first velocity is the gradient itself
+        else:
+            for velocity, gradient in zip(self.velocity_arrays, gradients):
+                velocity *= self.momentum
+                velocity += gradient
+        for array, velocity in zip(self.arrays.arrays, self.velocity_arrays):
+            array -= self.lr * velocity
 
     def step_array(self, x: np.ndarray, target: int) -> float:
         """One SGD step of an MLP on CPU (:attr:`arrays` set) on the flat sample ``x``,
@@ -239,6 +319,8 @@ class SingleSampleStep:
         A weight's gradient is never built apart: it is a rank-1 update (BLAS ``sger``)
         of the weight, or of its velocity, in place (a C-order ``out × in`` array is the
         Fortran-order ``in × out`` one BLAS updates)."""
+        if self.clip is not None:
+            return self.private_step_array(x, target)
         arrays = self.arrays
         assert arrays is not None
         lr, momentum = self.lr, self.momentum
