@@ -31,6 +31,7 @@ from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import Experiment, build_experiment
 from stratify.nn.models import MLP
+from stratify.privacy.aggregate import label_counts_from_bias, match_placeholders
 from stratify.privacy.views import (
     GradientMessage,
     RecordingTrainer,
@@ -151,6 +152,42 @@ def recover_labels(view: ServerView, head_bias: str = "head.bias", seed: int = 0
     return assign_labels(votes, seed)
 
 
+def recover_labels_from_counts(view: ServerView, head_bias: str = "head.bias") -> np.ndarray:
+    """The attacker's map placeholder → label from each global batch's SUMMED gradient
+    only, as a server behind secure aggregation holds it: every class's count in a batch
+    from the head bias (:func:`~stratify.privacy.aggregate.label_counts_from_bias`, with
+    the model's mean prediction on the server's own inputs, :attr:`ServerView.predictions`),
+    matched across batches to the placeholder counts the server scheduled
+    (:func:`~stratify.privacy.aggregate.match_placeholders`).
+
+    Parameters
+    ----------
+    view : ServerView
+        What the server saw, recorded with a ``probe`` (batch mode); its shares are
+        summed here, so no single share is read.
+    head_bias : str
+        The head bias's parameter name.
+
+    Raises
+    ------
+    ValueError
+        A view without batch shares or without the predictions of its batches.
+    """
+    summed = view.aggregated().shares
+    if not summed or any(share.batch not in view.predictions for share in summed):
+        raise ValueError("the count attack needs batch shares recorded with a probe")
+    label_counts = []
+    placeholder_counts = []
+    for share in summed:
+        size = len(share.positions)
+        mean_gradient = share.gradient[head_bias].detach().cpu().numpy() / size
+        label_counts.append(
+            label_counts_from_bias(mean_gradient, size, view.predictions[share.batch])
+        )
+        placeholder_counts.append(np.bincount(share.placeholders, minlength=view.num_placeholders))
+    return match_placeholders(np.array(placeholder_counts), np.array(label_counts))
+
+
 def label_recovery(mapping: np.ndarray, truth: Truth) -> float:
     """Share of the placeholders mapped to their real label (chance ``1/C`` for a
     random one-to-one map of ``C`` labels).
@@ -250,7 +287,10 @@ def input_recovery(positions: np.ndarray, inputs: np.ndarray, truth: Truth) -> f
 
 
 #: the attacks :func:`attack_run` measures
-ATTACKS = ("labels", "labels-aggregated", "inputs")
+ATTACKS = ("labels", "labels-aggregated", "labels-counts", "inputs")
+#: test samples on which the server computes its model's mean prediction before each
+#: global batch (the count attack's estimate of the batch's summed probabilities)
+PROBE_SAMPLES = 512
 #: the parameters the attacks read: the head's bias, the MLP's first layer
 ATTACKED_PARAMETERS = ("head.bias", "layers.1.weight", "layers.1.bias")
 
@@ -309,7 +349,11 @@ def record_run(
         seed=config.seed,
         **config.dataset_options,
     )
-    recorder = RecordingTrainer(trainer(dataset.x_train, dataset.y_train), parameters=parameters)
+    recorder = RecordingTrainer(
+        trainer(dataset.x_train, dataset.y_train),
+        parameters=parameters,
+        probe=dataset.x_test[:PROBE_SAMPLES] if config.mode == "batch" else None,
+    )
     experiment = build_experiment(config, dataset=dataset, trainer=recorder)
     recorder.attach(experiment.federation, experiment.placeholders)
     for epoch in range(1, config.epochs + 1):
@@ -383,6 +427,12 @@ def attack_run(
         results["labels-aggregated"] = (
             label_recovery(recover_labels(aggregated, seed=seed), truth)
             if aggregated.shares
+            else float("nan")
+        )
+    if "labels-counts" in attacks:
+        results["labels-counts"] = (
+            label_recovery(recover_labels_from_counts(view), truth)
+            if view.shares and view.predictions
             else float("nan")
         )
     if "inputs" in attacks:

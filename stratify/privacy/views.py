@@ -149,6 +149,10 @@ class ServerView:
 
     num_placeholders: int
     shares: list[ShareGradient] = field(default_factory=list)
+    #: global batch -> the model's mean predicted probabilities on the server's public
+    #: inputs when that batch was asked for (:class:`RecordingTrainer`'s ``probe``): what
+    #: the server computes itself from the model it holds
+    predictions: dict[int, np.ndarray] = field(default_factory=dict)
     hops: list[HopUpdate] = field(default_factory=list)
     rounds: list[RoundUpdate] = field(default_factory=list)
 
@@ -250,16 +254,27 @@ class RecordingTrainer(LocalTrainer):
     parameters : collection of str, optional
         Parameter names to record (default: all). Attacks read few (the head's bias, the
         first layer); recording only those keeps long runs in memory.
+    probe : torch.Tensor, optional
+        Inputs the server holds (its test split): before each global batch the model's
+        mean predicted probabilities on them are recorded
+        (:attr:`ServerView.predictions`), as the server can compute them; the count
+        attack on batch sums reads them (docs/privacy.md, "Threat model").
     """
 
     #: no compiled or vectorised step may train around the recorder: every single-sample
     #: step goes through :meth:`single_sample_steps`
     holds_samples = False
 
-    def __init__(self, inner: LocalTrainer, parameters: Collection[str] | None = None) -> None:
+    def __init__(
+        self,
+        inner: LocalTrainer,
+        parameters: Collection[str] | None = None,
+        probe: torch.Tensor | None = None,
+    ) -> None:
         super().__init__(inner.x_train, inner.y_train)
         self.inner = inner
         self.parameters = None if parameters is None else set(parameters)
+        self.probe = probe
         self.sample_clients: np.ndarray | None = None
         self.sample_placeholders: np.ndarray | None = None
         self.view = ServerView(0)
@@ -332,6 +347,10 @@ class RecordingTrainer(LocalTrainer):
         loss = 0.0
         batch = self.batches
         self.batches += 1
+        if self.probe is not None:
+            with torch.no_grad():
+                probabilities = torch.softmax(model(self.probe), dim=1).mean(0)
+            self.view.predictions[batch] = probabilities.cpu().numpy().astype(np.float64)
         for run in runs_of(clients):
             for _, parameter in parameters:
                 parameter.grad = None
