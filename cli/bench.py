@@ -20,6 +20,7 @@ from stratify.bench.training import bench_batch, bench_rounds
 from stratify.bench.transfers import bench_transfers
 from stratify.cli.bench_local import local
 from stratify.cli.bench_privacy import privacy
+from stratify.cli.bench_privacy_utility import privacy_utility
 from stratify.cli.bench_stream import stream
 from stratify.cli.common import (
     DATA_DIR,
@@ -558,4 +559,5 @@ def rounds(
 
 bench.add_command(local)
 bench.add_command(privacy)
+bench.add_command(privacy_utility)
 bench.add_command(stream)

@@ -25,12 +25,13 @@ import numpy as np
 import torch
 
 from stratify.backend import resolve_device
-from stratify.client import LocalTrainer
+from stratify.client import LocalTrainer, private_trainer
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import Experiment, build_experiment
 from stratify.nn.models import MLP
+from stratify.privacy.accounting import DPSettings, epsilon_spent
 from stratify.privacy.aggregate import label_counts_from_bias, match_placeholders
 from stratify.privacy.views import (
     GradientMessage,
@@ -391,7 +392,8 @@ def attack_run(
     Returns
     -------
     dict of str to float
-        ``accuracy`` (the trained model's test accuracy); per attack its recovery: for
+        ``accuracy`` (the trained model's test accuracy); with differential privacy,
+        ``epsilon`` (spent, at the run's δ) and ``noise-multiplier``; per attack its recovery: for
         the label attacks the share of placeholders mapped to their real label (chance
         ``1/C``), for ``inputs`` the share of training samples reconstructed within
         :data:`RECOVERED_ERROR` relative error, with ``inputs-error`` (the median
@@ -415,6 +417,12 @@ def attack_run(
     run = record_run(config, trainer=trainer)
     experiment, view, truth = run.experiment, run.view, run.truth
     results = {"accuracy": experiment.engine.evaluate()[0]}
+    private = private_trainer(experiment.engine.context.trainer)
+    if private is not None and isinstance(private.privacy, DPSettings):
+        # the (ε, δ) the recorded messages carry, over the most uses of any one sample
+        uses = int(private.uses.max(initial=0))
+        results["noise-multiplier"] = private.noise_multiplier
+        results["epsilon"] = epsilon_spent(private.noise_multiplier, private.privacy.delta, uses)
     if "labels" in attacks:
         # a model with batch-statistics norms: its shares are not recorded (nothing to read)
         results["labels"] = (
