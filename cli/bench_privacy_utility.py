@@ -6,6 +6,7 @@ tables are generated from."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import click
@@ -18,9 +19,10 @@ from stratify.bench.privacy_utility import (
     bench_privacy_utility,
     secagg_rows,
 )
-from stratify.cli.common import DATA_DIR, checked, write_output
-from stratify.errors import ConfigError
-from stratify.validation import check_seed
+from stratify.cli.common import DATA_DIR, write_output
+from stratify.data.datasets import load_dataset
+from stratify.errors import ConfigError, OutputError
+from stratify.validation import check_seeds
 
 #: the files written into ``--out``
 UTILITY_FILE = "privacy-utility.csv"
@@ -55,12 +57,11 @@ def parse_epsilons(text: str) -> list[float]:
     help="The ε levels (δ = 1e-5, C = 1) measured besides no defence.",
 )
 @click.option(
-    "--seed",
-    type=int,
-    default=0,
+    "--seeds",
+    "seeds_text",
+    default="0,1,2",
     show_default=True,
-    callback=checked(check_seed),
-    help="Every run's seed.",
+    help="The recorded runs' seeds; the first also chooses each level's learning rate.",
 )
 @click.option(
     "--secagg-repeat",
@@ -70,18 +71,27 @@ def parse_epsilons(text: str) -> list[float]:
     help="Flower simulations with and without SecAgg+ each (0, or no flwr: none).",
 )
 def privacy_utility(
-    out: str, data_dir: str | None, epsilons_text: str, seed: int, secagg_repeat: int
+    out: str, data_dir: str | None, epsilons_text: str, seeds_text: str, secagg_repeat: int
 ) -> None:
     """Train each job recorded as its server sees it, at no defence and at each ε, and run
     every update attack on what the server saw (without --data-dir: the digits jobs only)."""
     epsilons = parse_epsilons(epsilons_text)
+    seeds = check_seeds(seeds_text)
+    if data_dir is not None:
+        # read mnist-10k's files now: a missing or bad folder is refused before any run
+        load_dataset("mnist-10k", data_dir=data_dir)
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"cannot make --out {out}: {error.strerror or error}") from None
+    if not os.access(folder, os.W_OK):
+        raise OutputError(f"cannot write into --out {out}")
 
     def on_row(row: dict[str, str]) -> None:
         click.echo(" · ".join(f"{key} {row[key]}" for key in UTILITY_COLUMNS), err=True)
 
-    rows = bench_privacy_utility(data_dir, epsilons=epsilons, seed=seed, on_row=on_row)
+    rows = bench_privacy_utility(data_dir, epsilons=epsilons, seeds=seeds, on_row=on_row)
     write_output(str(folder / UTILITY_FILE), as_csv(rows, UTILITY_COLUMNS), "--out")
     click.echo(f"wrote {folder / UTILITY_FILE} ({len(rows)} runs)")
     if secagg_repeat and importlib.util.find_spec("flwr") is not None:

@@ -519,6 +519,26 @@ HOSTILE = {
         ["bench", "batch", "--dataset", "mnist-10k", "--data-dir", "{tmp}/fifo"],
         ["bench", "batch", "--dataset", "nope"],
     ],
+    "bench privacy-utility": [
+        *(
+            ["bench", "privacy-utility", "--out", "{tmp}/o", "--epsilons", v]
+            for v in ("x", "-1", "0", "nan", "inf", ",")
+        ),
+        *(
+            ["bench", "privacy-utility", "--out", "{tmp}/o", "--seeds", v]
+            for v in ("x", "-1", "0,0", "0..1000000000")
+        ),
+        *(
+            ["bench", "privacy-utility", "--out", "{tmp}/o", "--secagg-repeat", v]
+            for v in ("x", "-1", "11")
+        ),
+        ["bench", "privacy-utility", "--out", "{tmp}/file"],
+        ["bench", "privacy-utility", "--out", "{tmp}/fifo"],
+        ["bench", "privacy-utility", "--out", "{tmp}/o", "--data-dir", "{tmp}/fifo"],
+        ["bench", "privacy-utility", "--out", "{tmp}/o", "--data-dir", "{tmp}/file"],
+        ["bench", "privacy-utility", "--out", "{tmp}/o", "--data-dir", "{tmp}"],
+        ["bench", "privacy-utility"],
+    ],
     "bench local": [
         *(["bench", "local", "--rounds", v] for v in ("x", "-1", "0", "nan")),
         ["bench", "local", "--dataset", "digits", "--rounds", "1000000000"],

@@ -28,6 +28,10 @@ DELTA = 1e-5
 CLIP = 1.0
 #: the privacy levels measured besides "no defence"
 EPSILONS = (8.0, 3.0, 1.0)
+#: the candidate learning rates of every job and level, as multiples of the job's own
+LR_FACTORS = (0.3, 1.0, 3.0)
+#: the share of the training samples held out to choose the learning rate on
+VALIDATION = 0.1
 #: the columns of ``privacy-utility.csv``, in order
 UTILITY_COLUMNS = (
     "job",
@@ -36,6 +40,8 @@ UTILITY_COLUMNS = (
     "model",
     "seed",
     "defence",
+    "lr",
+    "validation_accuracy",
     "noise_multiplier",
     "epsilon",
     "accuracy",
@@ -143,7 +149,44 @@ def figure(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def measure(job: Job, epsilon: float | None) -> dict[str, str]:
+def validation_accuracy(config: TrainConfig) -> float:
+    """The final validation accuracy of ``config``'s run trained with
+    :data:`VALIDATION` of its training samples held out (never the test set)."""
+    from stratify.experiment import build_experiment
+
+    experiment = build_experiment(replace(config, validation=VALIDATION))
+    for epoch in range(1, config.epochs + 1):
+        experiment.engine.run_epoch(epoch)
+    metrics = experiment.engine.validation_metrics()
+    assert metrics is not None
+    return metrics.accuracy
+
+
+def validated_lr(config: TrainConfig, factors: Sequence[float] = LR_FACTORS) -> tuple[float, float]:
+    """The learning rate among ``factors`` times ``config``'s own whose run ends with the
+    best validation accuracy (the first on a tie), and that accuracy.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The run (with its privacy settings: each level chooses its own rate).
+    factors : sequence of float
+        The candidates, as multiples of :func:`~stratify.config.resolve_lr`'s rate.
+    """
+    from stratify.config import resolve_lr
+
+    base = resolve_lr(config)
+    scored = [
+        (validation_accuracy(replace(config, lr=base * factor)), -index, base * factor)
+        for index, factor in enumerate(factors)
+    ]
+    accuracy, _, lr = max(scored)
+    return lr, accuracy
+
+
+def measure(
+    job: Job, epsilon: float | None, lr: float | None = None, chosen_on: float | None = None
+) -> dict[str, str]:
     """Train ``job`` at ``epsilon`` (``None``: no defence), recorded, and attack it.
 
     Parameters
@@ -152,10 +195,16 @@ def measure(job: Job, epsilon: float | None) -> dict[str, str]:
         The run.
     epsilon : float, optional
         The target ε at δ = :data:`DELTA`.
+    lr : float, optional
+        Its learning rate (default: the job's own).
+    chosen_on : float, optional
+        The validation accuracy ``lr`` was chosen with, for the row.
     """
     from stratify.privacy.gradients import attack_run
 
     config = private_config(job.config, epsilon)
+    if lr is not None:
+        config = replace(config, lr=lr)
     started = time.perf_counter()
     results = attack_run(config, job.attacks, trainer=trainer_for(epsilon))
     seconds = time.perf_counter() - started
@@ -166,6 +215,8 @@ def measure(job: Job, epsilon: float | None) -> dict[str, str]:
         "model": config.model or "cnn",
         "seed": str(config.seed),
         "defence": "none" if epsilon is None else f"DP ε={epsilon:g}",
+        "lr": f"{config.lr:g}" if config.lr is not None else NOT_APPLICABLE,
+        "validation_accuracy": figure(chosen_on, 4),
         "noise_multiplier": figure(results.get("noise-multiplier"), 2),
         "epsilon": figure(results.get("epsilon"), 2),
         "accuracy": figure(results["accuracy"], 4),
@@ -181,10 +232,12 @@ def bench_privacy_utility(
     data_dir: str | None,
     *,
     epsilons: Sequence[float] = EPSILONS,
-    seed: int = 0,
+    seeds: Sequence[int] = (0, 1, 2),
     on_row: Callable[[dict[str, str]], None] | None = None,
 ) -> list[dict[str, str]]:
-    """Every job of :func:`jobs` at no defence and at each of ``epsilons``.
+    """Every job of :func:`jobs` at no defence and at each of ``epsilons``, each level at
+    the learning rate its validation split chose (:func:`validated_lr`, on the first
+    seed), then recorded and attacked on every seed.
 
     Parameters
     ----------
@@ -192,18 +245,21 @@ def bench_privacy_utility(
         mnist-10k's folder (without it, the digits jobs only).
     epsilons : sequence of float
         The privacy levels besides none.
-    seed : int
-        Every run's seed.
+    seeds : sequence of int
+        The seeds of the recorded runs; the first also chooses the learning rates.
     on_row : callable, optional
         Called with each row as it is measured.
     """
     rows = []
-    for job in jobs(data_dir, seed):
+    for job in jobs(data_dir, seeds[0]):
         for epsilon in (None, *epsilons):
-            row = measure(job, epsilon)
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
+            lr, chosen_on = validated_lr(private_config(job.config, epsilon))
+            for seed in seeds:
+                seeded = replace(job, config=replace(job.config, seed=seed))
+                row = measure(seeded, epsilon, lr, chosen_on)
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
     return rows
 
 
