@@ -185,3 +185,37 @@ def test_no_committed_verdict_rests_on_a_comparator_stopped_below_its_best():
                 )
                 flagged += 1
     assert flagged > 0  # the committed paired files predate today's rule
+
+
+def test_the_privacy_utility_report_averages_each_job_and_defence_over_its_seeds():
+    from stratify.reproduce.tables import privacy_utility_report
+
+    def row(seed, defence, accuracy, labels, epsilon="–", sigma="–"):
+        return {
+            "job": "main job",
+            "seed": str(seed),
+            "defence": defence,
+            "lr": "0.03",
+            "validation_accuracy": "0.9",
+            "noise_multiplier": sigma,
+            "epsilon": epsilon,
+            "accuracy": accuracy,
+            "labels": labels,
+            "labels_aggregated": "–",
+            "labels_counts": "–",
+            "inputs": "–",
+        }
+
+    rows = [
+        row(0, "none", "0.9000", "1.00"),
+        row(1, "none", "0.9400", "1.00"),
+        row(0, "DP ε=3", "0.1000", "0.10", "2.60", "4.73"),
+        row(1, "DP ε=3", "0.2000", "0.30", "2.80", "4.73"),
+    ]
+    lines = privacy_utility_report(rows).splitlines()
+    # mean 0.92, sd sqrt(((0.02)^2 * 2) / 1) = 0.0283; DP: mean 0.15, sd 0.0707
+    assert "| main job | none | 2 | 0.03 | – | – | 0.9200 ± 0.0283 | 1.00 | – | – | – |" in lines
+    assert (
+        "| main job | DP ε=3 | 2 | 0.03 | 4.73 | 2.70 | 0.1500 ± 0.0707 | 0.20 | – | – | – |"
+        in lines
+    )

@@ -284,6 +284,94 @@ def dips_report(rows: Sequence[Mapping[str, str]]) -> str:
     )
 
 
+#: ``stratify bench privacy-utility``'s ``privacy-utility.csv`` (:func:`privacy_utility_report`)
+PRIVACY_UTILITY_COLUMNS = ResultsColumns(
+    required=(
+        "job",
+        "seed",
+        "defence",
+        "lr",
+        "validation_accuracy",
+        "noise_multiplier",
+        "epsilon",
+        "accuracy",
+        "labels",
+        "labels_aggregated",
+        "labels_counts",
+        "inputs",
+    ),
+    integers=frozenset({"seed"}),
+    numbers=frozenset({"lr", "validation_accuracy", "accuracy"}),
+    filled=frozenset({"job", "seed", "defence", "lr", "accuracy"}),
+)
+
+#: ``stratify bench privacy-utility``'s ``secagg-cost.csv`` (shown as it is)
+SECAGG_COST_COLUMNS = (
+    "secagg",
+    "repeat",
+    "seconds_per_epoch",
+    "seconds_per_batch",
+    "batches",
+    "messages",
+    "mb_received",
+    "mb_sent",
+    "accuracy",
+)
+
+
+def mean_of(values: Sequence[str], digits: int, spread: bool = False) -> str:
+    """The mean of the numeric ``values`` (``–`` where none is), with their sample
+    standard deviation when ``spread`` and there are several."""
+    numbers = [float(value) for value in values if value not in ("", "–")]
+    if not numbers:
+        return "–"
+    mean = sum(numbers) / len(numbers)
+    if not spread or len(numbers) < 2:
+        return f"{mean:.{digits}f}"
+    sd = (sum((value - mean) ** 2 for value in numbers) / (len(numbers) - 1)) ** 0.5
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def privacy_utility_report(rows: Sequence[Mapping[str, str]]) -> str:
+    """One line per job and defence: the validated lr, σ and the ε spent, test accuracy
+    (mean ± sd over the seeds) and each attack's recovery (mean over the seeds)."""
+    groups: dict[tuple[str, str], list[Mapping[str, str]]] = {}
+    for row in rows:
+        groups.setdefault((row["job"], row["defence"]), []).append(row)
+    header = [
+        "job",
+        "defence",
+        "seeds",
+        "lr (validation)",
+        "σ",
+        "ε spent",
+        "test accuracy",
+        "labels, per message",
+        "labels, batch sums (iDLG)",
+        "labels, batch counts",
+        "inputs",
+    ]
+    lines = []
+    for (job, defence), group in groups.items():
+        lrs = sorted({row["lr"] for row in group})
+        lines.append(
+            [
+                job,
+                defence,
+                str(len(group)),
+                ", ".join(lrs),
+                mean_of([row["noise_multiplier"] for row in group], 2),
+                mean_of([row["epsilon"] for row in group], 2),
+                mean_of([row["accuracy"] for row in group], 4, spread=True),
+                mean_of([row["labels"] for row in group], 2),
+                mean_of([row["labels_aggregated"] for row in group], 2),
+                mean_of([row["labels_counts"] for row in group], 2),
+                mean_of([row["inputs"] for row in group], 3),
+            ]
+        )
+    return markdown_table(header, lines)
+
+
 #: what :func:`runs_table` reads: every run's row holds its measures (it finished)
 RUNS_COLUMNS = dataclasses.replace(
     GRID_COLUMNS,
@@ -413,6 +501,21 @@ TABLES: dict[str, Table] = {
             "stratify reproduce seed-papers --out OUT --data-dir DIR --seeds 0,1,2 "
             "--methods fedbr --device cpu --workers 2",
             paired_report,
+        ),
+        Table(
+            "privacy-utility",
+            "docs/privacy.md",
+            "docs/results/privacy-utility.csv",
+            "stratify bench privacy-utility --out OUT --data-dir DIR",
+            privacy_utility_report,
+            schema=PRIVACY_UTILITY_COLUMNS,
+        ),
+        Table(
+            "secagg-cost",
+            "docs/privacy.md",
+            "docs/results/secagg-cost.csv",
+            "stratify bench privacy-utility --out OUT --data-dir DIR",
+            columns=SECAGG_COST_COLUMNS,
         ),
         Table(
             "seed-papers-lfd",
