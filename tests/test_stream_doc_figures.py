@@ -56,7 +56,7 @@ def test_the_late_class_figures_are_todays():
     )
     drawn_5, drawn_20 = stated(r"against ([0-9]+)% and ([0-9]+)%\s+with a random row")
     in_readme = stated(
-        r"A class that appears late.*?: ([0-9]+)% of its first\s+5 examples and ([0-9]+)% of",
+        r"A class that appears late.*?: ([0-9]+)% of its\s+first\s+5 examples and ([0-9]+)% of",
         README,
     )
     assert in_readme == (first_5, first_20)
