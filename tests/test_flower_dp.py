@@ -14,7 +14,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
@@ -28,18 +27,13 @@ from stratify.data.datasets import load_dataset  # noqa: E402
 from stratify.errors import ConfigError  # noqa: E402
 from stratify.experiment import build_experiment, partition_clients  # noqa: E402
 from stratify.flower import node  # noqa: E402
+from stratify.flower.dp_attack import sum_label_attack  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
 from stratify.flower.secure_sum import SecAggSettings  # noqa: E402
 from stratify.flower.server import RemoteTrainer  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.nn.models import build_model  # noqa: E402
 from stratify.privacy.accounting import epsilon_spent  # noqa: E402
-from stratify.privacy.aggregate import (  # noqa: E402
-    label_counts_from_bias,
-    mapped_right,
-    match_placeholders,
-)
-from stratify.state import load_into  # noqa: E402
 
 #: float32 sums in another order (one per-sample pass per client's share)
 TOLERANCE = 1e-5
@@ -157,6 +151,14 @@ def test_build_experiment_accepts_flowers_trainer_only_when_its_nodes_clip(clips
 DP = {"dp_epsilon": 3.0, "dp_delta": 1e-5, "dp_clip": 1.0}
 CASES = {
     "stratify": job(epochs=2, dp_seed=11, **DP),
+    # the model hops from holder to holder: each one-sample step clipped and noised
+    "stratify-hops": job(
+        mode="single-sample",
+        lr=0.05,
+        dp_seed=13,
+        options={"chunk": 5, "repeat_count": 6},
+        **DP,
+    ),
     "fedavg": job(
         algorithm="fedavg", epochs=1, lr=0.1, dp_seed=12, options={"local_epochs": 1}, **DP
     ),
@@ -217,30 +219,6 @@ def test_another_dp_seed_ends_elsewhere(flower_runs):
 # -- the label attack on the SecAgg+ sums, with and without DP ---------------------------
 
 
-def label_attack(run, dataset) -> float:
-    """The batch-count label attack (:mod:`stratify.privacy.aggregate`) on the SecAgg+ sums
-    the server app holds: the share of placeholders mapped to their real label."""
-    config = run.config
-    federation = partition_clients(dataset, config)
-    y = dataset.y_train[torch.as_tensor(np.concatenate(federation.client_indices))]
-    placeholders = run.placeholders
-    count = int(placeholders.max()) + 1
-    truth = np.zeros(count, dtype=np.int64)
-    truth[placeholders] = y.numpy()
-    batch_p, batch_l = [], []
-    model = build_model("mlp", (1, 8, 8), 10)
-    for batch in run.batches:
-        if "sum" not in batch:
-            continue
-        load_into(model, batch["state"])
-        with torch.no_grad():  # the server's estimate of a batch's mean prediction
-            mean = F.softmax(model(dataset.x_test), 1).mean(0).numpy()
-        samples = batch["samples"]
-        batch_p.append(np.bincount(placeholders[samples], minlength=count))
-        batch_l.append(label_counts_from_bias(batch["sum"][-1], len(samples), mean))
-    return mapped_right(match_placeholders(np.array(batch_p), np.array(batch_l)), truth)
-
-
 #: SecAgg+ runs: no DP, and ε = 3 at two noise seeds
 SECURE = {
     "none": job(),
@@ -258,7 +236,7 @@ def secure_runs() -> dict:
 @pytest.mark.slow
 def test_the_label_attack_on_secagg_sums_with_and_without_dp(secure_runs):
     dataset = load_dataset("digits", seed=3)
-    recovered = {name: label_attack(run, dataset) for name, run in secure_runs.items()}
+    recovered = {name: sum_label_attack(run, dataset) for name, run in secure_runs.items()}
     accuracy = {name: run.accuracies[-1] for name, run in secure_runs.items()}
     print(f"label attack on SecAgg+ sums: {recovered}; test accuracy: {accuracy}")
     # without DP the sums give each batch's label counts away
