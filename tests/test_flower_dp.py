@@ -27,10 +27,12 @@ from stratify.data.datasets import load_dataset  # noqa: E402
 from stratify.errors import ConfigError  # noqa: E402
 from stratify.experiment import build_experiment, partition_clients  # noqa: E402
 from stratify.flower import node  # noqa: E402
+from stratify.flower.apps import check_run_config, run_summary  # noqa: E402
 from stratify.flower.dp_attack import sum_label_attack  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
+from stratify.flower.messages import config_json  # noqa: E402
 from stratify.flower.secure_sum import SecAggSettings  # noqa: E402
-from stratify.flower.server import RemoteTrainer  # noqa: E402
+from stratify.flower.server import FlowerRun, RemoteTrainer  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.nn.models import build_model  # noqa: E402
 from stratify.privacy.accounting import epsilon_spent  # noqa: E402
@@ -250,3 +252,13 @@ def test_the_label_attack_on_secagg_sums_with_and_without_dp(secure_runs):
     a = np.concatenate([np.ravel(v) for v in first.batches[0]["sum"]])
     b = np.concatenate([np.ravel(v) for v in second.batches[0]["sum"]])
     assert not np.allclose(a, b, atol=1e-3)
+
+
+def test_a_deployed_run_takes_dp_and_reports_its_epsilon(tmp_path):
+    config = job(dp_epsilon=3.0, dp_seed=None)
+    checked = check_run_config({"config": config_json(config), "result-dir": str(tmp_path)})
+    assert checked.config.dp_epsilon == 3.0
+    run = FlowerRun(config, {}, privacy={"epsilon": 2.99, "delta": 1e-5})
+    assert run_summary(run)["privacy"] == {"epsilon": 2.99, "delta": 1e-5}
+    # a run without DP reports none
+    assert "privacy" not in run_summary(FlowerRun(job(), {}))
