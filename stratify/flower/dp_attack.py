@@ -5,7 +5,8 @@ Stratify's batch mode on digits (four Dirichlet(0.5) clients, the MLP, ``--batch
 noise seed at ``ε`` (δ = 1e-5, C = 1); one JSON line a run: the share of placeholders the
 attack maps to their real label and the test accuracy.
 
-``python -m stratify.flower.dp_attack [--epsilon 3] [--seeds 5] [--epochs 1]``
+``python -m stratify.flower.dp_attack [--epsilon 3] [--seeds 5] [--epochs 1]
+[--clipping-range 8]``
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def configs(epsilon: float, seeds: int, epochs: int) -> list[TrainConfig]:
     return [base, *private]
 
 
-def measure(epsilon: float = 3.0, seeds: int = 5, epochs: int = 1) -> list[dict[str, Any]]:
+def measure(
+    epsilon: float = 3.0, seeds: int = 5, epochs: int = 1, clipping_range: float = 8.0
+) -> list[dict[str, Any]]:
     """Run :func:`configs` in one simulation under SecAgg+ and attack every run's sums.
 
     Parameters
@@ -91,9 +94,12 @@ def measure(epsilon: float = 3.0, seeds: int = 5, epochs: int = 1) -> list[dict[
         DP runs, one per noise seed.
     epochs : int
         Epochs of every run.
+    clipping_range : float
+        SecAgg+'s clipping range (a noised model's loss may leave the default ±8).
     """
     settings = configs(epsilon, seeds, epochs)
-    runs = simulate(settings, timeout=300, record=True, secagg=SecAggSettings())
+    secagg = SecAggSettings(clipping_range=clipping_range)
+    runs = simulate(settings, timeout=300, record=True, secagg=secagg)
     dataset = load_dataset("digits", seed=settings[0].seed)
     rows = []
     for config, run in zip(settings, runs):
@@ -118,8 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epsilon", type=float, default=3.0, help="the DP runs' target ε")
     parser.add_argument("--seeds", type=int, default=5, help="DP runs, one per noise seed")
     parser.add_argument("--epochs", type=int, default=1, help="epochs of every run")
+    parser.add_argument("--clipping-range", type=float, default=8.0, help="SecAgg+'s")
     arguments = parser.parse_args(argv)
-    for row in measure(arguments.epsilon, arguments.seeds, arguments.epochs):
+    rows = measure(arguments.epsilon, arguments.seeds, arguments.epochs, arguments.clipping_range)
+    for row in rows:
         print(json.dumps(row))
 
 
