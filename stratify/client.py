@@ -665,6 +665,12 @@ class PrivateTrainer(LocalTrainer):
         the noise.
     chunk : int
         Per-sample gradients computed this many at a time (memory).
+    owners : numpy.ndarray, optional
+        The client of every training sample. Given, each client draws its noise from a
+        generator of its own, seeded by ``(seed, epoch, client)``, as each client's node
+        does over Flower (docs/flower.md, "Differential privacy"), so that a simulation
+        with ``--dp-seed`` draws the same noise in-process and on the nodes; ``None``:
+        one generator for all.
     """
 
     holds_samples = False
@@ -677,6 +683,7 @@ class PrivateTrainer(LocalTrainer):
         noise_multiplier: float = 1.0,
         seed: int | None = None,
         chunk: int = 256,
+        owners: np.ndarray | None = None,
     ) -> None:
         super().__init__(x_train, y_train)
         self.clip = clip
@@ -685,6 +692,13 @@ class PrivateTrainer(LocalTrainer):
         self.seed = secrets.randbits(62) if seed is None else int(seed)
         self.generator = torch.Generator(device=x_train.device)
         self.generator.manual_seed(self.seed)
+        self.owners = None if owners is None else np.asarray(owners, dtype=np.int64)
+        self.epoch = 0
+        #: with ``owners``: how many noise draws (a share's sum, a step's gradient) each
+        #: client has made in the current epoch; a draw's noise is keyed by
+        #: ``(seed, epoch, client, draw)``, so a node that is told where its message's
+        #: draws start draws the same noise wherever it runs
+        self.draws: dict[int, int] = {}
         #: how many noised steps each training sample has been in (this process)
         self.uses = np.zeros(len(y_train), dtype=np.int64)
         #: the run's settings and the most uses of a sample per epoch, set by
@@ -698,6 +712,22 @@ class PrivateTrainer(LocalTrainer):
         an entropy seed a resumed run draws fresh noise (never noise already used, which
         would let two messages' difference cancel it)."""
         self.generator.manual_seed((self.seed * 1_000_003 + int(epoch)) % 2**63)
+        self.epoch = int(epoch)
+        self.draws = {}
+
+    def noise_generator(self, sample: int) -> torch.Generator:
+        """The generator one noise draw for a message holding ``sample`` comes from: with
+        :attr:`owners`, one seeded by ``(seed, epoch, client, draw)`` for the client's
+        next draw; else the trainer's one."""
+        if self.owners is None:
+            return self.generator
+        client = int(self.owners[sample])
+        draw = self.draws.get(client, 0)
+        self.draws[client] = draw + 1
+        words = np.random.SeedSequence([self.seed, self.epoch, client, draw]).generate_state(2)
+        generator = torch.Generator(device=self.x_train.device)
+        generator.manual_seed(int(words[0]) << 31 ^ int(words[1]))
+        return generator
 
     # the noise ------------------------------------------------------------------------
 
@@ -751,10 +781,24 @@ class PrivateTrainer(LocalTrainer):
                 scaled = gradient * factors.reshape(-1, *([1] * (gradient.dim() - 1)))
                 total.index_add_(0, owners, scaled.to(total.dtype))
             loss_sum = loss_sum + losses.sum()
-        np.add.at(self.uses, index.cpu().numpy(), 1)
-        # one independent draw per share and coordinate
-        noised = add_noise(sums, self.noise_multiplier, self.clip, self.generator)
-        return noised, loss_sum
+        positions = index.cpu().numpy()
+        np.add.at(self.uses, positions, 1)
+        if self.owners is None:
+            # one independent draw per share and coordinate
+            noised = add_noise(sums, self.noise_multiplier, self.clip, self.generator)
+            return noised, loss_sum
+        # each share's noise from its client's generator, as its node draws it
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        shares = [
+            add_noise(
+                [total[share] for total in sums],
+                self.noise_multiplier,
+                self.clip,
+                self.noise_generator(int(positions[start])),
+            )
+            for share, start in enumerate(starts)
+        ]
+        return [torch.stack(parts) for parts in zip(*shares)], loss_sum
 
     # the trainer's methods ----------------------------------------------------------
 
@@ -774,7 +818,9 @@ class PrivateTrainer(LocalTrainer):
         for index in indices:
             loss = F.cross_entropy(model(x[index : index + 1]), y[index : index + 1])
             gradients = clip_gradient(torch.autograd.grad(loss, parameters), self.clip)
-            gradients = add_noise(gradients, self.noise_multiplier, self.clip, self.generator)
+            gradients = add_noise(
+                gradients, self.noise_multiplier, self.clip, self.noise_generator(index)
+            )
             self.uses[index] += 1
             if plain_sgd:
                 with torch.no_grad():

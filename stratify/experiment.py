@@ -132,11 +132,12 @@ def build_experiment(
         )
     privacy = dp_settings(config)
     if privacy is not None and trainer is not None and private_trainer(trainer) is None:
-        # a caller's trainer (Flower's, whose nodes train): its clients do not clip or noise
-        raise ConfigError(
-            f"--dp-epsilon/--dp-noise are not available with {type(trainer).__name__} "
-            "(Flower runs train on their nodes without DP for now)"
-        )
+        if not getattr(trainer, "clips_on_nodes", False):
+            # a caller's trainer whose clients do not clip or noise
+            raise ConfigError(
+                f"--dp-epsilon/--dp-noise are not available with {type(trainer).__name__} "
+                "(its clients do not clip and noise their updates)"
+            )
     if privacy is not None and trainer is None:
         if has_batch_norm(model):
             raise ConfigError(
@@ -149,6 +150,7 @@ def build_experiment(
             clip=privacy.clip,
             noise_multiplier=0.0,  # calibrated below, once the plan's uses are known
             seed=privacy.seed,
+            owners=sample_owners(federation, len(dataset.y_train)),
         )
     engine = Engine(
         model,
@@ -165,6 +167,9 @@ def build_experiment(
         validation=validation,
     )
     private = private_trainer(trainer)
+    if private is None and getattr(trainer, "clips_on_nodes", False):
+        # Flower's trainer: its nodes clip and noise with the σ calibrated here
+        private = trainer  # type: ignore[assignment]
     if privacy is not None and private is not None:
         # a caller's private trainer too (one a recorder wraps): σ for this run's uses
         private.privacy = privacy
@@ -183,6 +188,14 @@ def build_experiment(
         lr_schedule,
         validation,
     )
+
+
+def sample_owners(federation: Federation, samples: int) -> np.ndarray | None:
+    """The client of every one of ``samples`` training samples, by which each client
+    draws its DP noise from its own generator (as its node does over Flower); ``None``
+    when the federation does not cover the dataset's training samples one to one."""
+    owners = federation.sample_clients()
+    return owners if len(owners) == samples else None
 
 
 def uses_per_epoch(strategy: Strategy, placeholders: RegistryResult) -> int:

@@ -222,7 +222,8 @@ def test_every_message_of_a_run_carries_noise(private):
         trainer = experiment.engine.context.trainer
         assert isinstance(trainer, PrivateTrainer) == private
         if private:
-            trainer.generator.manual_seed(noise_seed)
+            trainer.seed = noise_seed  # each client's noise is keyed by it
+            trainer.start_epoch(1)
         messages = []
         plain = trainer.batch_gradient
 

@@ -221,7 +221,7 @@ def write_failure(folder: Path, error: StratifyError) -> None:
 
 def run_summary(run: FlowerRun) -> dict[str, Any]:
     """What ``result.json`` holds: per epoch the engine's counters, the test accuracy and
-    the wall time; the traffic the messages carried."""
+    the wall time; the traffic the messages carried; with DP, the (ε, δ) spent."""
     return {
         "config": dataclasses.asdict(run.config),
         "epochs": [
@@ -239,6 +239,8 @@ def run_summary(run: FlowerRun) -> dict[str, Any]:
         "dropped": {str(client): lost for client, lost in run.dropped.items()},
         "secagg": run.secagg,
         "withheld": run.withheld,
+        # with DP, the (ε, δ) spent, as an in-process run's summary has it
+        **({"privacy": run.privacy} if run.privacy is not None else {}),
     }
 
 

@@ -12,6 +12,7 @@ order of its own order key, and client 0's node is also the key holder.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,14 @@ from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from torch import nn
 
-from stratify.client import GradientHook, GradientOffset, LocalTrainer, ProximalGradient
+from stratify.client import (
+    GradientHook,
+    GradientOffset,
+    LocalTrainer,
+    PrivateTrainer,
+    ProximalGradient,
+)
+from stratify.config import TrainConfig, dp_settings
 from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import partition_clients
@@ -110,8 +118,82 @@ def node_data(content: RecordDict, context: Context) -> NodeData:
             norm=config.norm,
             hidden=config.mlp_hidden,
         )
-        _NODES[key] = NodeData(client, y.numpy(), LocalTrainer(x, y), model)
+        _NODES[key] = NodeData(client, y.numpy(), node_trainer(config, client, x, y), model)
     return _NODES[key]
+
+
+def node_trainer(
+    config: TrainConfig, client: int, x: torch.Tensor, y: torch.Tensor
+) -> LocalTrainer:
+    """The node's trainer: with DP in the run's settings a :class:`PrivateTrainer` that
+    clips every per-sample gradient to ``--dp-clip`` and adds the noise on the node, from
+    the node's own entropy unless the run gives ``--dp-seed`` (docs/flower.md,
+    "Differential privacy"); σ arrives with each training message (:func:`set_noise`).
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The run's settings.
+    client : int
+        The node's client: keys its noise generator, as in-process.
+    x, y : torch.Tensor
+        The node's samples and labels.
+    """
+    privacy = dp_settings(config)
+    if privacy is None:
+        return LocalTrainer(x, y)
+    return PrivateTrainer(
+        x,
+        y,
+        clip=privacy.clip,
+        noise_multiplier=math.nan,  # none until the server's σ arrives: no update leaves
+        seed=privacy.seed,
+        owners=np.full(len(y), client, dtype=np.int64),
+    )
+
+
+def set_noise(node: NodeData, noise: float | None, epoch: int, draw: int = 0) -> None:
+    """Give a private node's trainer the σ, epoch and first noise draw a training message
+    carries; refuse (one line) a message without them, so that no update leaves a DP
+    run's node un-noised. A node of a run without DP ignores them.
+
+    Parameters
+    ----------
+    node : NodeData
+        The node.
+    noise : float or None
+        σ, calibrated by the server for the run's planned uses.
+    epoch : int
+        The epoch: with the draw, keys the noise (:meth:`PrivateTrainer.noise_generator`).
+    draw : int
+        The client's noise draws in this epoch before this message's (the server counts
+        them), so that the noise does not depend on which process serves the node.
+    """
+    trainer = node.trainer
+    if not isinstance(trainer, PrivateTrainer):
+        return
+    if noise is None or not math.isfinite(noise) or noise < 0:
+        raise ConfigError(
+            "this run trains with DP: a training message must carry the noise σ (dp record)"
+        )
+    trainer.noise_multiplier = float(noise)
+    if epoch != trainer.epoch:
+        trainer.start_epoch(epoch)
+    trainer.draws = {node.client: int(draw)}
+
+
+def message_noise(node: NodeData, content: RecordDict) -> None:
+    """:func:`set_noise` from a training message's ``dp`` record."""
+    record = content.config_records.get("dp")
+    if record is None:
+        set_noise(node, None, 0)
+        return
+    set_noise(
+        node,
+        float(cast(float, record["noise"])),
+        int(cast(int, record["epoch"])),
+        int(cast(int, record["draw"])),
+    )
 
 
 def received_model(node: NodeData, content: RecordDict) -> nn.Module:
@@ -268,6 +350,7 @@ def placeholders(message: Message, context: Context) -> Message:
 def train(message: Message, context: Context) -> Message:
     """Local SGD on a copy of the global model, over the epoch orders the server drew."""
     node = node_data(message.content, context)
+    message_noise(node, message.content)
     model = received_model(node, message.content)
     job = message.content.config_records["job"]
     orders = message.content.array_records["orders"]
@@ -299,6 +382,7 @@ def train(message: Message, context: Context) -> Message:
 def gradient(message: Message, context: Context) -> Message:
     """The gradient of the summed loss over the node's share of a global batch."""
     node = node_data(message.content, context)
+    message_noise(node, message.content)
     model = received_model(node, message.content)
     share = read_indices(message.content.array_records["share"], "positions")
     model.zero_grad(set_to_none=True)
@@ -331,6 +415,7 @@ def secure_share(message: Message, context: Context) -> Message:
     :func:`flwr.client.mod.secaggplus_mod` masks before it leaves the node."""
     request = read_request(message.content)
     node = node_data(RecordDict({"run": ConfigRecord({"config": request.run})}), context)
+    set_noise(node, request.noise, request.epoch, request.draw)
     state = dict(zip(node.model.state_dict(), request.model))
     load_into(node.model, {key: torch.as_tensor(value) for key, value in state.items()})
     node.model.train()
@@ -383,6 +468,8 @@ def norm(message: Message, context: Context) -> Message:
     its part of a layer's sums, its term of a layer's adjoint, or its term of the
     gradient with its summed loss (:mod:`stratify.nn.norm_exchange`)."""
     node = node_data(message.content, context)
+    if isinstance(node.trainer, PrivateTrainer):
+        raise ConfigError("a DP run's node does not send per-share BatchNorm sums")
     model = received_model(node, message.content)
     share = torch.as_tensor(read_indices(message.content.array_records["share"], "positions"))
     party = Party(model, node.trainer.x_train[share], node.trainer.y_train[share])
@@ -404,6 +491,7 @@ def hop(message: Message, context: Context) -> Message:
     """The travelling model's steps on this node: one plain SGD step per sample, in the
     order the server's plan gives (Stratify's single-sample mode)."""
     node = node_data(message.content, context)
+    message_noise(node, message.content)
     model = received_model(node, message.content)
     steps = read_indices(message.content.array_records["steps"], "positions")
     lr = float(message.content.config_records["hop"]["lr"])  # type: ignore[arg-type]

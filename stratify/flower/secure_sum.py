@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -249,7 +250,11 @@ class SecureBatchSum:
         )
 
     def sum(
-        self, shares: Sequence[tuple[int, np.ndarray]], model: Sequence[np.ndarray], scale: int
+        self,
+        shares: Sequence[tuple[int, np.ndarray]],
+        model: Sequence[np.ndarray],
+        scale: int,
+        noise: Mapping[str, Any] | None = None,
     ) -> tuple[list[np.ndarray], float]:
         """The batch's mean gradient (parameter by parameter) and its summed loss.
 
@@ -261,6 +266,10 @@ class SecureBatchSum:
             The global model's state, in its ``state_dict`` order.
         scale : int
             The batch's size (the divisor of the mean).
+        noise : mapping, optional
+            With DP, the nodes' noise settings sent with each request: ``noise`` (σ),
+            ``epoch`` and ``draws`` (node id -> its first noise draw), docs/flower.md,
+            "Differential privacy".
         """
         if len(shares) < 2:
             raise AssertionError("a secure sum needs two participants or more")
@@ -274,6 +283,10 @@ class SecureBatchSum:
                 "scale": int(scale),
                 "clipping": float(self.settings.clipping_range),
             }
+            if noise is not None:
+                config["dp-noise"] = float(noise["noise"])
+                config["dp-epoch"] = int(noise["epoch"])
+                config["dp-draw"] = int(noise["draws"][node])
             requests.append((GridClientProxy(node, self.grid, 0), FitIns(parameters, config)))
         strategy = _BatchStrategy(requests)
         state = RecordDict()
@@ -326,6 +339,12 @@ class ShareRequest:
         SecAgg+'s clipping range.
     model : list of numpy.ndarray
         The global model's state, in ``state_dict`` order.
+    noise : float, optional
+        With DP, the noise multiplier σ the node adds to its share's clipped sum.
+    epoch : int
+        With DP, the epoch (with the draw, it keys the node's noise).
+    draw : int
+        With DP, the node's noise draws in this epoch before this one.
     """
 
     run: str
@@ -333,6 +352,9 @@ class ShareRequest:
     scale: int
     clipping_range: float
     model: list[np.ndarray]
+    noise: float | None = None
+    epoch: int = 0
+    draw: int = 0
 
 
 def read_request(content: RecordDict) -> ShareRequest:
@@ -345,4 +367,7 @@ def read_request(content: RecordDict) -> ShareRequest:
         int(config["scale"]),  # type: ignore[arg-type]
         float(config["clipping"]),  # type: ignore[arg-type]
         parameters_to_ndarrays(fitins.parameters),
+        None if "dp-noise" not in config else float(config["dp-noise"]),  # type: ignore[arg-type]
+        int(config.get("dp-epoch", 0)),  # type: ignore[arg-type]
+        int(config.get("dp-draw", 0)),  # type: ignore[arg-type]
     )

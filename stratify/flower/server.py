@@ -34,7 +34,7 @@ from stratify.client import (
     cross_entropy_loss,
 )
 from stratify.compiled import CompileSwitch
-from stratify.config import TrainConfig
+from stratify.config import TrainConfig, dp_settings
 from stratify.data.datasets import Dataset, load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
@@ -63,6 +63,7 @@ from stratify.nn.norm_exchange import (
     exchanged_batch_gradient,
     exchanged_layers,
 )
+from stratify.privacy.accounting import DPSettings, epsilon_spent
 from stratify.registry.base import LabelRegistry, RegistryResult
 from stratify.registry.plain import PlainRegistry
 from stratify.state import load_into
@@ -170,6 +171,12 @@ class RemoteTrainer(LocalTrainer):
         aggregation"): the server gets the batch's sum only. A batch with a single
         participant is then not sent (its sum would be that share): its samples are
         counted in :attr:`withheld` and no step is taken.
+    clips_on_nodes : bool
+        The run's settings ask for DP, so every node trains with a
+        :class:`~stratify.client.PrivateTrainer` (docs/flower.md, "Differential
+        privacy"): :func:`~stratify.experiment.build_experiment` then accepts this trainer
+        and sets :attr:`privacy`, :attr:`uses_per_epoch` and :attr:`noise_multiplier`,
+        the σ every training message carries to the nodes.
     """
 
     #: the samples stay on the nodes: no compiled or vectorised step reads them here
@@ -183,6 +190,7 @@ class RemoteTrainer(LocalTrainer):
         y_train: torch.Tensor,
         on_lost: str = "stop",
         secure_sum: SecureBatchSum | None = None,
+        clips_on_nodes: bool = False,
     ) -> None:
         super().__init__(x_train, y_train)
         if on_lost not in ON_LOST:
@@ -199,6 +207,45 @@ class RemoteTrainer(LocalTrainer):
         #: when the link records: every global batch as the server holds it
         recording = getattr(link, "payloads", None) is not None
         self.batches: list[dict[str, Any]] | None = [] if recording else None
+        self.clips_on_nodes = clips_on_nodes
+        #: the run's DP settings, most uses of a sample per epoch and σ, set by
+        #: :func:`~stratify.experiment.build_experiment` when the nodes clip
+        self.privacy: object | None = None
+        self.uses_per_epoch = 0
+        self.noise_multiplier = 0.0
+        #: how many training messages each sample has been in, counted here from the
+        #: positions the server asks the nodes to use (the in-process trainer's count)
+        self.uses = np.zeros(len(y_train), dtype=np.int64)
+        self.epoch = 0
+        #: every client's noise draws so far this epoch (its shares', steps' and local
+        #: mini-batches' noise), counted as the in-process private trainer counts them
+        self.draws: dict[int, int] = {}
+
+    def start_epoch(self, epoch: int) -> None:
+        """The epoch that keys the nodes' noise (sent with every training message)."""
+        self.epoch = int(epoch)
+        self.draws = {}
+
+    def noise(self, client: int, draws: int) -> dict[str, float | int] | None:
+        """What a training message tells a private node: σ, the epoch and where the
+        message's ``draws`` noise draws start among the client's (then counted);
+        ``None`` without DP."""
+        if not self.clips_on_nodes:
+            return None
+        first = self.draws.get(client, 0)
+        self.draws[client] = first + draws
+        return {"noise": float(self.noise_multiplier), "epoch": self.epoch, "draw": first}
+
+    def with_noise(self, content: RecordDict, client: int, draws: int) -> RecordDict:
+        """``content`` with the ``dp`` record of :meth:`noise` (unchanged without DP)."""
+        noise = self.noise(client, draws)
+        if noise is not None:
+            content["dp"] = ConfigRecord(noise)
+        return content
+
+    def count_uses(self, samples: np.ndarray) -> None:
+        """Count one use of each of ``samples`` (repeats counted as often)."""
+        np.add.at(self.uses, np.asarray(samples, dtype=np.int64), 1)
 
     def drop(self, lost: ClientLostError) -> None:
         """Go on without the clients ``lost`` names: their shares of this and every later
@@ -264,6 +311,10 @@ class RemoteTrainer(LocalTrainer):
         elif before_step is not None:
             raise ConfigError("over Flower a client's gradient hook is FedProx's or SCAFFOLD's")
         content["job"] = ConfigRecord(job)
+        self.count_uses(np.concatenate(orders))
+        # one noise draw per local mini-batch (the last one of an epoch may be short)
+        draws = sum(-(-len(order) // batch_size) for order in orders)
+        content = self.with_noise(content, client, draws)
         (answer,) = self.link.exchange([(client, TRAIN, content)])
         self.link.traffic.transfers += 2  # the model down and back up
         load_into(model, read_state(answer.array_records["model"], self.x_train.device))
@@ -296,6 +347,8 @@ class RemoteTrainer(LocalTrainer):
                     "hop": ConfigRecord({"lr": lr}),
                 }
             )
+            self.count_uses(samples[run])
+            content = self.with_noise(content, client, len(run))  # a draw per step
             (answer,) = self.link.exchange([(client, HOP, content)])
             self.link.traffic.transfers += 2  # the model to the holder and back
             load_into(model, read_state(answer.array_records["model"], self.x_train.device))
@@ -323,7 +376,17 @@ class RemoteTrainer(LocalTrainer):
             self._last_withheld = True
             return 0.0
         state = [value.detach().cpu().numpy() for value in model.state_dict().values()]
-        gradients, loss_sum = self.secure_sum.sum(shares, state, scale)
+        self.count_uses(samples)
+        if not self.clips_on_nodes:
+            gradients, loss_sum = self.secure_sum.sum(shares, state, scale)
+        else:
+            draws = {}
+            for client in np.unique(clients):
+                noise = self.noise(int(client), 1)  # one draw per share
+                assert noise is not None
+                draws[self.link.nodes[int(client)]] = noise["draw"]
+            noise = {"noise": float(self.noise_multiplier), "epoch": self.epoch, "draws": draws}
+            gradients, loss_sum = self.secure_sum.sum(shares, state, scale, noise)
         if self.batches is not None:
             self.batches[-1]["sum"] = gradients
         self.link.traffic.transfers += len(shares)  # each participant receives the model
@@ -371,7 +434,9 @@ class RemoteTrainer(LocalTrainer):
                 continue
             positions = samples[segment] - self.offsets[client]
             share = index_record(positions=positions)
-            requests.append((client, GRADIENT, RecordDict({"model": model_record, "share": share})))
+            content = RecordDict({"model": model_record, "share": share})
+            content = self.with_noise(content, client, 1)  # one draw per share
+            requests.append((client, GRADIENT, content))
             shares.append(len(segment))
         self.link.traffic.transfers += len(requests)  # each participant receives the model
         self.link.traffic.uploads += len(requests)  # and sends its summed gradient
@@ -383,8 +448,18 @@ class RemoteTrainer(LocalTrainer):
             buffers = {name: value.clone() for name, value in model.named_buffers()}
             try:
                 if normalised:
+                    if self.clips_on_nodes:
+                        raise ConfigError("DP does not cover sum-based BatchNorm: use --norm gn")
                     return self.norm_batch_gradient(model, requests, scale)
                 answers = self.link.exchange(requests)
+                self.count_uses(
+                    np.concatenate(
+                        [
+                            samples[clients == client]
+                            for client in sorted({c for c, _, _ in requests})
+                        ]
+                    )
+                )
                 break
             except ClientLostError as lost:
                 if self.on_lost != "drop" or not lost.clients:
@@ -495,6 +570,9 @@ class FlowerRun:
         With recording, every global batch as the server holds it: the model ``state``,
         the ``samples`` (client positions end to end) and their ``clients``, and under
         SecAgg+ the ``sum`` it got (the batch's mean gradients, parameter by parameter).
+    privacy : dict or None
+        With DP, the (ε, δ) spent, as an in-process run's summary reports it
+        (:func:`privacy_report`); ``None`` without.
     """
 
     config: TrainConfig
@@ -511,6 +589,7 @@ class FlowerRun:
     secagg: bool = False
     withheld: int = 0
     batches: list[dict[str, Any]] | None = None
+    privacy: dict[str, Any] | None = None
 
 
 class LinkedGrid:
@@ -641,7 +720,13 @@ def run_over_link(
         [np.arange(offsets[k], offsets[k + 1]) for k in range(config.clients)], placeholders
     )
     trainer = RemoteTrainer(
-        link, sizes, dataset.x_train, dataset.y_train, on_lost=on_lost, secure_sum=secure_sum
+        link,
+        sizes,
+        dataset.x_train,
+        dataset.y_train,
+        on_lost=on_lost,
+        secure_sum=secure_sum,
+        clips_on_nodes=dp_settings(config) is not None,
     )
     experiment = build_experiment(
         config,
@@ -662,6 +747,7 @@ def run_over_link(
     )
     for epoch in range(1, config.epochs + 1):
         start = time.perf_counter()
+        trainer.start_epoch(epoch)
         stats = experiment.engine.run_epoch(epoch)
         run.seconds.append(time.perf_counter() - start)
         run.epochs.append(stats)
@@ -681,7 +767,40 @@ def run_over_link(
                 run.dropped[client] = {"epoch": epoch, "reason": trainer.dropped[client]}
     run.withheld = trainer.withheld
     run.batches = trainer.batches
+    run.privacy = privacy_report(trainer, config)
     run.state = {
         key: value.detach().cpu().clone() for key, value in experiment.model.state_dict().items()
     }
     return run
+
+
+def privacy_report(trainer: RemoteTrainer, config: TrainConfig) -> dict[str, Any] | None:
+    """The (ε, δ) a Flower run with DP has spent, with the keys of an in-process run's
+    ``privacy`` summary: from Opacus's accountant over the most uses of any one sample,
+    counted by the server from the positions it sent the nodes (each node adds the noise
+    to every message holding them); ``None`` without DP.
+
+    Parameters
+    ----------
+    trainer : RemoteTrainer
+        The run's trainer, after its epochs.
+    config : TrainConfig
+        The run's settings.
+    """
+    settings = trainer.privacy
+    if not trainer.clips_on_nodes or not isinstance(settings, DPSettings):
+        return None
+    uses = int(trainer.uses.max(initial=0))
+    return {
+        "mechanism": "per-sample clipping + Gaussian noise, no subsampling",
+        "accountant": "opacus RDP",
+        "target_epsilon": settings.epsilon,
+        "delta": settings.delta,
+        "clip": settings.clip,
+        "noise_multiplier": trainer.noise_multiplier,
+        "noise_seed": "given (--dp-seed)" if settings.seed is not None else "entropy (each node's)",
+        "planned_uses": config.epochs * trainer.uses_per_epoch,
+        "uses": uses,
+        "uses_counted_by": "server, from the positions it sent the nodes",
+        "epsilon": epsilon_spent(trainer.noise_multiplier, settings.delta, uses),
+    }

@@ -1,0 +1,264 @@
+"""Differential privacy on Flower nodes (docs/flower.md, "Differential privacy").
+
+Each node trains with a :class:`~stratify.client.PrivateTrainer`: it clips every
+per-sample gradient and adds the noise itself, with the σ the server's
+``build_experiment`` calibrated, sent with every training message. A simulated run with
+``--dp-seed`` ends where the in-process run ends, with the same (ε, δ); the label attack
+on the SecAgg+ sums the server holds is measured with and without DP.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip(
+    "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
+)
+
+from flwr.app import ConfigRecord, RecordDict  # noqa: E402
+
+from stratify.client import LocalTrainer, PrivateTrainer  # noqa: E402
+from stratify.config import TrainConfig  # noqa: E402
+from stratify.data.datasets import load_dataset  # noqa: E402
+from stratify.errors import ConfigError  # noqa: E402
+from stratify.experiment import build_experiment, partition_clients  # noqa: E402
+from stratify.flower import node  # noqa: E402
+from stratify.flower.apps import check_run_config, run_summary  # noqa: E402
+from stratify.flower.dp_attack import sum_label_attack  # noqa: E402
+from stratify.flower.link import Traffic  # noqa: E402
+from stratify.flower.messages import config_json  # noqa: E402
+from stratify.flower.secure_sum import SecAggSettings  # noqa: E402
+from stratify.flower.server import FlowerRun, RemoteTrainer  # noqa: E402
+from stratify.flower.simulation import simulate  # noqa: E402
+from stratify.nn.models import build_model  # noqa: E402
+from stratify.privacy.accounting import epsilon_spent  # noqa: E402
+
+#: float32 sums in another order (one per-sample pass per client's share)
+TOLERANCE = 1e-5
+
+
+def job(**changes) -> TrainConfig:
+    """Stratify's batch mode on digits over four Dirichlet(0.5) clients, the MLP (as
+    :mod:`stratify.flower.secagg_cost` and tests/test_flower_secagg.py run it)."""
+    settings = {
+        "dataset": "digits",
+        "clients": 4,
+        "partition": "dirichlet:0.5",
+        "mode": "batch",
+        "model": "mlp",
+        "lr": 0.3,
+        "secure": False,
+        "seed": 3,
+        "device": "cpu",
+        "epochs": 1,
+        "options": {"batch_labels": 64, "min_share": 8},
+    }
+    return TrainConfig(**{**settings, **changes})
+
+
+# -- the node's side, without a simulation ----------------------------------------------
+
+
+def private_node(config: TrainConfig) -> node.NodeData:
+    torch.manual_seed(0)  # the same samples and model at every call
+    x, y = torch.randn(6, 1, 8, 8), torch.arange(6) % 3
+    model = build_model("mlp", (1, 8, 8), 10)
+    return node.NodeData(1, y.numpy(), node.node_trainer(config, 1, x, y), model)
+
+
+@pytest.mark.parametrize("dp", [True, False])
+def test_a_node_trains_privately_exactly_when_the_run_asks(dp):
+    config = job(dp_epsilon=3.0, dp_clip=0.5) if dp else job()
+    trainer = private_node(config).trainer
+    assert isinstance(trainer, PrivateTrainer) == dp
+    assert isinstance(trainer, LocalTrainer)
+    if dp:
+        assert trainer.clip == 0.5
+        assert math.isnan(trainer.noise_multiplier)  # no σ yet: nothing to send
+
+
+def test_a_private_node_refuses_a_training_message_without_the_noise():
+    private = private_node(job(dp_noise=1.0))
+    with pytest.raises(ConfigError, match="must carry the noise"):
+        node.message_noise(private, RecordDict())
+    # a node of a run without DP needs none
+    node.message_noise(private_node(job()), RecordDict())
+    record = ConfigRecord({"noise": 0.7, "epoch": 2, "draw": 5})
+    node.message_noise(private, RecordDict({"dp": record}))
+    assert private.trainer.noise_multiplier == 0.7
+    assert private.trainer.epoch == 2
+    assert private.trainer.draws == {1: 5}
+
+
+@pytest.mark.parametrize("dp", [True, False])
+def test_a_nodes_share_gradient_is_clipped_and_noised_with_dp(dp):
+    # the same share's gradient twice, at two noise seeds: a private node's differs (and
+    # each has the noise's spread, σC = 1), a plain node's is the same
+    def share(seed):
+        config = job(dp_noise=1.0, dp_clip=1.0, dp_seed=seed) if dp else job()
+        data = private_node(config)
+        if dp:
+            node.set_noise(data, 1.0, 1)
+        grads, _ = node.share_sum(data, data.model, np.arange(4))
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    first, again, other = share(0), share(0), share(1)
+    assert torch.equal(first, again)
+    if dp:
+        spread = float(((first - other) / math.sqrt(2)).std())
+        assert abs(spread - 1.0) < 0.1
+    else:
+        assert torch.equal(first, other)
+
+
+class Link:
+    """The link's parts a RemoteTrainer reads when nothing is sent."""
+
+    nodes = {0: 100, 1: 101}
+    payloads = None
+    traffic = Traffic()
+
+
+@pytest.mark.parametrize("clips", [True, False])
+def test_build_experiment_accepts_flowers_trainer_only_when_its_nodes_clip(clips):
+    config = job(dp_epsilon=3.0)
+    dataset = load_dataset("digits", seed=3)
+    federation = partition_clients(dataset, config)
+    sizes = [len(indices) for indices in federation.client_indices]
+    trainer = RemoteTrainer(Link(), sizes, dataset.x_train, dataset.y_train, clips_on_nodes=clips)  # type: ignore[arg-type]
+    if not clips:
+        with pytest.raises(ConfigError, match="do not clip"):
+            build_experiment(config, dataset=dataset, trainer=trainer)
+        return
+    built = build_experiment(config, dataset=dataset, trainer=trainer)
+    assert built.engine.context.trainer is trainer
+    # σ calibrated for the planned uses, to spend ε = 3 at δ = 1e-5
+    planned = config.epochs * trainer.uses_per_epoch
+    assert planned >= 1
+    assert epsilon_spent(trainer.noise_multiplier, 1e-5, planned) == pytest.approx(3.0, rel=0.02)
+    # every message tells the node where its noise draws start among its client's
+    trainer.start_epoch(2)
+    assert trainer.noise(1, 3) == {"noise": trainer.noise_multiplier, "epoch": 2, "draw": 0}
+    assert trainer.noise(1, 1)["draw"] == 3
+    assert trainer.noise(0, 1)["draw"] == 0
+
+
+# -- a simulation: the same run in-process and on Flower ---------------------------------
+
+#: DP runs: Stratify's batch mode, plain and under SecAgg+, and FedAvg's local rounds
+DP = {"dp_epsilon": 3.0, "dp_delta": 1e-5, "dp_clip": 1.0}
+CASES = {
+    "stratify": job(epochs=2, dp_seed=11, **DP),
+    # the model hops from holder to holder: each one-sample step clipped and noised
+    "stratify-hops": job(
+        mode="single-sample",
+        lr=0.05,
+        dp_seed=13,
+        options={"chunk": 5, "repeat_count": 6},
+        **DP,
+    ),
+    "fedavg": job(
+        algorithm="fedavg", epochs=1, lr=0.1, dp_seed=12, options={"local_epochs": 1}, **DP
+    ),
+}
+
+
+def in_process(config: TrainConfig):
+    """The in-process run: its final weights and the (ε, planned uses) it reports."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        built = build_experiment(config)
+        trainer = built.engine.context.trainer
+        assert isinstance(trainer, PrivateTrainer)
+        for epoch in range(1, config.epochs + 1):
+            trainer.start_epoch(epoch)  # as Run does
+            built.engine.run_epoch(epoch)
+    finally:
+        torch.set_num_threads(threads)
+    uses = int(trainer.uses.max())
+    epsilon = epsilon_spent(trainer.noise_multiplier, config.dp_delta, uses)
+    return built.model.state_dict(), epsilon, uses
+
+
+@pytest.fixture(scope="module")
+def flower_runs() -> dict:
+    return dict(zip(CASES, simulate(list(CASES.values()), timeout=300)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_flower_run_with_dp_ends_as_the_in_process_run(flower_runs, case):
+    config = CASES[case]
+    state, epsilon, uses = in_process(config)
+    run = flower_runs[case]
+    assert run.privacy is not None
+    assert run.privacy["uses"] == uses == run.privacy["planned_uses"]
+    assert run.privacy["epsilon"] == pytest.approx(epsilon, rel=1e-9)
+    assert run.privacy["epsilon"] <= 3.0 + 1e-6
+    start = build_experiment(config).model.state_dict()
+    moved = max(float((state[k] - start[k]).abs().max()) for k in state)
+    assert moved > 1e-2, "the run must train for the comparison to mean something"
+    difference = max(float((state[k] - run.state[k]).abs().max()) for k in state)
+    assert difference < TOLERANCE
+
+
+@pytest.mark.slow
+def test_another_dp_seed_ends_elsewhere(flower_runs):
+    # the weights' agreement above is the noise's: another seed in-process ends elsewhere
+    config = CASES["stratify"]
+    other = TrainConfig(**{**config.__dict__, "dp_seed": 99})
+    state, _, _ = in_process(other)
+    run = flower_runs["stratify"]
+    difference = max(float((state[k] - run.state[k]).abs().max()) for k in state)
+    assert difference > 100 * TOLERANCE
+
+
+# -- the label attack on the SecAgg+ sums, with and without DP ---------------------------
+
+
+#: SecAgg+ runs: no DP, and ε = 3 at two noise seeds
+SECURE = {
+    "none": job(),
+    "eps3-a": job(dp_seed=1, **DP),
+    "eps3-b": job(dp_seed=2, **DP),
+}
+
+
+@pytest.fixture(scope="module")
+def secure_runs() -> dict:
+    runs = simulate(list(SECURE.values()), timeout=300, record=True, secagg=SecAggSettings())
+    return dict(zip(SECURE, runs))
+
+
+@pytest.mark.slow
+def test_the_label_attack_on_secagg_sums_with_and_without_dp(secure_runs):
+    dataset = load_dataset("digits", seed=3)
+    recovered = {name: sum_label_attack(run, dataset) for name, run in secure_runs.items()}
+    accuracy = {name: run.accuracies[-1] for name, run in secure_runs.items()}
+    print(f"label attack on SecAgg+ sums: {recovered}; test accuracy: {accuracy}")
+    # without DP the sums give each batch's label counts away
+    assert recovered["none"] >= 0.9
+    plain, first, second = (secure_runs[name] for name in SECURE)
+    assert plain.privacy is None
+    assert first.privacy["epsilon"] <= 3.0 + 1e-6
+    # with DP the server's sums are noised: the same schedule (same --seed) at two noise
+    # seeds gives different sums for the same first batch
+    assert np.array_equal(first.batches[0]["samples"], second.batches[0]["samples"])
+    a = np.concatenate([np.ravel(v) for v in first.batches[0]["sum"]])
+    b = np.concatenate([np.ravel(v) for v in second.batches[0]["sum"]])
+    assert not np.allclose(a, b, atol=1e-3)
+
+
+def test_a_deployed_run_takes_dp_and_reports_its_epsilon(tmp_path):
+    config = job(dp_epsilon=3.0, dp_seed=None)
+    checked = check_run_config({"config": config_json(config), "result-dir": str(tmp_path)})
+    assert checked.config.dp_epsilon == 3.0
+    run = FlowerRun(config, {}, privacy={"epsilon": 2.99, "delta": 1e-5})
+    assert run_summary(run)["privacy"] == {"epsilon": 2.99, "delta": 1e-5}
+    # a run without DP reports none
+    assert "privacy" not in run_summary(FlowerRun(job(), {}))
