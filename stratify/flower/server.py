@@ -240,7 +240,9 @@ class RemoteTrainer(LocalTrainer):
         """``content`` with the ``dp`` record of :meth:`noise` (unchanged without DP)."""
         noise = self.noise(client, draws)
         if noise is not None:
-            content["dp"] = ConfigRecord(noise)
+            content["dp"] = ConfigRecord(
+                {"noise": noise["noise"], "epoch": noise["epoch"], "draw": noise["draw"]}
+            )
         return content
 
     def count_uses(self, samples: np.ndarray) -> None:
@@ -385,8 +387,8 @@ class RemoteTrainer(LocalTrainer):
                 noise = self.noise(int(client), 1)  # one draw per share
                 assert noise is not None
                 draws[self.link.nodes[int(client)]] = noise["draw"]
-            noise = {"noise": float(self.noise_multiplier), "epoch": self.epoch, "draws": draws}
-            gradients, loss_sum = self.secure_sum.sum(shares, state, scale, noise)
+            keys = {"noise": float(self.noise_multiplier), "epoch": self.epoch, "draws": draws}
+            gradients, loss_sum = self.secure_sum.sum(shares, state, scale, keys)
         if self.batches is not None:
             self.batches[-1]["sum"] = gradients
         self.link.traffic.transfers += len(shares)  # each participant receives the model

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def arrival_rows(stream_labels: Sequence[Hashable]) -> dict[Hashable, int]:
     return rows
 
 
-def natural_order_recovery(row_of: Mapping[Hashable, int]) -> float:
+def natural_order_recovery(row_of: Mapping[Any, int]) -> float:
     """The server's guess "row ``i`` is the ``i``-th label in natural order", scored: the
     share of labels whose row is their rank among the labels sorted.
 
@@ -90,9 +91,7 @@ def natural_order_recovery(row_of: Mapping[Hashable, int]) -> float:
     return sum(row_of[label] == rank for rank, label in enumerate(ranked)) / len(ranked)
 
 
-def first_appearance_recovery(
-    row_of: Mapping[Hashable, int], first_event: Mapping[Hashable, int]
-) -> float:
+def first_appearance_recovery(row_of: Mapping[Any, int], first_event: Mapping[Any, int]) -> float:
     """The server's guess from when each row is first trained: rows ranked by the event at
     which their first sample came, named as the labels in natural order (a class-ordered
     stream brings its labels in that order). The share of labels named right.
@@ -105,7 +104,7 @@ def first_appearance_recovery(
         Each label's first event, which the server sees as the event at which its row (or
         placeholder) first has a sample to schedule.
     """
-    rows_by_time = [row_of[label] for label in sorted(first_event, key=first_event.get)]
+    rows_by_time = [row_of[label] for label in sorted(first_event, key=first_event.__getitem__)]
     guess = dict(zip(rows_by_time, sorted(row_of)))
     return sum(guess[row_of[label]] == label for label in row_of) / len(row_of)
 

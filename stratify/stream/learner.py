@@ -213,9 +213,8 @@ def placement_key(registry: LabelRegistry, seed: int) -> bytes:
     placement, like its placeholders, is seeded: anyone knowing ``--seed`` can undo it)."""
     if registry.secrets is not None:
         # what the clients share (all of them hold the label -> row map), never a client's
-        # own order key; ``shared`` where the secrets are split per client
-        shared = getattr(registry.secrets, "shared", registry.secrets)
-        return shared.derive(b"stream placeholders")
+        # own order key
+        return registry.secrets.shared.derive(b"stream placeholders")
     return hashlib.sha256(b"stratify stream placeholders %d" % seed).digest()
 
 
