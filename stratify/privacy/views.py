@@ -129,9 +129,16 @@ class RoundUpdate:
     epochs: int
     batch_size: int
 
+    def summed_gradient(self) -> Parameters:
+        """``(before − after) / lr``: under plain local SGD, the sum of the round's
+        mini-batch mean gradients, each at the model its step saw (a method's own terms,
+        FedProx's or SCAFFOLD's, are in it too); its head-bias entries are negative at
+        the labels the client's samples hold while the model has not fitted them."""
+        return {name: (self.before[name] - self.after[name]) / self.lr for name in self.before}
+
 
 #: a message that carries a gradient (or an update that gives one)
-GradientMessage = ShareGradient | HopUpdate
+GradientMessage = ShareGradient | HopUpdate | RoundUpdate
 
 
 @dataclass
@@ -157,8 +164,9 @@ class ServerView:
     rounds: list[RoundUpdate] = field(default_factory=list)
 
     def gradient_messages(self) -> list[GradientMessage]:
-        """The shares and the hops: the messages an attack reads a gradient from."""
-        return [*self.shares, *self.hops]
+        """The shares, the hops and the baselines' rounds: the messages an attack reads a
+        gradient from."""
+        return [*self.shares, *self.hops, *self.rounds]
 
     def aggregated(self) -> ServerView:
         """What a server behind secure aggregation sees: each global batch's shares
