@@ -329,9 +329,7 @@ def test_the_count_attack_needs_the_batches_and_their_predictions():
 
 
 def fedavg_labels(split: str, seed: int) -> float:
-    run = record_run(
-        dataclasses.replace(config("mlp", "batch", split, seed), algorithm="fedavg")
-    )
+    run = record_run(dataclasses.replace(config("mlp", "batch", split, seed), algorithm="fedavg"))
     assert run.view.rounds and not run.view.shares and not run.view.hops
     return label_recovery(recover_labels(run.view), run.truth)
 
