@@ -13,7 +13,6 @@ import click
 
 from stratify.bench.privacy_utility import (
     EPSILONS,
-    SECAGG_COLUMNS,
     UTILITY_COLUMNS,
     as_csv,
     bench_privacy_utility,
@@ -22,6 +21,7 @@ from stratify.bench.privacy_utility import (
 from stratify.cli.common import DATA_DIR, write_output
 from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError, OutputError
+from stratify.reproduce.tables import SECAGG_COST_COLUMNS
 from stratify.validation import check_seeds
 
 #: the files written into ``--out``
@@ -96,5 +96,5 @@ def privacy_utility(
     click.echo(f"wrote {folder / UTILITY_FILE} ({len(rows)} runs)")
     if secagg_repeat and importlib.util.find_spec("flwr") is not None:
         cost = secagg_rows(secagg_repeat)
-        write_output(str(folder / SECAGG_FILE), as_csv(cost, SECAGG_COLUMNS), "--out")
+        write_output(str(folder / SECAGG_FILE), as_csv(cost, SECAGG_COST_COLUMNS), "--out")
         click.echo(f"wrote {folder / SECAGG_FILE} ({len(cost)} runs)")

@@ -51,18 +51,6 @@ UTILITY_COLUMNS = (
     "inputs",
     "seconds",
 )
-#: the columns of ``secagg-cost.csv``, in order
-SECAGG_COLUMNS = (
-    "secagg",
-    "repeat",
-    "seconds_per_epoch",
-    "seconds_per_batch",
-    "batches",
-    "messages",
-    "mb_received",
-    "mb_sent",
-    "accuracy",
-)
 #: the mnist-10k batch job's learning rate at every privacy level (not tuned per level:
 #: the table compares the defence at fixed settings; 1.0 diverges without DP)
 BATCH_LR = 0.3
