@@ -18,7 +18,7 @@ from stratify.bench.privacy_utility import (
     bench_privacy_utility,
     secagg_rows,
 )
-from stratify.cli.common import DATA_DIR, write_output
+from stratify.cli.common import DATA_DIR, checked, write_output
 from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError, OutputError
 from stratify.reproduce.tables import SECAGG_COST_COLUMNS
@@ -58,10 +58,12 @@ def parse_epsilons(text: str) -> list[float]:
 )
 @click.option(
     "--seeds",
-    "seeds_text",
     default="0,1,2",
     show_default=True,
-    help="The recorded runs' seeds; the first also chooses each level's learning rate.",
+    metavar="LIST",
+    callback=checked(check_seeds),
+    help="The recorded runs' seeds; the first also chooses each level's learning rate "
+    "(e.g. 0,1,2 or 0..4).",
 )
 @click.option(
     "--secagg-repeat",
@@ -71,12 +73,15 @@ def parse_epsilons(text: str) -> list[float]:
     help="Flower simulations with and without SecAgg+ each (0, or no flwr: none).",
 )
 def privacy_utility(
-    out: str, data_dir: str | None, epsilons_text: str, seeds_text: str, secagg_repeat: int
+    out: str,
+    data_dir: str | None,
+    epsilons_text: str,
+    seeds: tuple[int, ...],
+    secagg_repeat: int,
 ) -> None:
     """Train each job recorded as its server sees it, at no defence and at each ε, and run
     every update attack on what the server saw (without --data-dir: the digits jobs only)."""
     epsilons = parse_epsilons(epsilons_text)
-    seeds = check_seeds(seeds_text)
     if data_dir is not None:
         # read mnist-10k's files now: a missing or bad folder is refused before any run
         load_dataset("mnist-10k", data_dir=data_dir)
