@@ -9,6 +9,7 @@ on the SecAgg+ sums the server holds is measured with and without DP.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -31,6 +32,7 @@ from stratify.flower.apps import check_run_config, run_summary  # noqa: E402
 from stratify.flower.dp_attack import sum_label_attack  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
 from stratify.flower.messages import config_json  # noqa: E402
+from stratify.flower.secagg_cost import job as secagg_job  # noqa: E402
 from stratify.flower.secure_sum import SecAggSettings  # noqa: E402
 from stratify.flower.server import FlowerRun, RemoteTrainer  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
@@ -42,22 +44,9 @@ TOLERANCE = 1e-5
 
 
 def job(**changes) -> TrainConfig:
-    """Stratify's batch mode on digits over four Dirichlet(0.5) clients, the MLP (as
-    :mod:`stratify.flower.secagg_cost` and tests/test_flower_secagg.py run it)."""
-    settings = {
-        "dataset": "digits",
-        "clients": 4,
-        "partition": "dirichlet:0.5",
-        "mode": "batch",
-        "model": "mlp",
-        "lr": 0.3,
-        "secure": False,
-        "seed": 3,
-        "device": "cpu",
-        "epochs": 1,
-        "options": {"batch_labels": 64, "min_share": 8},
-    }
-    return TrainConfig(**{**settings, **changes})
+    """Stratify's batch mode on digits over four Dirichlet(0.5) clients, the MLP: the job
+    :mod:`stratify.flower.secagg_cost` measures, with ``changes``."""
+    return dataclasses.replace(secagg_job(), **changes)
 
 
 # -- the node's side, without a simulation ----------------------------------------------

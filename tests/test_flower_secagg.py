@@ -11,6 +11,7 @@ same attack on the shares' own gradients.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from stratify.flower import node  # noqa: E402
 from stratify.flower.apps import check_run_config  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
 from stratify.flower.messages import config_json  # noqa: E402
+from stratify.flower.secagg_cost import job as secagg_job  # noqa: E402
 from stratify.flower.secure_sum import (  # noqa: E402
     SecAggSettings,
     check_secagg_config,
@@ -58,20 +60,9 @@ FOUND = 0.99
 
 
 def job(**changes) -> TrainConfig:
-    settings = {
-        "dataset": "digits",
-        "clients": CLIENTS,
-        "partition": "dirichlet:0.5",
-        "mode": "batch",
-        "model": "mlp",
-        "lr": 0.3,
-        "secure": False,
-        "seed": 3,
-        "device": "cpu",
-        "epochs": 1,
-        "options": {"batch_labels": 64, "min_share": 8},
-    }
-    return TrainConfig(**{**settings, **changes})
+    """Stratify's batch mode on digits over four Dirichlet(0.5) clients, the MLP: the job
+    :mod:`stratify.flower.secagg_cost` measures, with ``changes``."""
+    return dataclasses.replace(secagg_job(), **changes)
 
 
 # -- the pure parts ------------------------------------------------------------------------
