@@ -8,6 +8,7 @@ its flags from the fields (help and default included), like the methods' options
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,3 +262,43 @@ def resolve_lr(config: TrainConfig, strategy: Strategy | None = None) -> float:
     if strategy is None:
         strategy = build_strategy(config.algorithm, config.options, config.mode)
     return strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
+
+
+def resolved_differences(used: dict[str, Any], config: TrainConfig) -> list[str]:
+    """Where the rate, schedule or options a run used (``used``, its ``config.json``'s
+    ``"resolved"``) differ from what ``config`` resolves to today, one
+    ``"key (resolved): used vs today"`` each. An option the run did not record (added
+    since, with a default that keeps the old behaviour) is not compared.
+
+    Parameters
+    ----------
+    used : dict
+        The ``"resolved"`` record of the run's ``config.json``.
+    config : TrainConfig
+        The run asked for now.
+    """
+    strategy = build_strategy(config.algorithm, config.options, config.mode)
+    # as config.json records them (JSON: tuples become lists)
+    today = json.loads(
+        json.dumps(
+            {
+                "lr": resolve_lr(config, strategy),
+                "lr_schedule": config.lr_schedule or strategy.lr_schedule_for(config.mode),
+                "options": strategy.options.to_dict(),
+            },
+            default=str,
+        )
+    )
+    differences = [
+        f"{key} (resolved): {used.get(key)!r:.60} vs {today[key]!r}"
+        for key in ("lr", "lr_schedule")
+        if key in used and used[key] != today[key]
+    ]
+    recorded = used.get("options")
+    if isinstance(recorded, dict):
+        differences += [
+            f"options.{name} (resolved): {recorded[name]!r:.60} vs {value!r}"
+            for name, value in today["options"].items()
+            if name in recorded and recorded[name] != value
+        ]
+    return differences

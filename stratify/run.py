@@ -20,7 +20,7 @@ import torch
 from stratify.backend import Timer
 from stratify.checkpoints import checkpoint_problem
 from stratify.client import private_trainer
-from stratify.config import RESUMABLE_CHANGES, TrainConfig, run_complete
+from stratify.config import RESUMABLE_CHANGES, TrainConfig, resolved_differences, run_complete
 from stratify.data.datasets import Dataset
 from stratify.errors import (
     CheckpointError,
@@ -35,7 +35,7 @@ from stratify.method import EpochStats
 from stratify.privacy.accounting import DPSettings, epsilon_spent
 from stratify.registry import SECRETS_FILE, RegistrySecrets, make_registry
 from stratify.registry.client_secrets import SECRETS_MODE
-from stratify.runfiles import RUN_FILES
+from stratify.runfiles import RUN_FILES, read_json_object
 from stratify.runfolder import (
     RunFolder,
     check_same_settings,
@@ -174,9 +174,23 @@ class Run:
         assert self.out is not None  # --resume needs --out
         path = self.out / "checkpoint.pt"
         checkpoint = read_checkpoint(path)
+        used = self._settings_used()
+        # the rate, schedule and options count as the run used them: naming a value it
+        # took as a default continues it, a default that moved since does not
+        as_used = ("lr", "lr_schedule", "options") if used is not None else ()
         check_same_settings(
-            checkpoint.get("config"), self.config.comparable(), RESUMABLE_CHANGES, path
+            checkpoint.get("config"),
+            self.config.comparable(),
+            (*RESUMABLE_CHANGES, *as_used),
+            path,
         )
+        moved = resolved_differences(used, self.config) if used is not None else []
+        if moved:
+            raise ConfigError(
+                f"--resume: the run in {self.out} trained with other settings than these "
+                f"resolve to today ({'; '.join(moved)}); give the values it used (e.g. "
+                "--lr, --lr-schedule) to continue it as it was"
+            )
         epoch = checkpoint.get("epoch")
         if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= self.config.epochs:
             raise ConfigError(
@@ -184,6 +198,16 @@ class Run:
                 f"ask for more than {epoch} with --epochs"
             )
         return checkpoint
+
+    def _settings_used(self) -> dict[str, Any] | None:
+        """The rate, schedule and options the run in ``config.out`` recorded as used
+        (``config.json``'s ``"resolved"``); ``None`` where the file cannot tell."""
+        assert self.out is not None  # --resume needs --out
+        try:
+            used = read_json_object(self.out / "config.json").get("resolved")
+        except (CorruptRunError, OSError):
+            return None
+        return used if isinstance(used, dict) else None
 
     def _read_secrets(self) -> RegistrySecrets:
         """The registry secrets the secure run in ``config.out`` drew (``--resume``)."""

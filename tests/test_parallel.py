@@ -224,7 +224,7 @@ def test_folders_are_checked_before_anything_runs(tmp_path):
     run_specs([RunSpec("a", config(tmp_path / "a"))], LocalBackend(workers=1))
     with pytest.raises(ConfigError, match="already hold"):
         check_specs([RunSpec("a", config(tmp_path / "a"), policy="new")])
-    with pytest.raises(ConfigError, match="lr: 0.05 vs 0.01.*another configuration"):
+    with pytest.raises(ConfigError, match=r"lr \(resolved\): 0.05 vs 0.01.*another configuration"):
         check_specs([RunSpec("a", config(tmp_path / "a", lr=0.01))])
     with pytest.raises(ConfigError, match="share the run folder"):
         check_specs([RunSpec("a", config(tmp_path / "b")), RunSpec("b", config(tmp_path / "b"))])
@@ -236,6 +236,42 @@ def test_folders_are_checked_before_anything_runs(tmp_path):
     )
     assert replaced[0].status == "finished"
     assert json.loads((tmp_path / "a" / "config.json").read_text())["lr"] == 0.01
+
+
+def test_a_run_is_compared_by_the_rate_schedule_and_options_it_used(tmp_path, monkeypatch):
+    from stratify.stratify import Stratify, StratifyOptions
+
+    # default rate, schedule and options, recorded as the run resolved them
+    taken = config(tmp_path / "a", lr=None, options={})
+    run_specs([RunSpec("a", taken)], LocalBackend(workers=1))
+    used = json.loads((tmp_path / "a" / "config.json").read_text())["resolved"]
+    assert folder_state(taken).differences == ()
+    # naming the values it got as defaults is the same configuration
+    named = config(
+        tmp_path / "a",
+        lr=used["lr"],
+        lr_schedule=used["lr_schedule"],
+        options={"chunk": used["options"]["chunk"]},
+    )
+    assert folder_state(named).differences == ()
+    # a default that moved since makes it another configuration, not a finished run
+    other = "inverse-epoch" if used["lr_schedule"] == "constant" else "constant"
+    monkeypatch.setattr(Stratify, "lr_schedule_for", lambda self, mode: other)
+    assert folder_state(taken).differences == (
+        f"lr_schedule (resolved): {used['lr_schedule']!r} vs {other!r}",
+    )
+    with pytest.raises(ConfigError, match="lr_schedule .resolved.*another configuration"):
+        check_specs([RunSpec("a", taken)])
+    monkeypatch.undo()
+
+    @dataclasses.dataclass
+    class Moved(StratifyOptions):
+        chunk: int = used["options"]["chunk"] + 1
+
+    monkeypatch.setattr(Stratify, "options_class", Moved)
+    assert [d.split(":")[0] for d in folder_state(taken).differences] == [
+        "options.chunk (resolved)"
+    ]
 
 
 def test_a_diverging_run_is_an_outcome_not_a_crash(tmp_path):

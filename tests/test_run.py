@@ -148,11 +148,27 @@ def test_resume_refusals(tmp_path):
     with pytest.raises(OutputError, match="no run in .*empty; start without --resume"):
         Run(config(tmp_path, "empty"), resume=True)
     Run(config(tmp_path, epochs=1)).train()
-    with pytest.raises(ConfigError, match="differs from the checkpoint.*lr"):
+    with pytest.raises(ConfigError, match="other settings .*lr .resolved.: 0.05 vs 0.1"):
         Run(config(tmp_path, epochs=2, lr=0.1), resume=True)
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="unreadable"):
         Run(config(tmp_path, epochs=2), resume=True)
+
+
+def test_resume_continues_with_the_settings_the_run_used(tmp_path, monkeypatch):
+    from stratify.stratify import Stratify
+
+    Run(config(tmp_path, "moved", epochs=1)).train()
+    used = json.loads((tmp_path / "moved" / "config.json").read_text())["resolved"]
+    other = "inverse-epoch" if used["lr_schedule"] == "constant" else "constant"
+    monkeypatch.setattr(Stratify, "lr_schedule_for", lambda self, mode: other)
+    # the default schedule moved since: resuming would switch schedules mid-run
+    with pytest.raises(ConfigError, match=f"lr_schedule .resolved.: '{used['lr_schedule']}'"):
+        Run(config(tmp_path, "moved", epochs=2), resume=True)
+    # naming the schedule it used continues it, as an uninterrupted run of that schedule
+    Run(config(tmp_path, "moved", epochs=2, lr_schedule=used["lr_schedule"]), resume=True).train()
+    Run(config(tmp_path, "straight", epochs=2, lr_schedule=used["lr_schedule"])).train()
+    assert read_metrics(tmp_path / "moved") == read_metrics(tmp_path / "straight")
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

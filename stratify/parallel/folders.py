@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stratify.config import TrainConfig, run_complete
+from stratify.config import TrainConfig, resolved_differences, run_complete
 from stratify.errors import (
     CorruptRunError,
 )
@@ -36,13 +36,25 @@ class FolderState:
 
 
 def config_differences(saved: dict[str, Any], config: TrainConfig) -> tuple[str, ...]:
-    """``"key: saved vs asked"`` for each setting a resumed run must share (as JSON)."""
+    """``"key: saved vs asked"`` for each setting a resumed run must share (as JSON).
+
+    The rate, the schedule and the method's options are compared as the run used them
+    (``config.json``'s ``"resolved"``) against what ``config`` resolves to today: a run
+    that took a default which has since moved is another configuration, and one that
+    named a value explicitly matches a run that got the same value as a default
+    (docs/architecture.md, "Run folder").
+    """
     asked = json.loads(json.dumps(json_safe(config.comparable())))
-    return tuple(
+    used = saved.get("resolved") if isinstance(saved.get("resolved"), dict) else None
+    compared_as_used = ("lr", "lr_schedule", "options") if used is not None else ()
+    differences = [
         f"{key}: {saved.get(key)!r:.60} vs {value!r}"
         for key, value in asked.items()
-        if saved.get(key) != value
-    )
+        if key not in compared_as_used and saved.get(key) != value
+    ]
+    if used is not None:
+        differences += resolved_differences(used, config)
+    return tuple(differences)
 
 
 def saved_classes(saved: dict[str, Any]) -> int | None:
