@@ -205,14 +205,12 @@ class ClassRows:
             buffers.add_placeholder(placeholder)
         return placeholder
 
-    def arrived(
-        self, client: int, row: int, placeholder: int, buffers: ClientBuffers, rows: int
-    ) -> None:
+    def arrived(self, client: int, row: int, placeholder: int, buffers: ClientBuffers) -> None:
         """After an event of class ``row`` was buffered at ``client``: a waiting client
         registers the labels it holds once it waited long enough, or at once when this
-        one is unregistered and scarce (:meth:`scarce`; ``rows``: the classifier's)."""
+        one is unregistered and scarce (:meth:`scarce`)."""
         if client in self.waiting and (
-            self.waited(client) or (placeholder == UNREGISTERED and self.scarce(row, buffers, rows))
+            self.waited(client) or (placeholder == UNREGISTERED and self.scarce(row, buffers))
         ):
             self.register_held([client], buffers)
 
@@ -257,12 +255,12 @@ class ClassRows:
         self.waiting[client] += 1
         return self.waiting[client] >= min(REGISTRATION_ARRIVALS, self.config.capacity // 2)
 
-    def scarce(self, row: int, buffers: ClientBuffers, rows: int) -> bool:
+    def scarce(self, row: int, buffers: ClientBuffers) -> bool:
         """Whether the clients buffer fewer samples of class ``row`` than half a class's
-        share of all they buffer (``rows``: the classifier's): a class that appeared
-        late, whose every sample should be trained at once (its client then registers it
-        without waiting)."""
-        held = np.bincount(buffers.targets()[buffers.occupied], minlength=rows)
+        share of all they buffer: a class that appeared late, whose every sample should
+        be trained at once (its client then registers it without waiting)."""
+        minlength = self.model_rows[row] + 1  # the class's row counted, even at 0
+        held = np.bincount(buffers.targets()[buffers.occupied], minlength=minlength)
         return 2 * len(self.classes) * int(held[self.model_rows[row]]) < int(held.sum())
 
     def register_held(self, clients: Sequence[int] | range, buffers: ClientBuffers) -> None:

@@ -291,7 +291,7 @@ class StreamLearner(LearnerState):
         if new_class and self.imprints:
             self.model.imprint(rows.model_rows[row], raw, rows.model_rows[:row])
         self.stats.events += 1
-        rows.arrived(client, row, placeholder, self.buffers, self.model.rows)
+        rows.arrived(client, row, placeholder, self.buffers)
         if self.stats.events % COUNT_ROUND_EVENTS == 0:
             # each registration counts its one sample: the server knows these totals
             self.registry.flush_counts(public=True)
