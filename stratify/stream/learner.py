@@ -219,9 +219,22 @@ class StreamLearner(LearnerState):
         )
 
     def learn_one(self, x: object, y: object, client: object = 0) -> None:
-        """Learn one labeled sample (features ``x``: a list, a dict, an array or a tensor;
-        label ``y``) arriving at ``client``, without testing on it; raises as
-        :meth:`ingest`."""
+        """Learn one labeled sample arriving at ``client``, without testing on it.
+
+        Parameters
+        ----------
+        x : list, dict, numpy.ndarray or torch.Tensor
+            Its features (the first sample fixes their number or names).
+        y : int, str or bool
+            Its label.
+        client : int or str
+            The client it arrived at.
+
+        Raises
+        ------
+        EventError, DivergenceError
+            As :meth:`ingest`.
+        """
         self._learn(x, y, client, 0, None, test=False, checked=False)
 
     def predict(self, x: object) -> Prediction | None:
