@@ -129,7 +129,9 @@ def run_stream(
 
 def server_rows(learner: StreamLearner) -> dict[int, int]:
     """Each label's classifier row, and (checked) its placeholder: what the server sees."""
-    rows = {label: learner.model_rows[index] for index, label in enumerate(learner.classes)}
+    rows = {
+        label: learner.class_rows.model_rows[index] for index, label in enumerate(learner.classes)
+    }
     for mapping in learner.registry.result.client_maps:
         assert all(mapping[label] == rows[label] for label in mapping)
     return rows
@@ -148,8 +150,10 @@ def test_a_class_ordered_streams_rows_name_its_labels_unless_keyed(keyed, num_cl
         # the secure registry's key comes from its secrets, drawn from the OS, not the seed
         secrets = learner.registry.secrets
         shared = getattr(secrets, "shared", secrets)
-        assert learner.row_key == shared.derive(b"stream placeholders")
-        assert learner.row_key != hashlib.sha256(b"stratify stream placeholders 0").digest()
+        assert learner.class_rows.row_key == shared.derive(b"stream placeholders")
+        assert (
+            learner.class_rows.row_key != hashlib.sha256(b"stratify stream placeholders 0").digest()
+        )
         assert recovery <= chance_bound(CLASSES, 1 / CLASSES)
     # predictions read the model's known rows and map them back to labels on the client
     # side, keyed or not; and the stream has learned its classes (chance 0.10)
@@ -157,8 +161,8 @@ def test_a_class_ordered_streams_rows_name_its_labels_unless_keyed(keyed, num_cl
     hits = 0
     for label in np.repeat(np.arange(CLASSES), 5):
         x = cluster(int(label), rng)
-        logits = learner.model.logits(learner.array_features(x[None]))[0]
-        best = learner.classes[int(np.argmax(logits[learner.model_rows]))]
+        logits = learner.model.network.logits(learner.features.array(x[None]))[0]
+        best = learner.classes[int(np.argmax(logits[learner.class_rows.model_rows]))]
         assert learner.predict_one(x) == best
         hits += best == label
     assert hits >= 25
@@ -186,7 +190,10 @@ def test_a_resumed_stream_keeps_its_keyed_rows():
     )
     again = StreamLearner(learner.config)
     again.load_state_dict(learner.state_dict())
-    assert again.model_rows == learner.model_rows and again.row_key == learner.row_key
+    assert (
+        again.class_rows.model_rows == learner.class_rows.model_rows
+        and again.class_rows.row_key == learner.class_rows.row_key
+    )
     assert again.registry.result.client_maps == learner.registry.result.client_maps
 
 
@@ -216,10 +223,10 @@ def test_a_stream_runs_checkpoint_holding_the_key_is_its_owners_only(tmp_path):
     source.write_text("\n".join(lines) + "\n")
     resumed = StreamRun(config, resume=True)
     resumed.run()
-    assert resumed.learner.row_key.hex() == before["row_key"]
+    assert resumed.learner.class_rows.row_key.hex() == before["row_key"]
     known = len(before["classes"])
     key = bytes.fromhex(before["row_key"])
-    assert resumed.learner.model_rows[:known] == [
+    assert resumed.learner.class_rows.model_rows[:known] == [
         stream_placeholder(key, index, CLASSES) for index in range(known)
     ]
     assert path.stat().st_mode & 0o777 == SECRETS_MODE
@@ -271,7 +278,7 @@ def digits_stream(
     x_test, y_test = data.x_test.numpy().reshape(len(data.y_test), -1), data.y_test.numpy()
     public = np.stack([x_test[np.flatnonzero(y_test == c)[0]] for c in range(CLASSES)])
     # the server holds the model; it is given the features' scaling too (an upper bound)
-    logits = learner.model.logits(learner.array_features(public))
+    logits = learner.model.network.logits(learner.features.array(public))
     guess = public_sample_rows(logits)
     rows = server_rows(learner)
     return float(np.mean([guess[c] == rows[c] for c in range(CLASSES)])), learner

@@ -15,6 +15,7 @@ import torch
 
 from stratify.nn.models import build_model
 from stratify.stream import Event, StreamConfig, StreamLearner
+from stratify.stream.numpy_model import NumpyStreamModel
 from tests.streams import event_line
 
 #: modules the stream path must not import with its defaults: seconds of start-up and
@@ -55,20 +56,20 @@ def test_predictions_are_the_eager_models(model):
         label = int(rng.integers(4))
         x = rng.normal(0, 1, 16) + label
         learner.ingest(Event(f"c{number % 3}", label, x, number + 1))
-    assert (learner.arrays is not None) == (model == "mlp")
-    torch_model, transform = learner.model, learner.model_features
+    assert isinstance(learner.model, NumpyStreamModel) == (model == "mlp")
+    torch_model, transform = learner.model.network, learner.features.tensor
     if model == "mlp":  # the NumPy MLP's weights in the torch MLP
-        torch_model = build_model("mlp", shape, learner.rows)
+        torch_model = build_model("mlp", shape, learner.model.rows)
         weights = learner.model.state_dict()
         torch_model.load_state_dict({name: torch.from_numpy(v) for name, v in weights.items()})
-        transform = lambda raw: torch.from_numpy(learner.array_features(raw.numpy()))  # noqa: E731
+        transform = lambda raw: torch.from_numpy(learner.features.array(raw.numpy()))  # noqa: E731
     for _ in range(5):
         x = rng.normal(0, 1, 16)
         raw = torch.tensor(x, dtype=torch.float32).reshape(shape)
         with torch.no_grad():
             logits = torch_model(transform(raw).unsqueeze(0))[0]
         # the known classes' rows, keyed (docs/streaming.md, "Placeholders")
-        expected = torch.softmax(logits[learner.model_rows], dim=0)
+        expected = torch.softmax(logits[learner.class_rows.model_rows], dim=0)
         probabilities = learner.predict_proba_one(x)
         got = torch.tensor([probabilities[label] for label in learner.classes])
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

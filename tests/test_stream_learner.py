@@ -61,25 +61,31 @@ def test_a_new_label_mid_stream_is_registered_and_learned(secure, monkeypatch):
         learner.ingest(event)
     # keyed placeholders, each the row of its class: a block of STREAM_BLOCK rows
     # (docs/streaming.md, "Placeholders")
-    assert learner.registry.result.num_placeholders == STREAM_BLOCK == learner.rows
+    assert learner.registry.result.num_placeholders == STREAM_BLOCK == learner.model.rows
     assert class_accuracy(learner, 3) == 0.0  # no row for it yet: always wrong
     # the counts were flushed, each one sample of one registration
-    assert learner.registry.result.global_counts.sum() == len(learner.registrations)
+    assert learner.registry.result.global_counts.sum() == len(learner.class_rows.registrations)
     if secure:  # the clients know each label's row (no comparison), the counts are public
         assert learner.registry.stats.decryptions == 0
-        assert len(learner.registrations) > learner.rows  # labels the federation knew too
+        assert (
+            len(learner.class_rows.registrations) > learner.model.rows
+        )  # labels the federation knew too
     novel = events([3], ["a"], 1, seed=1, first_line=301)[0]
     assert learner.ingest(novel) is False  # predicted before it could be known
     result = learner.registry.result
-    assert result.num_placeholders == STREAM_BLOCK == learner.rows  # still in its block
+    assert result.num_placeholders == STREAM_BLOCK == learner.model.rows  # still in its block
     assert learner.classes == [0, 1, 2, 3] or sorted(learner.classes) == [0, 1, 2, 3]
-    placeholder = result.client_maps[learner.client_of["a"]][3]
+    placeholder = result.client_maps[learner.class_rows.client_of["a"]][3]
     # the keyed place of the fourth label, its row; the older ones did not move
-    assert placeholder == learner.registry.placeholder_of_index[3] == learner.model_rows[3]
-    assert learner.model_rows[:3] == [result.client_maps[0][label] for label in learner.classes[:3]]
+    assert (
+        placeholder == learner.registry.placeholder_of_index[3] == learner.class_rows.model_rows[3]
+    )
+    assert learner.class_rows.model_rows[:3] == [
+        result.client_maps[0][label] for label in learner.classes[:3]
+    ]
     for event in events([0, 1, 2, 3], ["a", "b"], 400, seed=2, first_line=302):
         learner.ingest(event)
-    assert learner.registry.result.client_maps[learner.client_of["b"]][3] == placeholder
+    assert learner.registry.result.client_maps[learner.class_rows.client_of["b"]][3] == placeholder
     if secure:
         assert learner.registry.stats.decryptions == 0
     assert class_accuracy(learner, 3) > 0.8
@@ -103,7 +109,7 @@ def test_no_sample_is_trained_more_often_than_max_uses_and_buffers_stay_bounded(
         learner.ingest(event)
         arrived.setdefault(event.client, []).append(event.line)
         for client, lines in arrived.items():
-            held = learner.buffers.client_slots(learner.client_of[client])
+            held = learner.buffers.client_slots(learner.class_rows.client_of[client])
             assert len(held) <= 5
             assert set(learner.buffers.sample_id[held]) <= set(lines[-5:])
     uses = Counter(trained)
@@ -119,14 +125,16 @@ def test_each_event_is_predicted_before_it_is_learned():
     seen_parameters = []
 
     def spying_predict(x):
-        seen_parameters.append(np.concatenate([p.ravel() for p in learner.model.parameters()]))
+        seen_parameters.append(
+            np.concatenate([p.ravel() for p in learner.model.network.parameters()])
+        )
         return predict(x)
 
     learner._predict = spying_predict  # type: ignore[method-assign]
     stream = events([0, 1], ["a", "b"], 120, seed=4)
     for event in stream:
         before = (
-            np.concatenate([p.ravel() for p in learner.model.parameters()])
+            np.concatenate([p.ravel() for p in learner.model.network.parameters()])
             if learner.started
             else None
         )
@@ -149,7 +157,7 @@ def learner_state(learner: StreamLearner):
         list(learner.clients),
         list(learner.classes),
         learner.prequential.seen,
-        [np.array(p, copy=True) for p in learner.model.parameters()],
+        [np.array(p, copy=True) for p in learner.model.network.parameters()],
     )
 
 
@@ -181,15 +189,15 @@ def test_refused_events_change_nothing_and_the_stream_goes_on():
             learner.ingest(event)
         assert_unchanged(learner, before)
     learner.ingest(Event("b", 1, cluster(1, rng), 57))
-    assert learner.stats.events == before[0] + 1 and learner.rows == 3
+    assert learner.stats.events == before[0] + 1 and learner.model.rows == 3
 
 
 def test_a_fixed_classifier_fills_its_rows_in_arrival_order():
     learner = StreamLearner(config(num_classes=4, input_shape=(2, 3)))
     for event in events([7, 3], ["a"], 20, seed=6):
         learner.ingest(event)
-    assert learner.rows == 4 and set(learner.classes) == {3, 7}
-    assert learner.input_shape == (2, 3) and learner.buffers.x.shape[1:] == (2, 3)
+    assert learner.model.rows == 4 and set(learner.classes) == {3, 7}
+    assert learner.features.input_shape == (2, 3) and learner.buffers.x.shape[1:] == (2, 3)
     with pytest.raises(EventError, match="5 features do not fit --input-shape 2,3"):
         StreamLearner(config(input_shape=(2, 3))).ingest(Event("a", 0, np.ones(5), 1))
 
@@ -229,7 +237,7 @@ def test_a_parsed_event_has_its_features_checked_once_and_a_hand_made_one_in_the
     monkeypatch,
 ):
     from stratify.stream import events
-    from stratify.stream import learner as learner_module
+    from stratify.stream import features as features_module
 
     calls = []
     original = events.check_features
@@ -239,7 +247,7 @@ def test_a_parsed_event_has_its_features_checked_once_and_a_hand_made_one_in_the
         return original(x)
 
     monkeypatch.setattr(events, "check_features", counting)
-    monkeypatch.setattr(learner_module, "check_features", counting)
+    monkeypatch.setattr(features_module, "check_features", counting)
     learner = StreamLearner(config())
     parsed = events.parse_line(b'{"client": "a", "label": 1, "x": [1, 2, 3]}', 1, None)
     assert parsed.checked
@@ -256,7 +264,7 @@ def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_roun
     events came there (its samples buffered but not scheduled), then all such labels of
     the client are registered in one add_labels call; a label new to the federation, or
     of a class the clients hold little of, is registered at once."""
-    from stratify.stream.learner import REGISTRATION_ARRIVALS
+    from stratify.stream.class_rows import REGISTRATION_ARRIVALS
 
     learner = StreamLearner(config())
     calls: list[tuple[int, list[int]]] = []
@@ -270,39 +278,49 @@ def test_a_known_label_new_to_a_client_is_registered_with_its_others_in_one_roun
     rng = np.random.default_rng(0)
     for line, label in enumerate([0, 1, 2], start=1):  # new to the federation: at once
         learner.ingest(Event("a", label, cluster(label, rng), line))
-    rows = learner.model_rows  # keyed, distinct: each label's placeholder is its row
+    rows = learner.class_rows.model_rows  # keyed, distinct: each label's placeholder is its row
     assert learner.registry.result.client_maps == [{0: rows[0], 1: rows[1], 2: rows[2]}]
     assert len(set(rows)) == 3
     learner.ingest(Event("b", 1, cluster(1, rng), 4))
     learner.ingest(Event("b", 2, cluster(2, rng), 5))
-    assert len(learner.registry.result.client_maps) == 1 and learner.unregistered == {1: [1, 2]}
+    assert len(learner.registry.result.client_maps) == 1 and learner.class_rows.unregistered == {
+        1: [1, 2]
+    }
     assert learner.buffers.counts[1].sum() == 0  # buffered, not schedulable
     for line in range(6, 6 + REGISTRATION_ARRIVALS - 2):
         learner.ingest(Event("b", 1, cluster(1, rng), line))
-        assert learner.unregistered == ({} if line == 3 + REGISTRATION_ARRIVALS else {1: [1, 2]})
-    assert calls[-1] == (1, [1, 2]) and learner.unregistered == {}
+        assert learner.class_rows.unregistered == (
+            {} if line == 3 + REGISTRATION_ARRIVALS else {1: [1, 2]}
+        )
+    assert calls[-1] == (1, [1, 2]) and learner.class_rows.unregistered == {}
     assert learner.registry.result.client_maps[1] == {1: rows[1], 2: rows[2]}
     assert learner.buffers.counts[1].sum() == learner.buffers.size - 3  # all of b's now
     # class 0 is scarce (2 of 23 buffered samples): b registers it at once, so that a
     # class that came late has its samples trained as soon as they arrive
     learner.ingest(Event("b", 0, cluster(0, rng), 100))
     assert learner.registry.result.client_maps[1] == {1: rows[1], 2: rows[2], 0: rows[0]}
-    assert learner.unregistered == {} and calls[-1] == (1, [0])
+    assert learner.class_rows.unregistered == {} and calls[-1] == (1, [0])
     # a plentiful class waits at c; a label new to the federation makes c join at once
     learner.ingest(Event("c", 1, cluster(1, rng), 101))
-    assert learner.unregistered == {2: [1]} and len(learner.registry.result.client_maps) == 2
+    assert (
+        learner.class_rows.unregistered == {2: [1]}
+        and len(learner.registry.result.client_maps) == 2
+    )
     learner.ingest(Event("c", 3, cluster(3, rng), 102))
     assert learner.registry.result.client_maps[2] == {
-        3: learner.model_rows[3]
-    } and learner.unregistered == {2: [1]}
+        3: learner.class_rows.model_rows[3]
+    } and learner.class_rows.unregistered == {2: [1]}
     # the state keeps what waits, and a restored learner goes on the same
     again = StreamLearner(config())
     again.load_state_dict(learner.state_dict())
-    assert again.unregistered == learner.unregistered and again.waiting == learner.waiting
+    assert (
+        again.class_rows.unregistered == learner.class_rows.unregistered
+        and again.class_rows.waiting == learner.class_rows.waiting
+    )
     for event in events([0, 1, 2, 3], ["a", "b", "c"], 60, seed=4, first_line=200):
         assert learner.ingest(event) == again.ingest(event)
-    assert learner.registrations == again.registrations
-    for mine, theirs in zip(learner.model.parameters(), again.model.parameters()):
+    assert learner.class_rows.registrations == again.class_rows.registrations
+    for mine, theirs in zip(learner.model.network.parameters(), again.model.network.parameters()):
         assert np.array_equal(mine, theirs)
 
 
@@ -316,7 +334,7 @@ def test_a_secure_stream_restores_its_registry_without_a_decryption():
     assert again.registry.stats.decryptions == 0
     learner.registry.flush_counts(public=True)
     assert same_result(again.registry.result, learner.registry.result)
-    assert again.registry.result.global_counts.sum() == len(learner.registrations) > 4
+    assert again.registry.result.global_counts.sum() == len(learner.class_rows.registrations) > 4
     for event in events([0, 1, 2, 3], ["a", "b", "c", "d"], 40, seed=6, first_line=121):
         assert learner.ingest(event) == again.ingest(event)
     assert again.registry.result.client_maps == learner.registry.result.client_maps
@@ -330,8 +348,8 @@ def test_a_new_class_is_predicted_from_its_second_example_when_imprinted(new_cla
     learner = StreamLearner(config(new_class=new_class))
     for event in events([0, 1, 2], ["a", "b", "c"], 300, seed=0):
         learner.ingest(event)
-    known_rows = learner.model_rows[:3]  # keyed rows (docs/streaming.md, "Placeholders")
-    known_norm = float(np.linalg.norm(learner.model.weights[-1][known_rows], axis=1).mean())
+    known_rows = learner.class_rows.model_rows[:3]  # keyed rows (docs/streaming.md, "Placeholders")
+    known_norm = float(np.linalg.norm(learner.model.network.weights[-1][known_rows], axis=1).mean())
     learner.learn_one(cluster(3, np.random.default_rng(1)), 3, client="a")
     rng = np.random.default_rng(2)
     hits = sum(learner.predict_one(cluster(3, rng)) == 3 for _ in range(20))
@@ -340,7 +358,7 @@ def test_a_new_class_is_predicted_from_its_second_example_when_imprinted(new_cla
         return
     assert hits >= 18
     # scaled like the known rows (one step on it since moves it a little)
-    row = learner.model.weights[-1][learner.model_rows[3]]
+    row = learner.model.network.weights[-1][learner.class_rows.model_rows[3]]
     assert float(np.linalg.norm(row)) == pytest.approx(known_norm, rel=0.1)
     assert min(class_accuracy(learner, label) for label in (0, 1, 2)) > 0.8
 
@@ -391,8 +409,8 @@ def test_the_numpy_path_learns_what_the_torch_path_learns(monkeypatch, momentum)
         config(momentum=momentum, mlp_hidden=(32, 16), lr=lr, num_classes=8)
     )
     outcomes = [numpy_learner.ingest(event) for event in stream]
-    assert isinstance(numpy_learner.model, NumpyMLP)
-    assert numpy_learner.arrays is not None and numpy_learner.policy.step.arrays is not None
+    assert isinstance(numpy_learner.model.network, NumpyMLP)
+    assert numpy_learner.policy.step.arrays is not None
     monkeypatch.setattr(step_module.MLPArrays, "of", classmethod(lambda cls, model: None))
     # the same 8 initial rows; each new class's row is imprinted
     initial = NumpyMLP.build(FEATURES, 8, (32, 16), seed=0)
@@ -402,9 +420,11 @@ def test_the_numpy_path_learns_what_the_torch_path_learns(monkeypatch, momentum)
         config(momentum=momentum, mlp_hidden=(32, 16), lr=lr, num_classes=8), model=model
     )
     assert outcomes == [torch_learner.ingest(event) for event in stream]
-    assert torch_learner.arrays is None and torch_learner.policy.step.arrays is None
+    assert torch_learner.model.arrays is None and torch_learner.policy.step.arrays is None
     assert torch_learner.stats.steps == numpy_learner.stats.steps == 300
-    for mine, theirs in zip(numpy_learner.model.parameters(), torch_learner.model.parameters()):
+    for mine, theirs in zip(
+        numpy_learner.model.network.parameters(), torch_learner.model.network.parameters()
+    ):
         np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-4, atol=1e-5)
     rng = np.random.default_rng(6)
     for _ in range(20):
@@ -427,13 +447,15 @@ def test_the_numpy_mlp_is_the_default_model_and_torch_serves_the_rest():
     sample = cluster(0, np.random.default_rng(0))
     default = StreamLearner(StreamConfig(secure=False, mlp_hidden=(8,)))
     default.learn_one(sample, 0)
-    assert default.device == "cpu" and isinstance(default.model, NumpyMLP)
+    assert default.device == "cpu" and isinstance(default.model.network, NumpyMLP)
     baseline = StreamLearner(config(algorithm="fedavg-periodic"))
     baseline.learn_one(sample, 0)
-    assert type(baseline.model) is MLP and not baseline.policy.numpy_models
+    assert type(baseline.model.network) is MLP and not baseline.policy.numpy_models
     cnn = StreamLearner(config(model="cnn", mlp_hidden=None, input_shape=(1, 8, 8)))
     cnn.learn_one(np.zeros(64, dtype=np.float32), 0)
-    assert isinstance(cnn.model, nn.Module) and cnn.arrays is None
+    assert isinstance(cnn.model.network, nn.Module) and cnn.model.arrays is None
     given = StreamLearner(config(), model=MLP((FEATURES,), 1, hidden=(16,)))
     given.learn_one(sample, 0)
-    assert type(given.model) is MLP and given.arrays is not None  # NumPy views of its weights
+    assert (
+        type(given.model.network) is MLP and given.model.arrays is not None
+    )  # NumPy views of its weights

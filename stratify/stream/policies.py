@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stratify.errors import ConfigError
+from stratify.errors import ConfigError, TrainingError
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.schedule import StreamSchedule
 from stratify.stream.step import SingleSampleStep
@@ -34,8 +34,14 @@ from stratify.stream.step import SingleSampleStep
 if TYPE_CHECKING:
     import torch
 
+    from stratify.stream.model import StreamModel
+
 #: what ``--algorithm`` of ``stratify stream`` may be
 STREAM_ALGORITHMS = ("stratify", "fedavg-periodic")
+
+
+class DivergenceError(TrainingError):
+    """The loss or the weights became non-finite; learning stopped (``--on-diverge stop``)."""
 
 
 @dataclass
@@ -44,25 +50,23 @@ class StreamContext:
 
     Attributes
     ----------
-    model : NumpyMLP or torch.nn.Module
-        The global model (the policy trains it in place): the stream's NumPy MLP
-        (:class:`~stratify.stream.mlp.NumpyMLP`) only for a policy whose
-        :attr:`~StreamPolicy.numpy_models` is true.
+    model : StreamModel
+        The global model (the policy trains it in place,
+        :class:`~stratify.stream.model.StreamModel`): its ``network`` is the stream's
+        NumPy MLP (:class:`~stratify.stream.mlp.NumpyMLP`) only for a policy whose
+        :attr:`~StreamPolicy.numpy_models` is true, else a torch module.
     buffers : ClientBuffers
         The clients' buffers (read-only for the policy, except :meth:`ClientBuffers.use`).
     rows : int
         Rows of the classifier now.
     transform : callable
         Features as the model sees them (the running standardisation, or identity).
-    transform_array : callable
-        The same on a NumPy sample (the CPU path of an MLP, :mod:`.step`).
     """
 
-    model: Any
+    model: StreamModel
     buffers: ClientBuffers
     rows: int
     transform: Callable[[torch.Tensor], torch.Tensor]
-    transform_array: Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass
@@ -189,7 +193,7 @@ class SingleSampleUpdates(StreamPolicy):
         self.step: SingleSampleStep | None = None
 
     def setup(self, context: StreamContext) -> None:
-        self.step = SingleSampleStep(context.model, self.lr, self.momentum, *self.dp)
+        self.step = SingleSampleStep(context.model.network, self.lr, self.momentum, *self.dp)
 
     def after_arrival(self, context: StreamContext) -> Training:
         assert self.step is not None  # setup ran
@@ -201,12 +205,7 @@ class SingleSampleUpdates(StreamPolicy):
             if client < 0:
                 break
             slot = buffers.pick(client, placeholder)
-            if self.step.arrays is not None and buffers.x_array is not None:
-                x = context.transform_array(buffers.x_array[slot]).reshape(-1)
-                loss: float | torch.Tensor = self.step.step_array(x, buffers.target(slot))
-            else:
-                x_slot = context.transform(buffers.x[slot : slot + 1])
-                loss = self.step.step(x_slot, buffers.target(slot))
+            loss = context.model.learn(self.step, buffers, slot)
             if isinstance(loss, float):
                 done.loss_sum += loss
                 done.loss_count += 1
@@ -220,7 +219,7 @@ class SingleSampleUpdates(StreamPolicy):
 
     def classifier_grown(self, context: StreamContext, replaced: dict[int, Any]) -> None:
         assert self.step is not None  # setup ran
-        self.step.follow(context.model, replaced)
+        self.step.follow(context.model.network, replaced)
 
     def save_point(self) -> Any:
         assert self.step is not None  # setup ran
@@ -348,7 +347,7 @@ class PeriodicFedAvg(StreamPolicy):
             dataset=dataset,
             federation=Federation(held, buffers.targets()),
             registry=PlainRegistry(seed=self.seed),
-            model=context.model,
+            model=context.model.network,
         ).engine
         self.rounds += 1
         stats = engine.run_epoch(self.rounds)
@@ -376,3 +375,14 @@ class PeriodicFedAvg(StreamPolicy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in ("since_round", "rounds", "transfers"):
             setattr(self, name, int(state[name]))
+
+
+def divergence_message(policy: StreamPolicy, where: str, scaled: bool) -> str:
+    """What a stream that diverged at ``where`` (an event, its line) says: the step
+    flags of ``policy`` and the ways out (``scaled``: ``--scale running``)."""
+    return (
+        f"training diverged at {where}: the loss or the weights became non-finite "
+        f"with {policy.step_flags()}{'' if scaled else ' --scale none'}; lower --lr"
+        f"{'' if scaled else ', use --scale running'}, or give "
+        "--on-diverge skip to undo such updates and go on"
+    )

@@ -403,11 +403,11 @@ class StreamRun:
         rows = []
         for number, features in enumerate(self.test_features, start=1):
             try:
-                vector = self.learner.features(features, fix_shape=False)
+                vector = self.learner.features.vector(features)
             except EventError as error:
                 raise ConfigError(f"--test {self.config.test} sample {number}: {error}") from None
             assert vector is not None
-            rows.append(vector if isinstance(vector, np.ndarray) else vector.cpu().numpy())
+            rows.append(vector)
         self.x_test = np.stack(rows)
 
     # -- the stream -----------------------------------------------------------------------
