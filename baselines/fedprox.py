@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.card import Comparison, Identity, MethodCard, Rates
 from stratify.client import ProximalGradient, add_proximal_gradient
 from stratify.compiled import StepTerms
 from stratify.method import Context
@@ -65,18 +66,24 @@ class FedProx(FedAvg):
     term, without building its graph); the reported training loss is the cross-entropy.
     """
 
-    name = "fedprox"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.1,
-        ("digits", "single-sample"): 0.03,
-        ("mnist", "batch"): 0.03,
-        ("mnist", "single-sample"): 0.01,
-    }
-    description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
+    card = MethodCard(
+        Identity(
+            "fedprox", "FedProx", "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
+        ),
+        Comparison("fedavg"),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.1,
+                ("digits", "single-sample"): 0.03,
+                ("mnist", "batch"): 0.03,
+                ("mnist", "single-sample"): 0.01,
+            }
+        ),
+        bench=FedAvg.card.bench,
+        flower=True,
+    )
     options_class = FedProxOptions
-    label = "FedProx"
-    comparator = "fedavg"
     options: FedProxOptions
 
     def hook_terms(self) -> StepTerms:

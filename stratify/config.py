@@ -14,7 +14,7 @@ from typing import Any
 
 from stratify.algorithms import build_strategy, check_algorithm
 from stratify.common_options import CommonOptions
-from stratify.data.datasets import DATASETS, dataset_options
+from stratify.data.datasets import DATASETS, dataset_family, dataset_options
 from stratify.data.datasets.base import check_options
 from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError, OutputError
@@ -260,4 +260,7 @@ def resolve_lr(config: TrainConfig, strategy: Strategy | None = None) -> float:
         return config.lr
     if strategy is None:
         strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
+    own = strategy.lr_for(
+        config.mode, family=dataset_family(config.dataset), dataset=config.dataset
+    )
+    return own or default_lr(config.dataset, config.mode)

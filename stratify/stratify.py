@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.client import LocalJob
 from stratify.common_options import CommonOptions
 from stratify.compiled import (
@@ -30,7 +31,15 @@ from stratify.compiled import (
 )
 from stratify.errors import ConfigError
 from stratify.federation import SamplePools
-from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
+from stratify.method import (
+    ClientUpdate,
+    Context,
+    LocalWork,
+    Round,
+    RoundStats,
+    Strategy,
+    Vectorizable,
+)
 from stratify.nn.norm import has_batch_norm
 from stratify.options import StrategyOptions, option, option_of
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
@@ -128,7 +137,7 @@ class StratifyOptions(StrategyOptions):
         check_min_share(self.min_share, self.batch_labels)
 
 
-class Stratify(Strategy):
+class Stratify(Strategy, Vectorizable):
     """Stratified Label Schedule with label-aware client selection and fine-grained updates.
 
     Each epoch shuffles the schedule ``S`` (every placeholder ``r_l`` times), gives every
@@ -137,26 +146,29 @@ class Stratify(Strategy):
     :class:`StratifyOptions`.
     """
 
-    name = "stratify"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.3,
-        ("digits", "single-sample"): 0.01,
-        ("mnist", "batch"): 0.1,
-        ("mnist", "single-sample"): 0.01,
-    }
-    description = "SLS + label-aware client selection + single-sample hops or global batches"
-    options_class = StratifyOptions
-    label = "Stratify"
-    comparator: ClassVar[str | None] = None
-    no_comparator = (
-        "stratify has no base and no local optimizer to match (its global model travels "
-        "and takes one step per sample or per global batch)"
+    card = MethodCard(
+        Identity(
+            "stratify",
+            "Stratify",
+            "SLS + label-aware client selection + single-sample hops or global batches",
+        ),
+        Comparison(
+            no_comparator="stratify has no base and no local optimizer to match (its global "
+            "model travels and takes one step per sample or per global batch)"
+        ),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.3,
+                ("digits", "single-sample"): 0.01,
+                ("mnist", "batch"): 0.1,
+                ("mnist", "single-sample"): 0.01,
+            }
+        ),
+        bench=Bench(step_size_options=("momentum",)),
+        flower=True,
     )
-    effective_weighting: ClassVar[str | None] = None
-    test_options: ClassVar[dict[str, Any]] = {}
-    benchmark_local = False
-    step_size_options: ClassVar[tuple[str, ...]] = ("momentum",)
+    options_class = StratifyOptions
     options: StratifyOptions
     #: single-sample steps per compiled call (K)
     steps_per_call = STEPS_PER_CALL

@@ -27,6 +27,7 @@ from stratify.algorithms import build_strategy, method_label
 from stratify.config import TrainConfig, resolve_lr
 from stratify.data.datasets import dataset_family
 from stratify.errors import ConfigError, CorruptRunError
+from stratify.method import informative_epochs
 from stratify.reproduce.results import (
     BASE_FIELDS,
     INTEGER_FIELDS,
@@ -115,7 +116,7 @@ class DefaultChoice:
             algorithm=self.algorithm,
             dataset=self.dataset,
             mode=self.mode,
-            epochs=strategy.informative_epochs(),
+            epochs=informative_epochs(strategy),
             secure=False,
         )
         return resolve_lr(config, strategy)
