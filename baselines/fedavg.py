@@ -52,7 +52,7 @@ from stratify.method import (
     Strategy,
     Vectorizable,
 )
-from stratify.options import inherit, option
+from stratify.options import Probe, inherit, option
 from stratify.state import State, buffer_names, clone_state, load_into, parameter_names
 from stratify.validation import check_positive_int
 
@@ -84,11 +84,13 @@ class FedAvgOptions(ClientSamplingOptions):
         "client's samples, instead of --local-epochs passes over them.",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(2),
     )
     bn_buffers: str = option(
         "average",
         "BatchNorm running statistics: averaged like the parameters, or kept by each client.",
         choices=tuple(BN_BUFFER_MODES),
+        probe=Probe("local"),
     )
 
     def for_mode(self: FedAvgOptionsT, mode: str) -> FedAvgOptionsT:

@@ -10,7 +10,7 @@ import torch
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.method import Context
-from stratify.options import option
+from stratify.options import Probe, option
 from stratify.state import State, clone_state
 from stratify.validation import check_momentum, check_positive
 
@@ -19,8 +19,12 @@ from stratify.validation import check_momentum, check_positive
 class FedAvgMOptions(FedAvgOptions):
     """FedAvg's options and the server's momentum and learning rate."""
 
-    server_momentum: float = option(0.9, "Server momentum β, in [0, 1).", check=check_momentum)
-    server_lr: float = option(1.0, "Server learning rate η > 0.", check=check_positive)
+    server_momentum: float = option(
+        0.9, "Server momentum β, in [0, 1).", check=check_momentum, probe=Probe(0.5)
+    )
+    server_lr: float = option(
+        1.0, "Server learning rate η > 0.", check=check_positive, probe=Probe(0.5)
+    )
 
 
 def server_momentum_step(

@@ -51,7 +51,7 @@ from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.card import Bench, Comparison, Identity, MethodCard, Paper, PaperSetting, Rates
 from stratify.errors import ConfigError
 from stratify.method import ClientUpdate, Context, Round
-from stratify.options import inherit, option
+from stratify.options import Probe, inherit, option
 from stratify.state import State, clone_state
 from stratify.validation import (
     check_fits_in_memory,
@@ -109,27 +109,37 @@ class FedBROptions(FedAvgOptions):
         "Pseudo-data: random sample means of the clients' data (rsm, the official default), "
         "or those means mixed with local samples at every iteration (mixture, Eq. 4).",
         choices=PSEUDO_DATA,
+        probe=Probe("mixture"),
     )
     pseudo_weight: float = option(
-        1.0, "Weight λ ≥ 0 of the pseudo-data's soft-label cross-entropy.", check=check_nonnegative
+        1.0,
+        "Weight λ ≥ 0 of the pseudo-data's soft-label cross-entropy.",
+        check=check_nonnegative,
+        probe=Probe(0.5),
     )
     contrast_weight: float = option(
-        0.5, "Weight μ ≥ 0 of the contrastive loss L_con in the min step.", check=check_nonnegative
+        0.5,
+        "Weight μ ≥ 0 of the contrastive loss L_con in the min step.",
+        check=check_nonnegative,
+        probe=Probe(0.1),
     )
     positive_temperature: float = option(
         0.5,
         "Temperature τ1 > 0 of L_con's pair (local, global features of the pseudo-data).",
         check=check_positive,
+        probe=Probe(0.1),
     )
     negative_temperature: float = option(
         0.5,
         "Temperature τ2 > 0 of L_con's pair (local features of the pseudo-data, of local data).",
         check=check_positive,
+        probe=Probe(0.1),
     )
     rsm_size: int = option(
         OFFICIAL_RSM_SIZE,
         "Samples averaged into one random-sample-mean pseudo-sample.",
         check=check_positive_int,
+        probe=Probe(5),
     )
     mixture_size: int | None = option(
         None,
@@ -137,6 +147,7 @@ class FedBROptions(FedAvgOptions):
         "--pseudo-data mixture only) [default: 1, the official code's].",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(2, {"options": {"pseudo_data": "mixture"}}),
     )
 
     def for_mode(self: FedBROptionsT, mode: str) -> FedBROptionsT:

@@ -41,7 +41,7 @@ from stratify.card import (
 )
 from stratify.errors import ConfigError
 from stratify.method import ClientUpdate, Context
-from stratify.options import inherit, option
+from stratify.options import Probe, inherit, option
 from stratify.validation import (
     check_int,
 )
@@ -85,6 +85,7 @@ class FedBSSOptions(FedAvgOptions):
         "Rounds of plain local training before the paced sample selection starts (the "
         "paper: 50 of its 200 rounds); at most --epochs.",
         check=check_warmup,
+        probe=Probe(2),
     )
 
     def for_mode(self: FedBSSOptionsT, mode: str) -> FedBSSOptionsT:

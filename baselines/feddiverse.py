@@ -51,7 +51,7 @@ from stratify.client import LocalTrainer, LossFunction
 from stratify.data.heterogeneity import heterogeneity_triplet, interaction_matrix
 from stratify.errors import ConfigError
 from stratify.method import Context, Round, RoundStats
-from stratify.options import inherit, option
+from stratify.options import Probe, inherit, option
 from stratify.validation import check_fraction, check_positive_int
 
 #: Where the triplets come from: estimated by the clients, or the dataset's attributes.
@@ -96,26 +96,34 @@ class FedDiverseOptions(FedAvgMOptions):
         "Heterogeneity triplets: estimated by each client, or known from the dataset's "
         "attributes (the paper's ideal ablation).",
         choices=DHT_SOURCES,
+        probe=Probe("known"),
     )
     pretrain_rounds: int = option(
         1,
         "Rounds T0 of FedAvgM with uniformly drawn clients before the triplets are computed.",
         check=check_positive_int,
+        probe=Probe(2),
     )
     gce_q: float = option(
         0.7,
         "Exponent q in (0, 1] of the biased model's generalized cross-entropy (1 − p^q)/q.",
         check=check_gce_exponent,
+        probe=Probe(
+            unobservable="tests/test_feddiverse.py, by hand: its biased models fit all of "
+            "a tiny client's samples whatever q is"
+        ),
     )
     bias_epochs: int = option(
         5,
         "Passes over its data a client makes to overfit a biased model.",
         check=check_positive_int,
+        probe=Probe(1),
     )
     attribute_epochs: int = option(
         20,
         "Passes over its pivot class a client makes to train its attribute classifier.",
         check=check_positive_int,
+        probe=Probe(2),
     )
 
 

@@ -17,7 +17,7 @@ from stratify.card import Comparison, Identity, MethodCard, Rates
 from stratify.client import ProximalGradient, add_proximal_gradient
 from stratify.compiled import StepTerms
 from stratify.method import Context
-from stratify.options import option
+from stratify.options import Probe, option
 from stratify.validation import check_nonnegative
 
 __all__ = ["FedProx", "FedProxOptions", "add_proximal_gradient", "proximal_term"]
@@ -28,7 +28,10 @@ class FedProxOptions(FedAvgOptions):
     """FedAvg's options and the proximal weight ``mu``."""
 
     mu: float = option(
-        0.01, "Proximal weight μ ≥ 0 of (μ/2)‖w − w_global‖².", check=check_nonnegative
+        0.01,
+        "Proximal weight μ ≥ 0 of (μ/2)‖w − w_global‖².",
+        check=check_nonnegative,
+        probe=Probe(1.0),
     )
 
 

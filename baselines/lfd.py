@@ -30,7 +30,7 @@ from stratify.client import LocalResult, LossFunction
 from stratify.errors import ConfigError
 from stratify.method import ClientUpdate, Context
 from stratify.nn.cosine import CosineClassifier, margin_logits
-from stratify.options import inherit, option
+from stratify.options import Probe, inherit, option
 from stratify.state import State, clone_state, load_into
 from stratify.validation import check_nonnegative, check_positive
 
@@ -61,17 +61,20 @@ class LfDOptions(FedAvgOptions):
         PAPER_TEMPERATURE,
         "Temperature τ > 0 of the cosine classifier: logits are cos θ / τ.",
         check=check_positive,
+        probe=Probe(0.5),
     )
     margin: float = option(
         PAPER_MARGIN,
         "Margin m in [0, 1] taken off the true class's cosine in local training.",
         check=check_margin,
+        probe=Probe(0.5),
     )
     drift_weight: float = option(
         1.0,
         "Weight ≥ 0 of the drift regulariser (Eq. 9 adds it with weight 1); 0 trains the "
         "cosine classifier with its margin alone, an ablation of the regulariser.",
         check=check_nonnegative,
+        probe=Probe(0.0),
     )
 
 

@@ -23,7 +23,7 @@ from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.client import GradientOffset, LocalResult
 from stratify.compiled import StepTerms
 from stratify.method import ClientUpdate, Context
-from stratify.options import inherit, option, option_of
+from stratify.options import Probe, inherit, option, option_of
 from stratify.state import State, clone_state
 from stratify.validation import check_positive
 
@@ -47,7 +47,10 @@ class ScaffoldOptions(FedAvgOptions):
         "average at η_g = 1). BatchNorm buffers are averaged with the same weights.",
     )
     server_lr: float = option(
-        1.0, "Global step size η_g > 0 (1 in the paper).", check=check_positive
+        1.0,
+        "Global step size η_g > 0 (1 in the paper).",
+        check=check_positive,
+        probe=Probe(0.5),
     )
 
 

@@ -22,7 +22,7 @@ from stratify.method import (
     Strategy,
     Vectorizable,
 )
-from stratify.options import inherit, option
+from stratify.options import Probe, inherit, option
 from stratify.selection import HOPS, chain_transfers
 
 #: The SFL paper's local mini-batch (its code's ``--batch-size 20`` in every reported run).
@@ -52,6 +52,7 @@ class SFLOptions(LocalTrainingOptions):
         "How the model moves between two clients: relayed by the server (an upload and a "
         "download, two transfers) or sent client to client (one).",
         choices=HOPS,
+        probe=Probe("direct"),
     )
 
 

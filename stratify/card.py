@@ -218,25 +218,6 @@ class Rates:
 
 
 @dataclass(frozen=True)
-class Probe:
-    """Another value of an option than its default, for the option-effect tests
-    (river's ``_unit_test_params``): a run with it must differ from the default run, or
-    be refused.
-
-    Parameters
-    ----------
-    value : object
-        The other value; ``None``: the option's other choice.
-    settings : mapping
-        Run settings (:class:`~stratify.config.TrainConfig` fields, ``options``, or
-        ``"dataset": "unbalanced"``) given to both runs, so that the option can act.
-    """
-
-    value: Any
-    settings: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Testing:
     """How the conformance kit (:mod:`stratify.testing`) runs the method.
 

@@ -41,7 +41,7 @@ from stratify.method import (
     Vectorizable,
 )
 from stratify.nn.norm import has_batch_norm
-from stratify.options import StrategyOptions, option, option_of
+from stratify.options import Probe, StrategyOptions, option, option_of
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
 from stratify.selection import (
     HOPS,
@@ -71,48 +71,65 @@ EXHAUSTED = ("refill", "skip")
 class StratifyOptions(StrategyOptions):
     """Options of :class:`Stratify` (defaults: the Stratify paper's single-sample setting)."""
 
-    chunk: int = option_of(CommonOptions, "chunk")
+    chunk: int = option_of(CommonOptions, "chunk", probe=Probe(1))
     batch_labels: int = option(
-        64, "Labels (samples) B per global batch.", check=check_positive_int, modes=("batch",)
+        64,
+        "Labels (samples) B per global batch.",
+        check=check_positive_int,
+        modes=("batch",),
+        probe=Probe(8),
     )
-    selection: str = option_of(CommonOptions, "selection")
+    selection: str = option_of(
+        CommonOptions, "selection", probe=Probe("weighted", {"partition": "dirichlet:1.0"})
+    )
     repeats: str = option(
         "uniform",
         "Label repeats r_l of the SLS: round(N/|L|) each, or min(n_l, cap).",
         choices=REPEAT_MODES,
+        probe=Probe("proportional", {"dataset": "unbalanced"}),
     )
     repeat_count: int | None = option(
         None,
         "Override r_l of the uniform SLS [default: round(N/|L|)].",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(3),
     )
+    # refused with the default --repeats uniform
     cap: int | None = option(
         None,
         "Cap of the proportional SLS [default: N/|L|].",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(2),
     )
     batch_path: str = option(
         "fused",
         "A global batch as one tensor, or client by client (same gradient).",
         choices=BATCH_PATHS,
         modes=("batch",),
+        probe=Probe(
+            unobservable="tests/test_stratify.py: a global batch fused or client by client, "
+            "the same summed gradient"
+        ),
     )
-    momentum: float = option_of(CommonOptions, "momentum")
+    momentum: float = option_of(CommonOptions, "momentum", probe=Probe(0.5))
     hops: str = option(
         "server",
         "How the model moves between two holders: relayed by the server (an upload and a "
         "download, two transfers) or sent client to client (one).",
         choices=HOPS,
         modes=("single-sample",),
+        probe=Probe("direct"),
     )
     exhausted: str = option(
         "refill",
         "A scheduled label whose samples are all used this epoch: start a new pass over "
         "them (refill), or drop the entry (skip).",
         choices=EXHAUSTED,
+        probe=Probe("skip", {"options": {"repeat_count": 40}}),
     )
+    # the tiny clients hold about 16 samples a batch
     min_share: int | None = option(
         None,
         "Smallest share N of a global batch: a client whose share would be under N samples "
@@ -121,6 +138,7 @@ class StratifyOptions(StrategyOptions):
         check=check_positive_int,
         cli_type=int,
         modes=("batch",),
+        probe=Probe(20),
     )
     compile: str = option(
         "auto",
@@ -129,6 +147,10 @@ class StratifyOptions(StrategyOptions):
         "long enough to repay the compile), always (on), or never (off).",
         choices=COMPILE_MODES,
         modes=("single-sample",),
+        probe=Probe(
+            unobservable="tests/test_compiled.py: the compiled step computes the eager "
+            "step's numbers"
+        ),
     )
 
     def __post_init__(self) -> None:
