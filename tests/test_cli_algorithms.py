@@ -140,7 +140,9 @@ def test_a_method_default_lr_is_used_when_no_lr_is_given_and_an_lr_overrides_it(
     from stratify.experiment import build_experiment
 
     class SlowFedAvg(FedAvg):
-        card = FedAvg.card.derive(Identity("slow-fedavg", "Slow FedAvg"), rates=Rates(paper_lr=0.002))
+        card = FedAvg.card.derive(
+            Identity("slow-fedavg", "Slow FedAvg"), rates=Rates(paper_lr=0.002)
+        )
 
     config = TrainConfig(
         dataset="digits", partition="iid", clients=2, secure=False, algorithm="fedavg", mode="batch"

@@ -4,8 +4,9 @@
 For every registered method in every mode it runs in (:func:`stratify.testing.method_cases`)
 and every option it declares for that mode, a run with the option set to another value
 than its default (the :class:`~stratify.options.Probe` its declaration carries) is
-compared with the default run, on the tiny federation of :mod:`stratify.testing`. The two must differ (in the final weights, the
-losses or the traffic), or the other value must be refused with a ``ConfigError``.
+compared with the default run, on the tiny federation of :mod:`stratify.testing`. The
+two must differ (in the final weights, the losses or the traffic), or the other value
+must be refused with a ``ConfigError``.
 """
 
 from __future__ import annotations

@@ -56,7 +56,14 @@ def test_each_family_s_file_covers_every_method_and_mode_of_its_grid(tmp_path, g
     planned = {(cell.config.algorithm, cell.config.mode) for cell in cells}
     (path,) = [path for path in RESULTS if path.name == f"defaults-{family}.csv"]
     measured = {(c.algorithm, c.mode) for c in default_choices(read_results(path))}
-    assert measured == planned
+    # a method the grid has not chosen a rate for says so on its card (a method just
+    # added, before its grid has run); every other one is in the committed file
+    tuned = {
+        (algorithm, mode)
+        for algorithm, mode in planned
+        if strategy_class(algorithm).card.rates.tuned_for(family, mode) is not None
+    }
+    assert measured == tuned
     # FedTAN alone is left out: it needs BatchNorm layers, which the simple CNN has none of
     assert [note.split(":")[0] for note in notes] == ["FedTAN (batch)"]
 
