@@ -201,8 +201,8 @@ class FedBSS(FedAvg):
     participant trains on its loss-sorted samples paced from unbiased to biased.
 
     Options (:class:`FedBSSOptions`), defaults from the paper's "Implementation Details":
-    E = 10 local epochs, batch 64, SGD with lr 1e-3 (:attr:`default_lr`; on ``digits``
-    and the MNIST family the ``defaults`` grids' rates, :attr:`own_lrs`), momentum 1e-4
+    E = 10 local epochs, batch 64, SGD with lr 1e-3 (its card's ``rates.paper_lr``; on ``digits``
+    and the MNIST family the ``defaults`` grids' rates, ``rates.tuned``), momentum 1e-4
     and weight decay 1e-5 (the paper states SGD, so no other optimizer is used), client
     fraction 0.1 (the paper's 10 of 100 clients), unweighted aggregation (Alg. 1,
     line 12; ``--weighting equal``, also in the warm-up). ``warmup_rounds``: the paper's

@@ -152,7 +152,7 @@ class LfD(FedAvg):
 
     Options (:class:`LfDOptions`), defaults from the paper (Sec. 5.1): ``τ = 0.1``
     (``cosine_temperature``; the paper's CIFAR-10 and CINIC-10 value, 0.05 on CIFAR-100),
-    ``m = 0.15`` (``margin``), SGD lr 0.01 (:attr:`default_lr`), momentum 0.9, weight
+    ``m = 0.15`` (``margin``), SGD lr 0.01 (its card's ``rates.paper_lr``), momentum 0.9, weight
     decay 1e-5, batch 128, E = 10 local epochs, every client in every round, and the
     sample-weighted average of Eq. 2.
 

@@ -135,7 +135,7 @@ def test_a_method_added_for_real_appears_everywhere_with_no_other_edit(copy_with
         str(tmp_path / "paired"),
     )
     assert planned.returncode == 0, planned.stderr
-    assert planned.stdout.strip() == "['FedAvg (matched)', 'FedTrim'] ()"
+    assert planned.stdout.strip() == "['FedAvg (matched)', 'FedTrim'] []"
 
     # the copy's own tests: the conformance suite, the options' effects (its option's
     # probe), the learning rates (it is untuned: no rate grid needed) and the docs tables

@@ -42,7 +42,7 @@ from stratify.validation import check_choice, check_positive_int, check_repeats
 
 
 def local_methods() -> tuple[str, ...]:
-    """The registered methods whose class declares ``benchmark_local``."""
+    """The registered methods whose card sets ``bench.benchmark_local``."""
     return tuple(name for name in ALGORITHMS if strategy_class(name).card.bench.benchmark_local)
 
 
@@ -165,7 +165,7 @@ def bench_local(
     Parameters
     ----------
     method : str or None
-        A method whose class declares ``benchmark_local``; ``None``: the first registered.
+        A method whose card sets ``bench.benchmark_local``; ``None``: the first registered.
     dataset, data_dir, spec, clients : str, str or None, str, int
         The data and its split, as ``stratify train`` takes them.
     rounds : int

@@ -9,7 +9,7 @@ a candidate with a run that stopped early (a non-finite loss) ranks below every
 candidate whose runs all finished. The *best* candidate has the highest score; the
 *rule's* rate is the method's paper's rate where its paper fixes one and its score is
 within :data:`TOLERANCE` of the best, else the best. Each method declares the rule's
-rate on its class (``own_lrs``); the test set is never read to choose.
+rate on its card (``rates.tuned``); the test set is never read to choose.
 """
 
 from __future__ import annotations

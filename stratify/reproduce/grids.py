@@ -252,8 +252,9 @@ def paired_column(algorithm: str, label: str | None = None, **values: Any) -> Co
 
 #: The paired grid's budget, chosen to fit a few hours on two shared CPU cores: 20
 #: rounds (``--plateau`` runs each pair to its comparator's plateau instead), with the
-#: local work each method declares for it (``paired_setting``: one local epoch unless the
-#: method says otherwise), each method's own optimizer, batch and clients per round.
+#: local work each method's card declares for it (``comparison.paired_setting``: one
+#: local epoch unless the method says otherwise), each method's own optimizer, batch and
+#: clients per round.
 PAIRED_ROUNDS = 20
 PAIRED_ROWS = (
     partition_row("classes:1", "#C=1"),
