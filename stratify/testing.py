@@ -11,7 +11,7 @@ being registered and no list of methods is kept anywhere::
         check(case)
 
 A :class:`MethodCase` is one registered algorithm in one mode it runs in
-(``Strategy.modes``). Every case runs on the same tiny federation (:func:`tiny_dataset`:
+(its card's ``identity.modes``). Every case runs on the same tiny federation (:func:`tiny_dataset`:
 48 training images of three digits, three clients of two labels each) with the method's
 own default options (but its card's ``testing.options``), for :data:`EPOCHS` epochs, as
 the user's ``Run`` would. The checks
