@@ -29,6 +29,16 @@ from stratify.registry.base import RegistryResult
 from stratify.state import State
 
 LR_SCHEDULES = ("inverse-epoch", "constant")
+#: class attributes a method used to set that its card now holds (docs/architecture.md,
+#: "Strategy interface"): set on a class, one would be ignored, so it is refused
+REPLACED_BY_CARD = frozenset(
+    {
+        "name", "label", "description", "modes", "comparator", "no_comparator",
+        "effective_weighting", "grid_options", "grid_label", "paired_setting",
+        "paper_settings", "requires_batch_norm", "own_lrs", "default_lr", "lr_note",
+        "default_lr_schedule", "test_options", "benchmark_local", "step_size_options",
+    }
+)  # fmt: skip
 
 
 @dataclass
@@ -241,6 +251,15 @@ class Strategy(ABC):
     #: subclass that declares none is the same method by its card
     card: ClassVar[MethodCard]
     options_class: ClassVar[type[StrategyOptions]] = StrategyOptions
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        replaced = sorted(REPLACED_BY_CARD & set(vars(cls)))
+        if replaced:
+            raise TypeError(
+                f"{cls.__name__} sets {', '.join(replaced)}: a method states these on its card "
+                "(card = MethodCard(...), docs/architecture.md 'Strategy interface')"
+            )
 
     def __init__(self, options: StrategyOptions | None = None, **values: Any) -> None:
         if options is not None and values:

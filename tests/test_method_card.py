@@ -142,3 +142,14 @@ def test_a_subclass_without_a_card_of_its_own_is_its_parent_by_the_card():
 
     assert Same.card is FedAvg.card
     assert Same().lr_for("batch", family="digits") == FedAvg().lr_for("batch", family="digits")
+
+
+def test_a_method_setting_what_its_card_holds_is_refused():
+    # a class attribute the card replaced would be ignored: FedAvg's rates would win
+    with pytest.raises(
+        TypeError, match="sets default_lr, label: a method states these on its card"
+    ):
+
+        class Slow(FedAvg):
+            label = "Slow FedAvg"
+            default_lr = 0.002
