@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from stratify.errors import ConfigError
-from stratify.options import StrategyOptions, option, option_of
+from stratify.options import Probe, StrategyOptions, option, option_of
 from stratify.state import State
 from stratify.stratify import StratifyOptions
 from stratify.validation import (
@@ -45,7 +45,10 @@ class LocalTrainingOptions(StrategyOptions):
 
     # ``int | None``: methods may leave it to be resolved per mode (FedAvgOptions)
     local_epochs: int | None = option(
-        1, "Passes E over its own data a client makes per round.", check=check_positive_int
+        1,
+        "Passes E over its own data a client makes per round.",
+        check=check_positive_int,
+        probe=Probe(2),
     )
     local_batch_size: int | None = option(
         None,
@@ -53,12 +56,20 @@ class LocalTrainingOptions(StrategyOptions):
         check=check_positive_int,
         cli_type=int,
         per_mode={"single-sample": 1, "batch": DEFAULT_BATCH_SIZE},
+        probe=Probe(8),
     )
+    # FedTAN takes 1 step a round: 2 local epochs let momentum act
     local_momentum: float | None = option(
-        0.0, "SGD momentum of the clients' local optimizer, in [0, 1).", check=check_momentum
+        0.0,
+        "SGD momentum of the clients' local optimizer, in [0, 1).",
+        check=check_momentum,
+        probe=Probe(0.5, {"options": {"local_epochs": 2}}),
     )
     local_weight_decay: float = option(
-        0.0, "L2 weight decay of the clients' local optimizer.", check=check_nonnegative
+        0.0,
+        "L2 weight decay of the clients' local optimizer.",
+        check=check_nonnegative,
+        probe=Probe(0.1),
     )
     compile: str = option_of(StratifyOptions, "compile")
 
@@ -77,12 +88,17 @@ class ClientSamplingOptions(LocalTrainingOptions):
     """Options of the methods that sample a fraction of the clients every round."""
 
     client_fraction: float = option(
-        1.0, "Fraction C of the clients taking part in a round, in (0, 1].", check=check_fraction
+        1.0,
+        "Fraction C of the clients taking part in a round, in (0, 1].",
+        check=check_fraction,
+        probe=Probe(0.67),
     )
+    # None: the other choice; FedBSS and FedDiverse sample one of the three clients
     weighting: str = option(
         "samples",
         "Aggregation weights: the clients' sample counts n_k, or equal for every client.",
         choices=WEIGHTINGS,
+        probe=Probe(None, {"partition": "dirichlet:1.0", "options": {"client_fraction": 1.0}}),
     )
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from torch import nn
@@ -31,6 +31,7 @@ from stratify.baselines.common import (
     participants,
     weighted_average,
 )
+from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.client import (
     GradientHook,
     GradientTerm,
@@ -41,8 +42,17 @@ from stratify.client import (
 )
 from stratify.compiled import CompileSwitch, StepTerms
 from stratify.errors import ConfigError
-from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
-from stratify.options import inherit, option
+from stratify.method import (
+    Budgeted,
+    ClientUpdate,
+    Context,
+    LocalWork,
+    Round,
+    RoundStats,
+    Strategy,
+    Vectorizable,
+)
+from stratify.options import Probe, inherit, option
 from stratify.state import State, buffer_names, clone_state, load_into, parameter_names
 from stratify.validation import check_positive_int
 
@@ -74,11 +84,13 @@ class FedAvgOptions(ClientSamplingOptions):
         "client's samples, instead of --local-epochs passes over them.",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(2),
     )
     bn_buffers: str = option(
         "average",
         "BatchNorm running statistics: averaged like the parameters, or kept by each client.",
         choices=tuple(BN_BUFFER_MODES),
+        probe=Probe("local"),
     )
 
     def for_mode(self: FedAvgOptionsT, mode: str) -> FedAvgOptionsT:
@@ -93,7 +105,7 @@ class FedAvgOptions(ClientSamplingOptions):
         return options
 
 
-class FedAvg(Strategy):
+class FedAvg(Strategy, Vectorizable, Budgeted):
     """Federated averaging: every round the sampled clients train a copy of the global model
     locally and the server replaces it by the sample-weighted average.
 
@@ -115,23 +127,26 @@ class FedAvg(Strategy):
     the model once per round (2 transfers each).
     """
 
-    name = "fedavg"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.1,
-        ("digits", "single-sample"): 0.03,
-        ("mnist", "batch"): 0.03,
-        ("mnist", "single-sample"): 0.01,
-    }
-    description = "broadcast, E local epochs of SGD per client, weighted model average"
+    card = MethodCard(
+        Identity(
+            "fedavg",
+            "FedAvg",
+            "broadcast, E local epochs of SGD per client, weighted model average",
+        ),
+        Comparison(no_comparator="fedavg is the base the other methods are matched against"),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.1,
+                ("digits", "single-sample"): 0.03,
+                ("mnist", "batch"): 0.03,
+                ("mnist", "single-sample"): 0.01,
+            }
+        ),
+        bench=Bench(benchmark_local=True, step_size_options=("local_momentum",)),
+        flower=True,
+    )
     options_class = FedAvgOptions
-    label = "FedAvg"
-    comparator: ClassVar[str | None] = None
-    no_comparator = "fedavg is the base the other methods are matched against"
-    effective_weighting: ClassVar[str | None] = None
-    test_options: ClassVar[dict[str, Any]] = {}
-    benchmark_local = True
-    step_size_options: ClassVar[tuple[str, ...]] = ("local_momentum",)
     options: FedAvgOptions
 
     # -- set-up ---------------------------------------------------------------------------

@@ -8,8 +8,9 @@ from typing import Any
 import torch
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.method import Context
-from stratify.options import option
+from stratify.options import Probe, option
 from stratify.state import State, clone_state
 from stratify.validation import check_momentum, check_positive
 
@@ -18,8 +19,12 @@ from stratify.validation import check_momentum, check_positive
 class FedAvgMOptions(FedAvgOptions):
     """FedAvg's options and the server's momentum and learning rate."""
 
-    server_momentum: float = option(0.9, "Server momentum β, in [0, 1).", check=check_momentum)
-    server_lr: float = option(1.0, "Server learning rate η > 0.", check=check_positive)
+    server_momentum: float = option(
+        0.9, "Server momentum β, in [0, 1).", check=check_momentum, probe=Probe(0.5)
+    )
+    server_lr: float = option(
+        1.0, "Server learning rate η > 0.", check=check_positive, probe=Probe(0.5)
+    )
 
 
 def server_momentum_step(
@@ -64,19 +69,24 @@ class FedAvgM(FedAvg):
     buffer is part of the checkpoint.
     """
 
-    name = "fedavgm"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.1,
-        ("digits", "single-sample"): 0.03,
-        ("mnist", "batch"): 0.01,
-        ("mnist", "single-sample"): 0.01,
-    }
-    description = "FedAvg + server momentum: v ← βv + (x − avg), x ← x − η·v"
+    card = MethodCard(
+        Identity("fedavgm", "FedAvgM", "FedAvg + server momentum: v ← βv + (x − avg), x ← x − η·v"),
+        Comparison("fedavg"),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.1,
+                ("digits", "single-sample"): 0.03,
+                ("mnist", "batch"): 0.01,
+                ("mnist", "single-sample"): 0.01,
+            }
+        ),
+        bench=Bench(
+            benchmark_local=True,
+            step_size_options=("local_momentum", "server_momentum", "server_lr"),
+        ),
+    )
     options_class = FedAvgMOptions
-    label = "FedAvgM"
-    comparator = "fedavg"
-    step_size_options = ("local_momentum", "server_momentum", "server_lr")
     options: FedAvgMOptions
 
     def setup(self, context: Context) -> None:

@@ -39,7 +39,7 @@ import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -48,9 +48,10 @@ from torch import nn
 
 from stratify.baselines.common import weighted_average
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.card import Bench, Comparison, Identity, MethodCard, Paper, PaperSetting, Rates
 from stratify.errors import ConfigError
-from stratify.method import ClientUpdate, Context, PaperSetting, Round
-from stratify.options import inherit, option
+from stratify.method import ClientUpdate, Context, Round
+from stratify.options import Probe, inherit, option
 from stratify.state import State, clone_state
 from stratify.validation import (
     check_fits_in_memory,
@@ -108,27 +109,37 @@ class FedBROptions(FedAvgOptions):
         "Pseudo-data: random sample means of the clients' data (rsm, the official default), "
         "or those means mixed with local samples at every iteration (mixture, Eq. 4).",
         choices=PSEUDO_DATA,
+        probe=Probe("mixture"),
     )
     pseudo_weight: float = option(
-        1.0, "Weight λ ≥ 0 of the pseudo-data's soft-label cross-entropy.", check=check_nonnegative
+        1.0,
+        "Weight λ ≥ 0 of the pseudo-data's soft-label cross-entropy.",
+        check=check_nonnegative,
+        probe=Probe(0.5),
     )
     contrast_weight: float = option(
-        0.5, "Weight μ ≥ 0 of the contrastive loss L_con in the min step.", check=check_nonnegative
+        0.5,
+        "Weight μ ≥ 0 of the contrastive loss L_con in the min step.",
+        check=check_nonnegative,
+        probe=Probe(0.1),
     )
     positive_temperature: float = option(
         0.5,
         "Temperature τ1 > 0 of L_con's pair (local, global features of the pseudo-data).",
         check=check_positive,
+        probe=Probe(0.1),
     )
     negative_temperature: float = option(
         0.5,
         "Temperature τ2 > 0 of L_con's pair (local features of the pseudo-data, of local data).",
         check=check_positive,
+        probe=Probe(0.1),
     )
     rsm_size: int = option(
         OFFICIAL_RSM_SIZE,
         "Samples averaged into one random-sample-mean pseudo-sample.",
         check=check_positive_int,
+        probe=Probe(5),
     )
     mixture_size: int | None = option(
         None,
@@ -136,6 +147,7 @@ class FedBROptions(FedAvgOptions):
         "--pseudo-data mixture only) [default: 1, the official code's].",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(2, {"options": {"pseudo_data": "mixture"}}),
     )
 
     def for_mode(self: FedBROptionsT, mode: str) -> FedBROptionsT:
@@ -384,6 +396,34 @@ class LocalObjective:
 # -- the strategy -------------------------------------------------------------------------
 
 
+# its paper's Table 1: rotated MNIST, Dir(0.1), 10 clients, every one a round (the paper:
+# 1,000 rounds, FedAvg reaching 80% at round 828; 300 here), at the official rate against
+# the matched FedAvg (plain SGD) and against FedAvg with the first official commit's
+# momentum 0.9; and at the official rate of its other data sets, 1e-2, as a rate check
+PAPER_SETTINGS: tuple[PaperSetting, ...] = (
+    PaperSetting(
+        "rotated-dir-0-1",
+        f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
+        f"lr {OFFICIAL_SMALL_IMAGE_LR:g} (official)",
+        ROTATED_DIR_0_1,
+    ),
+    PaperSetting(
+        "rotated-dir-0-1",
+        f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
+        f"lr {OFFICIAL_SMALL_IMAGE_LR:g} (official)",
+        ROTATED_DIR_0_1,
+        variant="against momentum-0.9 FedAvg, first official commit",
+        comparator_options={"local_momentum": 0.9},
+    ),
+    PaperSetting(
+        "rotated-dir-0-1-lr-0-01",
+        f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
+        f"lr {OFFICIAL_LR:g} (the official rate of its larger images)",
+        {**ROTATED_DIR_0_1, "lr": OFFICIAL_LR},
+    ),
+)
+
+
 class FedBR(FedAvg):
     """FedBR: FedAvg whose clients debias their classifier with pseudo-data and their
     features with a max/min contrastive game through a projection head ``θ``.
@@ -434,51 +474,27 @@ class FedBR(FedAvg):
     by every client, ``(K + 1) · |D_p|`` float32 samples, all in ``bytes_sent``.
     """
 
-    name = "fedbr"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.3,
-        ("mnist", "batch"): 0.1,
-    }
-    description = (
-        "FedAvg + pseudo-data: max step on a projection head, min step with soft-label CE and L_con"
+    card = MethodCard(
+        Identity(
+            "fedbr",
+            "FedBR",
+            "FedAvg + pseudo-data: max step on a projection head, min step with soft-label CE "
+            "and L_con",
+            modes=("batch",),
+        ),
+        # its K = 20 iterations of 64 a round, not epochs
+        Comparison("fedavg", paired_setting={}),
+        paper=Paper(PAPER_SETTINGS),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv); its paper's rate
+        # depends on the data set (:meth:`paper_lr`)
+        rates=Rates(
+            tuned={("digits", "batch"): 0.3, ("mnist", "batch"): 0.1},
+            note=f"{OFFICIAL_SMALL_IMAGE_LR} on 28×28 images, {OFFICIAL_LR} otherwise",
+        ),
+        bench=Bench(step_size_options=("local_momentum",)),
     )
-    modes = ("batch",)
     options_class = FedBROptions
-    label = "FedBR"
-    comparator = "fedavg"
-    benchmark_local = False
     options: FedBROptions
-    lr_note = f"{OFFICIAL_SMALL_IMAGE_LR} on 28×28 images, {OFFICIAL_LR} otherwise"
-    # its paper's Table 1: rotated MNIST, Dir(0.1), 10 clients, every one a round (the
-    # paper: 1,000 rounds, FedAvg reaching 80% at round 828; 300 here), at the official
-    # rate against the matched FedAvg (plain SGD) and against FedAvg with the first
-    # official commit's momentum 0.9; and at the official rate of its other data sets,
-    # 1e-2, as a rate check
-    # its K = 20 iterations of 64 a round, not epochs
-    paired_setting: ClassVar[dict[str, Any]] = {}
-    paper_settings: ClassVar[tuple[PaperSetting, ...]] = (
-        PaperSetting(
-            "rotated-dir-0-1",
-            f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
-            f"lr {OFFICIAL_SMALL_IMAGE_LR:g} (official)",
-            ROTATED_DIR_0_1,
-        ),
-        PaperSetting(
-            "rotated-dir-0-1",
-            f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
-            f"lr {OFFICIAL_SMALL_IMAGE_LR:g} (official)",
-            ROTATED_DIR_0_1,
-            variant="against momentum-0.9 FedAvg, first official commit",
-            comparator_options={"local_momentum": 0.9},
-        ),
-        PaperSetting(
-            "rotated-dir-0-1-lr-0-01",
-            f"rotated-mnist, Dir(0.1), 10 clients, {PAPER_SETTING_ROUNDS} rounds, "
-            f"lr {OFFICIAL_LR:g} (the official rate of its larger images)",
-            {**ROTATED_DIR_0_1, "lr": OFFICIAL_LR},
-        ),
-    )
 
     def paper_lr(self, mode: str, dataset: str | None = None) -> float | None:
         """The official rate: 1e-3 on 28×28 images (the MNIST variants), 1e-2 otherwise;

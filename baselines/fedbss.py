@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -29,9 +29,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.card import (
+    Bench,
+    Comparison,
+    Identity,
+    MethodCard,
+    Paper,
+    PaperSetting,
+    Rates,
+    Testing,
+)
 from stratify.errors import ConfigError
-from stratify.method import ClientUpdate, Context, PaperSetting
-from stratify.options import inherit, option
+from stratify.method import ClientUpdate, Context
+from stratify.options import Probe, inherit, option
 from stratify.validation import (
     check_int,
 )
@@ -75,6 +85,7 @@ class FedBSSOptions(FedAvgOptions):
         "Rounds of plain local training before the paced sample selection starts (the "
         "paper: 50 of its 200 rounds); at most --epochs.",
         check=check_warmup,
+        probe=Probe(2),
     )
 
     def for_mode(self: FedBSSOptionsT, mode: str) -> FedBSSOptionsT:
@@ -165,13 +176,33 @@ def score_samples(
     )
 
 
+# its paper's shards of 2 labels, E = 10, batch 64, 200 rounds with 50 of warm-up, on the
+# 8,000 training images at hand: 12 clients of about 670 samples, so that a client takes
+# about 110 local steps a round as in the paper (600 samples, E = 10, batch 64), 4 of them
+# a round; at its rate and at 10× it, so that stage 2 can start from a warm model well
+# above chance (the summary's warm_test_accuracy tells which did)
+PAPER_SETTINGS: tuple[PaperSetting, ...] = tuple(
+    PaperSetting(
+        f"shards-2-12-clients{suffix}",
+        f"shards:2, 12 clients (about 110 local steps a round), 4 a round, "
+        f"{PAPER_ROUNDS} rounds, {PAPER_WARMUP_ROUNDS} warm-up, lr {rate}",
+        {"partition": "shards:2", "clients": 12, "epochs": PAPER_ROUNDS, **values},
+        {"client_fraction": 1 / 3, "warmup_rounds": PAPER_WARMUP_ROUNDS},
+    )
+    for suffix, rate, values in (
+        ("", f"{PAPER_LR:g} (its paper's)", {"lr": PAPER_LR}),
+        ("-lr-0-01", "0.01", {"lr": 0.01}),
+    )
+)
+
+
 class FedBSS(FedAvg):
     """FedBSS: warm-up rounds of local training on all samples, then, per round, each
     participant trains on its loss-sorted samples paced from unbiased to biased.
 
     Options (:class:`FedBSSOptions`), defaults from the paper's "Implementation Details":
-    E = 10 local epochs, batch 64, SGD with lr 1e-3 (:attr:`default_lr`; on ``digits``
-    and the MNIST family the ``defaults`` grids' rates, :attr:`own_lrs`), momentum 1e-4
+    E = 10 local epochs, batch 64, SGD with lr 1e-3 (its card's ``rates.paper_lr``; on ``digits``
+    and the MNIST family the ``defaults`` grids' rates, ``rates.tuned``), momentum 1e-4
     and weight decay 1e-5 (the paper states SGD, so no other optimizer is used), client
     fraction 0.1 (the paper's 10 of 100 clients), unweighted aggregation (Alg. 1,
     line 12; ``--weighting equal``, also in the warm-up). ``warmup_rounds``: the paper's
@@ -195,49 +226,34 @@ class FedBSS(FedAvg):
     participant and round.
     """
 
-    name = "fedbss"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.1,
-        ("mnist", "batch"): 0.03,
-    }
-    description = "FedAvg warm-up, then per-client loss-sorted samples paced by uncertainty split"
-    modes = ("batch",)
-    options_class = FedBSSOptions
-    label = "FedBSS"
-    comparator = "fedavg"
-    benchmark_local = False
-    # the paper's 50 warm-up rounds are longer than a conformance case's run
-    test_options: ClassVar[dict[str, Any]] = {"warmup_rounds": 1}
-    # its paper's shards of 2 labels, E = 10, batch 64, 200 rounds with 50 of warm-up, on
-    # the 8,000 training images at hand: 12 clients of about 670 samples, so that a client
-    # takes about 110 local steps a round as in the paper (600 samples, E = 10, batch 64),
-    # 4 of them a round; at its rate and at 10× it, so that stage 2 can start from a warm
-    # model well above chance (the summary's warm_test_accuracy tells which did)
-    # the comparison grids train every client each round (its paper samples 10% of 100
-    # clients: one a round of a grid's 10, a tenth of the others' budget) and warm up a
-    # quarter of the rounds, as its paper's 50 of 200: 7 of the Stratify grids' 30
-    grid_options: ClassVar[dict[str, Any]] = {"client_fraction": 1.0, "warmup_rounds": 7}
-    grid_label: ClassVar[str] = "C=1"
-    # E = 10 (with E = 1 its pacing α_1 = 1 trains on every sample and its mechanism could
-    # not act) and one client a round, whose ten local epochs cost no more than the others'
-    # ten clients; a quarter of the paired grid's 20 rounds of warm-up
-    paired_setting: ClassVar[dict[str, Any]] = {"warmup_rounds": 5}
-    paper_settings: ClassVar[tuple[PaperSetting, ...]] = tuple(
-        PaperSetting(
-            f"shards-2-12-clients{suffix}",
-            f"shards:2, 12 clients (about 110 local steps a round), 4 a round, "
-            f"{PAPER_ROUNDS} rounds, {PAPER_WARMUP_ROUNDS} warm-up, lr {rate}",
-            {"partition": "shards:2", "clients": 12, "epochs": PAPER_ROUNDS, **values},
-            {"client_fraction": 1 / 3, "warmup_rounds": PAPER_WARMUP_ROUNDS},
-        )
-        for suffix, rate, values in (
-            ("", f"{PAPER_LR:g} (its paper's)", {"lr": PAPER_LR}),
-            ("-lr-0-01", "0.01", {"lr": 0.01}),
-        )
+    card = MethodCard(
+        Identity(
+            "fedbss",
+            "FedBSS",
+            "FedAvg warm-up, then per-client loss-sorted samples paced by uncertainty split",
+            modes=("batch",),
+        ),
+        Comparison(
+            "fedavg",
+            # the comparison grids train every client each round (its paper samples 10% of
+            # 100 clients: one a round of a grid's 10, a tenth of the others' budget) and warm
+            # up a quarter of the rounds, as its paper's 50 of 200: 7 of the Stratify grids' 30
+            grid_options={"client_fraction": 1.0, "warmup_rounds": 7},
+            grid_label="C=1",
+            # E = 10 (with E = 1 its pacing α_1 = 1 trains on every sample and its mechanism
+            # could not act) and one client a round, whose ten local epochs cost no more than
+            # the others' ten clients; a quarter of the paired grid's 20 rounds of warm-up
+            paired_setting={"warmup_rounds": 5},
+        ),
+        paper=Paper(PAPER_SETTINGS),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(tuned={("digits", "batch"): 0.1, ("mnist", "batch"): 0.03}, paper_lr=PAPER_LR),
+        # the paper's 50 warm-up rounds are longer than a conformance case's run
+        testing=Testing(options={"warmup_rounds": 1}),
+        bench=Bench(step_size_options=("local_momentum",)),
     )
+    options_class = FedBSSOptions
     options: FedBSSOptions
-    default_lr = PAPER_LR
 
     def setup(self, context: Context) -> None:
         super().setup(context)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -46,11 +46,12 @@ from torch import nn
 
 from stratify.baselines.common import participant_count
 from stratify.baselines.fedavgm import FedAvgM, FedAvgMOptions
+from stratify.card import Bench, Comparison, Identity, MethodCard, Paper, PaperSetting, Rates
 from stratify.client import LocalTrainer, LossFunction
 from stratify.data.heterogeneity import heterogeneity_triplet, interaction_matrix
 from stratify.errors import ConfigError
-from stratify.method import Context, PaperSetting, Round, RoundStats
-from stratify.options import inherit, option
+from stratify.method import Context, Round, RoundStats
+from stratify.options import Probe, inherit, option
 from stratify.validation import check_fraction, check_positive_int
 
 #: Where the triplets come from: estimated by the clients, or the dataset's attributes.
@@ -95,26 +96,34 @@ class FedDiverseOptions(FedAvgMOptions):
         "Heterogeneity triplets: estimated by each client, or known from the dataset's "
         "attributes (the paper's ideal ablation).",
         choices=DHT_SOURCES,
+        probe=Probe("known"),
     )
     pretrain_rounds: int = option(
         1,
         "Rounds T0 of FedAvgM with uniformly drawn clients before the triplets are computed.",
         check=check_positive_int,
+        probe=Probe(2),
     )
     gce_q: float = option(
         0.7,
         "Exponent q in (0, 1] of the biased model's generalized cross-entropy (1 − p^q)/q.",
         check=check_gce_exponent,
+        probe=Probe(
+            unobservable="tests/test_feddiverse.py, by hand: its biased models fit all of "
+            "a tiny client's samples whatever q is"
+        ),
     )
     bias_epochs: int = option(
         5,
         "Passes over its data a client makes to overfit a biased model.",
         check=check_positive_int,
+        probe=Probe(1),
     )
     attribute_epochs: int = option(
         20,
         "Passes over its pivot class a client makes to train its attribute classifier.",
         check=check_positive_int,
+        probe=Probe(2),
     )
 
 
@@ -473,6 +482,27 @@ class Estimator:
 # -- the strategy -------------------------------------------------------------------------
 
 
+# its CMNIST_GSC federation: binary colored MNIST, 24 clients, 4 dominated by class
+# imbalance, 4 by attribute imbalance, 16 by the global spurious correlation (partition
+# gsc:4; the loader's correlation 0.5 leaves enough images of the minority colours to
+# build it), 9 a round, worst-group accuracy on a test split without the correlation; 100
+# of its paper's 200 rounds
+PAPER_SETTINGS: tuple[PaperSetting, ...] = (
+    PaperSetting(
+        "cmnist-gsc",
+        "colored-mnist (binary), gsc:4, 24 clients, 9 a round, 100 rounds",
+        {
+            "dataset": "colored-mnist",
+            "dataset_options": {"binary_labels": True, "correlation": 0.5},
+            "partition": "gsc:4",
+            "clients": 24,
+            "epochs": 100,
+            "lr": PAPER_LR,
+        },
+    ),
+)
+
+
 class FedDiverse(FedAvgM):
     """FedAvgM whose clients after ``T0`` rounds are chosen by their heterogeneity triplets.
 
@@ -512,49 +542,33 @@ class FedDiverse(FedAvgM):
       they predict in evaluation mode.
     """
 
-    name = "feddiverse"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.03,
-        ("mnist", "batch"): 0.001,
-    }
-    description = (
-        "FedAvgM (β 0.95, equal weights) picking clients by their (CI, AI, SC) "
-        "heterogeneity triplets"
-    )
-    modes = ("batch",)
-    options_class = FedDiverseOptions
-    label = "FedDiverse"
-    # client selection on FedAvgM (β 0.95); its paper compares it with uniformly random
-    # clients on the same FedAvgM (Table III), so the server momentum stays and only the
-    # selection differs
-    comparator = "fedavgm"
-    benchmark_local = False
-    options: FedDiverseOptions
-    default_lr = PAPER_LR
-    # its CMNIST_GSC federation: binary colored MNIST, 24 clients, 4 dominated by class
-    # imbalance, 4 by attribute imbalance, 16 by the global spurious correlation
-    # (partition gsc:4; the loader's correlation 0.5 leaves enough images of the minority
-    # colours to build it), 9 a round, worst-group accuracy on a test split without the
-    # correlation; 100 of its paper's 200 rounds
-    # it selects clients by attributes: its pairs run on colored-mnist (10 digits, the
-    # colour following the label for 90% of the training images, independent of it in
-    # the test split)
-    paired_setting: ClassVar[dict[str, Any]] = {"dataset": "colored-mnist", "local_epochs": 1}
-    paper_settings: ClassVar[tuple[PaperSetting, ...]] = (
-        PaperSetting(
-            "cmnist-gsc",
-            "colored-mnist (binary), gsc:4, 24 clients, 9 a round, 100 rounds",
-            {
-                "dataset": "colored-mnist",
-                "dataset_options": {"binary_labels": True, "correlation": 0.5},
-                "partition": "gsc:4",
-                "clients": 24,
-                "epochs": 100,
-                "lr": PAPER_LR,
-            },
+    card = MethodCard(
+        Identity(
+            "feddiverse",
+            "FedDiverse",
+            "FedAvgM (β 0.95, equal weights) picking clients by their (CI, AI, SC) "
+            "heterogeneity triplets",
+            modes=("batch",),
         ),
+        Comparison(
+            # client selection on FedAvgM (β 0.95); its paper compares it with uniformly
+            # random clients on the same FedAvgM (Table III), so the server momentum stays
+            # and only the selection differs
+            "fedavgm",
+            # it selects clients by attributes: its pairs run on colored-mnist (10 digits,
+            # the colour following the label for 90% of the training images, independent of
+            # it in the test split)
+            paired_setting={"dataset": "colored-mnist", "local_epochs": 1},
+        ),
+        paper=Paper(PAPER_SETTINGS),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={("digits", "batch"): 0.03, ("mnist", "batch"): 0.001}, paper_lr=PAPER_LR
+        ),
+        bench=Bench(step_size_options=FedAvgM.card.bench.step_size_options),
     )
+    options_class = FedDiverseOptions
+    options: FedDiverseOptions
 
     def setup(self, context: Context) -> None:
         super().setup(context)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.card import Comparison, Identity, MethodCard, Rates
 from stratify.client import ProximalGradient, add_proximal_gradient
 from stratify.compiled import StepTerms
 from stratify.method import Context
-from stratify.options import option
+from stratify.options import Probe, option
 from stratify.validation import check_nonnegative
 
 __all__ = ["FedProx", "FedProxOptions", "add_proximal_gradient", "proximal_term"]
@@ -27,7 +28,10 @@ class FedProxOptions(FedAvgOptions):
     """FedAvg's options and the proximal weight ``mu``."""
 
     mu: float = option(
-        0.01, "Proximal weight μ ≥ 0 of (μ/2)‖w − w_global‖².", check=check_nonnegative
+        0.01,
+        "Proximal weight μ ≥ 0 of (μ/2)‖w − w_global‖².",
+        check=check_nonnegative,
+        probe=Probe(1.0),
     )
 
 
@@ -65,18 +69,24 @@ class FedProx(FedAvg):
     term, without building its graph); the reported training loss is the cross-entropy.
     """
 
-    name = "fedprox"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.1,
-        ("digits", "single-sample"): 0.03,
-        ("mnist", "batch"): 0.03,
-        ("mnist", "single-sample"): 0.01,
-    }
-    description = "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
+    card = MethodCard(
+        Identity(
+            "fedprox", "FedProx", "FedAvg + proximal term (μ/2)‖w − w_global‖² in the local loss"
+        ),
+        Comparison("fedavg"),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.1,
+                ("digits", "single-sample"): 0.03,
+                ("mnist", "batch"): 0.03,
+                ("mnist", "single-sample"): 0.01,
+            }
+        ),
+        bench=FedAvg.card.bench,
+        flower=True,
+    )
     options_class = FedProxOptions
-    label = "FedProx"
-    comparator = "fedavg"
     options: FedProxOptions
 
     def hook_terms(self) -> StepTerms:

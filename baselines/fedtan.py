@@ -32,6 +32,7 @@ from torch import nn
 
 from stratify.baselines.common import ClientSamplingOptions
 from stratify.baselines.fedavg import FedAvg
+from stratify.card import Bench, Comparison, Identity, MethodCard, Paper, Rates
 from stratify.client import LocalResult, batch_bounds
 from stratify.errors import ConfigError, TrainingError
 from stratify.method import ClientUpdate, Context
@@ -213,21 +214,26 @@ class FedTAN(FedAvg):
     ``C``-sized vectors per BN layer in the shared step) are not counted as transfers.
     """
 
-    name = "fedtan"
-    # BatchNorm needs more than one sample: single-sample learning has no place for it
-    modes = ("batch",)
-    description = "FedAvg whose BN shares the clients' batch statistics in each round's first step"
+    card = MethodCard(
+        Identity(
+            "fedtan",
+            "FedTAN",
+            "FedAvg whose BN shares the clients' batch statistics in each round's first step",
+            # BatchNorm needs more than one sample: single-sample learning has no place for it
+            modes=("batch",),
+        ),
+        Comparison("fedavg"),
+        paper=Paper(requires_batch_norm=True),
+        # no `defaults` grid runs it: the grids' simple CNN has no BatchNorm layer
+        rates=Rates(tuned=None),
+        bench=Bench(step_size_options=("local_momentum",)),
+    )
     options_class = FedTANOptions  # type: ignore[assignment]
-    label = "FedTAN"
-    comparator = "fedavg"
-    benchmark_local = False
     options: FedTANOptions  # type: ignore[assignment]
 
     @property
     def bn_buffer_mode(self) -> str:
         return "average"
-
-    requires_batch_norm = True
 
     def setup(self, context: Context) -> None:
         super().setup(context)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,11 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.card import Bench, Comparison, Identity, MethodCard, Paper, PaperSetting, Rates
 from stratify.client import LocalResult, LossFunction
 from stratify.errors import ConfigError
-from stratify.method import ClientUpdate, Context, PaperSetting
+from stratify.method import ClientUpdate, Context
 from stratify.nn.cosine import CosineClassifier, margin_logits
-from stratify.options import inherit, option
+from stratify.options import Probe, inherit, option
 from stratify.state import State, clone_state, load_into
 from stratify.validation import check_nonnegative, check_positive
 
@@ -60,17 +61,20 @@ class LfDOptions(FedAvgOptions):
         PAPER_TEMPERATURE,
         "Temperature τ > 0 of the cosine classifier: logits are cos θ / τ.",
         check=check_positive,
+        probe=Probe(0.5),
     )
     margin: float = option(
         PAPER_MARGIN,
         "Margin m in [0, 1] taken off the true class's cosine in local training.",
         check=check_margin,
+        probe=Probe(0.5),
     )
     drift_weight: float = option(
         1.0,
         "Weight ≥ 0 of the drift regulariser (Eq. 9 adds it with weight 1); 0 trains the "
         "cosine classifier with its margin alone, an ablation of the regulariser.",
         check=check_nonnegative,
+        probe=Probe(0.0),
     )
 
 
@@ -110,13 +114,45 @@ def drift_regularised_loss(
     return loss - weight * (auxiliary * log_probabilities).sum(dim=1).mean()
 
 
+# its paper's E = 10 on Dir(0.5) (its CIFAR-10 β = 0.5), 10 clients, every one a
+# round; and what its gain at one local epoch a round (the paired grid's setting) is
+# made of: LfD whole, without the drift regulariser (its cosine classifier with
+# margin), and without the margin too (the cosine classifier with τ alone), each
+# against the same matched FedAvg
+PAPER_SETTINGS: tuple[PaperSetting, ...] = (
+    PaperSetting(
+        "dir-0-5",
+        "Dir(0.5), 10 clients, E = 10, 20 rounds",
+        {"partition": "dirichlet:0.5", "clients": 10, "epochs": 20, "lr": PAPER_LR},
+    ),
+    *(
+        PaperSetting(
+            f"{split_key}-e1",
+            f"{split_label}, 10 clients, E = 1, 20 rounds",
+            {"partition": split, "clients": 10, "epochs": 20, "lr": PAPER_LR},
+            {"local_epochs": 1, **options},
+            variant,
+        )
+        for split, split_key, split_label in (
+            ("dirichlet:0.5", "dir-0-5", "Dir(0.5)"),
+            ("classes:3", "classes-3", "#C=3"),
+        )
+        for variant, options in (
+            ("", {}),
+            ("no drift regulariser", {"drift_weight": 0.0}),
+            ("cosine classifier alone", {"drift_weight": 0.0, "margin": 0.0}),
+        )
+    ),
+)
+
+
 class LfD(FedAvg):
     """LfD: cosine classifier with margin, and a drift regulariser from each client's
     previous local model.
 
     Options (:class:`LfDOptions`), defaults from the paper (Sec. 5.1): ``τ = 0.1``
     (``cosine_temperature``; the paper's CIFAR-10 and CINIC-10 value, 0.05 on CIFAR-100),
-    ``m = 0.15`` (``margin``), SGD lr 0.01 (:attr:`default_lr`), momentum 0.9, weight
+    ``m = 0.15`` (``margin``), SGD lr 0.01 (its card's ``rates.paper_lr``), momentum 0.9, weight
     decay 1e-5, batch 128, E = 10 local epochs, every client in every round, and the
     sample-weighted average of Eq. 2.
 
@@ -146,50 +182,23 @@ class LfD(FedAvg):
     resumed run continues exactly. The reported training loss is the regularised one.
     """
 
-    name = "lfd"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.003,
-        ("mnist", "batch"): 0.01,
-    }
-    description = "cosine classifier with margin; drift regulariser from each client's last model"
-    modes = ("batch",)
-    options_class = LfDOptions
-    label = "LfD"
-    comparator = "fedavg"
-    benchmark_local = False
-    options: LfDOptions
-    default_lr = PAPER_LR
-    # its paper's E = 10 on Dir(0.5) (its CIFAR-10 β = 0.5), 10 clients, every one a
-    # round; and what its gain at one local epoch a round (the paired grid's setting) is
-    # made of: LfD whole, without the drift regulariser (its cosine classifier with
-    # margin), and without the margin too (the cosine classifier with τ alone), each
-    # against the same matched FedAvg
-    paper_settings: ClassVar[tuple[PaperSetting, ...]] = (
-        PaperSetting(
-            "dir-0-5",
-            "Dir(0.5), 10 clients, E = 10, 20 rounds",
-            {"partition": "dirichlet:0.5", "clients": 10, "epochs": 20, "lr": PAPER_LR},
+    card = MethodCard(
+        Identity(
+            "lfd",
+            "LfD",
+            "cosine classifier with margin; drift regulariser from each client's last model",
+            modes=("batch",),
         ),
-        *(
-            PaperSetting(
-                f"{split_key}-e1",
-                f"{split_label}, 10 clients, E = 1, 20 rounds",
-                {"partition": split, "clients": 10, "epochs": 20, "lr": PAPER_LR},
-                {"local_epochs": 1, **options},
-                variant,
-            )
-            for split, split_key, split_label in (
-                ("dirichlet:0.5", "dir-0-5", "Dir(0.5)"),
-                ("classes:3", "classes-3", "#C=3"),
-            )
-            for variant, options in (
-                ("", {}),
-                ("no drift regulariser", {"drift_weight": 0.0}),
-                ("cosine classifier alone", {"drift_weight": 0.0, "margin": 0.0}),
-            )
+        Comparison("fedavg"),
+        paper=Paper(PAPER_SETTINGS),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={("digits", "batch"): 0.003, ("mnist", "batch"): 0.01}, paper_lr=PAPER_LR
         ),
+        bench=Bench(step_size_options=("local_momentum",)),
     )
+    options_class = LfDOptions
+    options: LfDOptions
 
     def setup(self, context: Context) -> None:
         install_cosine_head(context.model, self.options.cosine_temperature)

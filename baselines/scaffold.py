@@ -19,10 +19,11 @@ from torch import nn
 
 from stratify.baselines.common import ClientSamplingOptions, mean_state, weighted_average
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
+from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.client import GradientOffset, LocalResult
 from stratify.compiled import StepTerms
 from stratify.method import ClientUpdate, Context
-from stratify.options import inherit, option, option_of
+from stratify.options import Probe, inherit, option, option_of
 from stratify.state import State, clone_state
 from stratify.validation import check_positive
 
@@ -46,7 +47,10 @@ class ScaffoldOptions(FedAvgOptions):
         "average at η_g = 1). BatchNorm buffers are averaged with the same weights.",
     )
     server_lr: float = option(
-        1.0, "Global step size η_g > 0 (1 in the paper).", check=check_positive
+        1.0,
+        "Global step size η_g > 0 (1 in the paper).",
+        check=check_positive,
+        probe=Probe(0.5),
     )
 
 
@@ -130,22 +134,28 @@ class Scaffold(FedAvg):
     carries ``c`` and every ``c_i``.
     """
 
-    name = "scaffold"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.1,
-        ("digits", "single-sample"): 0.03,
-        ("mnist", "batch"): 0.01,
-        ("mnist", "single-sample"): 0.01,
-    }
-    description = "control variates c, c_i (zero start, option II) correct local drift; server lr"
+    card = MethodCard(
+        Identity(
+            "scaffold",
+            "SCAFFOLD",
+            "control variates c, c_i (zero start, option II) correct local drift; server lr",
+        ),
+        # --weighting acts on Δy (equal: the paper's step; samples: NIID-Bench's), so the
+        # comparator copies the option as given (no effective_weighting)
+        Comparison("fedavg"),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.1,
+                ("digits", "single-sample"): 0.03,
+                ("mnist", "batch"): 0.01,
+                ("mnist", "single-sample"): 0.01,
+            }
+        ),
+        bench=Bench(benchmark_local=True, step_size_options=("local_momentum", "server_lr")),
+        flower=True,
+    )
     options_class = ScaffoldOptions
-    label = "SCAFFOLD"
-    comparator = "fedavg"
-    # --weighting acts on Δy (equal: the paper's step; samples: NIID-Bench's), so the
-    # comparator copies the option as given
-    effective_weighting = None
-    step_size_options = ("local_momentum", "server_lr")
     options: ScaffoldOptions
 
     def setup(self, context: Context) -> None:

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from stratify.baselines.common import LocalTrainingOptions
+from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.client import LocalJob, LocalResult
 from stratify.compiled import CompileSwitch, StepTerms
-from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
-from stratify.options import inherit, option
+from stratify.method import (
+    Budgeted,
+    ClientUpdate,
+    Context,
+    LocalWork,
+    Round,
+    RoundStats,
+    Strategy,
+    Vectorizable,
+)
+from stratify.options import Probe, inherit, option
 from stratify.selection import HOPS, chain_transfers
 
 #: The SFL paper's local mini-batch (its code's ``--batch-size 20`` in every reported run).
@@ -42,10 +52,11 @@ class SFLOptions(LocalTrainingOptions):
         "How the model moves between two clients: relayed by the server (an upload and a "
         "download, two transfers) or sent client to client (one).",
         choices=HOPS,
+        probe=Probe("direct"),
     )
 
 
-class SFL(Strategy):
+class SFL(Strategy, Vectorizable, Budgeted):
     """Vanilla sequential FL: each round the global model visits every client once, in a
     random order, and each client trains it on all its data before passing it on.
 
@@ -62,23 +73,27 @@ class SFL(Strategy):
     or ``K + 1`` transfers a round for ``K`` clients.
     """
 
-    name = "sfl"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.1,
-        ("digits", "single-sample"): 0.03,
-        ("mnist", "batch"): 0.03,
-        ("mnist", "single-sample"): 0.003,
-    }
-    description = "sequential model passing in random client order; each trains on all its data"
+    card = MethodCard(
+        Identity(
+            "sfl",
+            "SFL",
+            "sequential model passing in random client order; each trains on all its data",
+        ),
+        Comparison(
+            no_comparator="sfl has no base to match (its model passes through every client in turn)"
+        ),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.1,
+                ("digits", "single-sample"): 0.03,
+                ("mnist", "batch"): 0.03,
+                ("mnist", "single-sample"): 0.003,
+            }
+        ),
+        bench=Bench(benchmark_local=True, step_size_options=("local_momentum",)),
+    )
     options_class = SFLOptions
-    label = "SFL"
-    comparator: ClassVar[str | None] = None
-    no_comparator = "sfl has no base to match (its model passes through every client in turn)"
-    effective_weighting: ClassVar[str | None] = None
-    test_options: ClassVar[dict[str, Any]] = {}
-    benchmark_local = True
-    step_size_options: ClassVar[tuple[str, ...]] = ("local_momentum",)
     options: SFLOptions
 
     def setup(self, context: Context) -> None:

@@ -19,8 +19,8 @@ from stratify.cli.common import DATA_DIR, JSON_OUTPUT, wide_console, write_outpu
     "--algorithm",
     "algorithm",
     default=None,
-    help="A method whose single-sample local jobs can be timed (its class declares "
-    "benchmark_local) [default: the first registered one]; --algorithm is an alias.",
+    help="A method whose single-sample local jobs can be timed (its card sets "
+    "bench.benchmark_local) [default: the first registered one]; --algorithm is an alias.",
 )
 @click.option("--dataset", default="mnist-10k", show_default=True)
 @DATA_DIR

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.card import UNTUNED
 from stratify.config import TrainConfig
 from stratify.options import flag
 from stratify.validation import check_choice
@@ -52,10 +53,10 @@ def option_rows(name: str) -> list[tuple[str, str, str]]:
         A registered method.
     """
     cls = strategy_class(name)
-    resolved = {mode: cls.options_class().for_mode(mode) for mode in cls.modes}
+    resolved = {mode: cls.options_class().for_mode(mode) for mode in cls.card.identity.modes}
     entries = []
     for entry in cls.options_class.option_fields():
-        if not set(entry.metadata["modes"]) & set(cls.modes):
+        if not set(entry.metadata["modes"]) & set(cls.card.identity.modes):
             continue  # an inherited option of a mode the method does not run in
         values = {
             mode: getattr(resolved[mode], entry.name)
@@ -67,31 +68,30 @@ def option_rows(name: str) -> list[tuple[str, str, str]]:
             shown = note.group(1) if note else "unset"
         else:
             shown = by_mode(values)
-            if len(values) < len(cls.modes) and "(" not in shown:
+            if len(values) < len(cls.card.identity.modes) and "(" not in shown:
                 shown += f" ({', '.join(values)})"
         entries.append((flag(entry.name), shown, entry.metadata["help"]))
     strategy = cls()
     # the rates chosen per (dataset family, mode) first, then the paper's, then the dataset's
-    own = ", ".join(
-        f"{lr} on {family} ({mode})"
-        for (family, mode), lr in cls.own_rates().items()
-        if mode in cls.modes
-    )
+    rates = cls.card.rates
+    own = rates.describe(cls.card.identity.modes)
     config_help = {
         entry.name: " ".join(DEFAULT_NOTE.sub("", entry.metadata["help"]).split()).replace(
             " .", "."
         )
         for entry in TrainConfig.flag_fields()
     }
-    papers = {mode: strategy.paper_lr(mode) for mode in cls.modes}
-    if cls.lr_note is not None:
-        paper = cls.lr_note
+    papers = {mode: strategy.paper_lr(mode) for mode in cls.card.identity.modes}
+    if rates.note is not None:
+        paper = rates.note
     elif any(rate is not None for rate in papers.values()):
         paper = by_mode(papers)
     else:
         paper = "the dataset's"
-    entries.append(("--lr", f"{own}; else {paper}" if own else paper, config_help["lr"]))
-    schedules = {mode: strategy.lr_schedule_for(mode) for mode in cls.modes}
+    # an untuned method says so: no `defaults` grid chose its rate
+    rate = f"{UNTUNED}: {paper}" if own == UNTUNED else f"{own}; else {paper}"
+    entries.append(("--lr", rate, config_help["lr"]))
+    schedules = {mode: rates.schedule_for(mode) for mode in cls.card.identity.modes}
     entries.append(("--lr-schedule", by_mode(schedules), config_help["lr_schedule"]))
     return entries
 
@@ -104,7 +104,7 @@ def describe(name: str) -> tuple[str, str, str]:
         return f"(unavailable: {error})", "", ""
     # one option per line: a flag and its default never wrap apart
     options = "\n".join(f"{option} {default}" for option, default in option_defaults(name))
-    return cls.description, ", ".join(cls.modes), options
+    return cls.card.identity.description, ", ".join(cls.card.identity.modes), options
 
 
 def markdown_table() -> str:
@@ -115,15 +115,15 @@ def markdown_table() -> str:
         options = "<br>".join(
             f"`{option}` {default}" for option, default in option_defaults(name)
         ).replace("|", "\\|")
-        lines.append(f"| `{name}` | {', '.join(cls.modes)} | {options} |")
+        lines.append(f"| `{name}` | {', '.join(cls.card.identity.modes)} | {options} |")
     return "\n".join(lines) + "\n"
 
 
 def method_help(name: str) -> Table:
     """Method ``name``'s description, modes and options with their defaults and help."""
-    cls = strategy_class(name)
+    identity = strategy_class(name).card.identity
     table = Table(
-        title=f"{name}: {cls.description} (modes: {', '.join(cls.modes)})",
+        title=f"{name}: {identity.description} (modes: {', '.join(identity.modes)})",
         caption=escape(
             f"stratify train --method {name} [options]; the common options: stratify train --help"
         ),

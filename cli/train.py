@@ -56,7 +56,7 @@ def method_options() -> dict[str, list[tuple[str, dataclasses.Field]]]:
     for method in ALGORITHMS:
         cls = strategy_class(method)
         for entry in cls.options_class.option_fields():
-            if set(entry.metadata["modes"]) & set(cls.modes):  # else it never applies
+            if set(entry.metadata["modes"]) & set(cls.card.identity.modes):  # else it never applies
                 found.setdefault(entry.name, []).append((method, entry))
     return found
 

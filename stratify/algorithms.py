@@ -56,7 +56,7 @@ def method_label(name: str) -> str:
     name : str
         A method's registered name.
     """
-    return strategy_class(name).label if name in ALGORITHMS else name
+    return strategy_class(name).card.label if name in ALGORITHMS else name
 
 
 def build_strategy(name: str, values: Mapping[str, Any], mode: str) -> Strategy:
@@ -74,6 +74,8 @@ def build_strategy(name: str, values: Mapping[str, Any], mode: str) -> Strategy:
         Learning setting.
     """
     cls = strategy_class(name)
-    if mode not in cls.modes:
-        raise ConfigError(f"--algorithm {name} runs in --mode {' or '.join(cls.modes)}, not {mode}")
+    if mode not in cls.card.identity.modes:
+        raise ConfigError(
+            f"--algorithm {name} runs in --mode {' or '.join(cls.card.identity.modes)}, not {mode}"
+        )
     return cls(cls.options_class.from_values(values, name, mode))

@@ -20,6 +20,7 @@ from typing import Any
 from stratify.algorithms import build_strategy, strategy_class
 from stratify.config import TrainConfig, resolve_lr
 from stratify.errors import ConfigError
+from stratify.method import planned_sample_gradients as planned_budget
 
 #: the local-training options a comparator copies from its method (resolved for the mode)
 LOCAL_TRAINING = (
@@ -64,9 +65,11 @@ def comparator_for(
         One line, for a method with no base or no local optimizer to match.
     """
     cls = strategy_class(method)
-    base = cls.comparator
+    base = cls.card.comparison.comparator
     if base is None:
-        reason = cls.no_comparator or f"{method} has no base method declared to match"
+        reason = (
+            cls.card.comparison.no_comparator or f"{method} has no base method declared to match"
+        )
         raise ConfigError(f"no matched comparator: {reason}")
     resolved = build_strategy(method, options, mode).options
     base_options = {entry.name for entry in strategy_class(base).options_class.option_fields()}
@@ -82,8 +85,8 @@ def comparator_for(
             f"no matched comparator: {method} has no local optimizer to match (no "
             f"{', '.join(missing)})"
         )
-    if cls.effective_weighting is not None:
-        values["weighting"] = cls.effective_weighting
+    if cls.card.comparison.effective_weighting is not None:
+        values["weighting"] = cls.card.comparison.effective_weighting
     # the base resolves its own defaults the same way: what is given here wins
     build_strategy(base, values, mode)
     return base, values
@@ -106,7 +109,7 @@ def matched_config(config: TrainConfig) -> TrainConfig:
         algorithm=base,
         options=options,
         lr=resolve_lr(config, strategy),
-        lr_schedule=config.lr_schedule or strategy.lr_schedule_for(config.mode),
+        lr_schedule=config.lr_schedule or strategy.card.rates.schedule_for(config.mode),
         out=None,
     )
 
@@ -114,7 +117,7 @@ def matched_config(config: TrainConfig) -> TrainConfig:
 def planned_sample_gradients(config: TrainConfig, client_sizes: Sequence[int]) -> float | None:
     """The local training samples a round of ``config``'s method is planned to take, in
     expectation over its uniformly drawn participants, for clients of ``client_sizes``
-    samples (:meth:`~stratify.method.Strategy.planned_sample_gradients`); ``None`` where
+    samples (:meth:`~stratify.method.Budgeted.planned_sample_gradients`); ``None`` where
     the method plans no such budget.
 
     Parameters
@@ -125,4 +128,4 @@ def planned_sample_gradients(config: TrainConfig, client_sizes: Sequence[int]) -
         The samples each client holds.
     """
     strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return strategy.planned_sample_gradients([int(size) for size in client_sizes])
+    return planned_budget(strategy, [int(size) for size in client_sizes])

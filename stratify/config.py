@@ -15,7 +15,7 @@ from typing import Any
 
 from stratify.algorithms import build_strategy, check_algorithm
 from stratify.common_options import CommonOptions
-from stratify.data.datasets import DATASETS, dataset_options
+from stratify.data.datasets import DATASETS, dataset_family, dataset_options
 from stratify.data.datasets.base import check_options
 from stratify.data.partition import parse_partition_spec
 from stratify.errors import ConfigError, OutputError
@@ -261,7 +261,10 @@ def resolve_lr(config: TrainConfig, strategy: Strategy | None = None) -> float:
         return config.lr
     if strategy is None:
         strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return strategy.lr_for(config.mode, config.dataset) or default_lr(config.dataset, config.mode)
+    own = strategy.lr_for(
+        config.mode, family=dataset_family(config.dataset), dataset=config.dataset
+    )
+    return own or default_lr(config.dataset, config.mode)
 
 
 def resolved_differences(used: dict[str, Any], config: TrainConfig) -> list[str]:
@@ -283,7 +286,7 @@ def resolved_differences(used: dict[str, Any], config: TrainConfig) -> list[str]
         json.dumps(
             {
                 "lr": resolve_lr(config, strategy),
-                "lr_schedule": config.lr_schedule or strategy.lr_schedule_for(config.mode),
+                "lr_schedule": config.lr_schedule or strategy.card.rates.schedule_for(config.mode),
                 "options": strategy.options.to_dict(),
             },
             default=str,

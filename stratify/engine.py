@@ -25,6 +25,7 @@ from stratify.method import (
     LocalWork,
     Strategy,
     learning_rate,
+    local_work,
 )
 from stratify.nn.models import model_bytes, parameter_bytes
 from stratify.options import MODES
@@ -148,7 +149,7 @@ class Engine:
         self.model.train()
         for round_ in self.strategy.configure_rounds(self.context, epoch, rng):
             stats.add(round_.stats)
-            work = self.strategy.local_work(self.context, round_, rng) if jobs else None
+            work = local_work(self.strategy, self.context, round_, rng) if jobs else None
             if work is None:
                 updates = self.strategy.fit(self.context, round_, rng)
             else:

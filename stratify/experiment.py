@@ -111,7 +111,7 @@ def build_experiment(
     if strategy is None:
         strategy = build_strategy(config.algorithm, config.options, config.mode)
     lr = resolve_lr(config, strategy)
-    lr_schedule = config.lr_schedule or strategy.lr_schedule_for(config.mode)
+    lr_schedule = config.lr_schedule or strategy.card.rates.schedule_for(config.mode)
     if model is None:
         model_name = config.model or default_model(dataset.input_shape)
         if model_name == "mlp" and config.mlp_hidden is not None:
@@ -211,7 +211,7 @@ def uses_per_epoch(strategy: Strategy, placeholders: RegistryResult) -> int:
     local_epochs = getattr(strategy, "local_epochs", None)
     if isinstance(local_epochs, int) and local_epochs > 0:
         return local_epochs
-    raise ConfigError(f"{strategy.name}: how often it uses a sample is not known; DP refused")
+    raise ConfigError(f"{strategy.card.name}: how often it uses a sample is not known; DP refused")
 
 
 def mlp_parameters(input_shape: tuple[int, ...], hidden: tuple[int, ...], num_classes: int) -> int:

@@ -11,7 +11,7 @@ report their work in :class:`RoundStats` (docs/architecture.md, "Strategy interf
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,16 +19,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from stratify.card import MethodCard
 from stratify.client import LocalJob, LocalTrainer
 from stratify.compiled import StepTerms
-from stratify.data.datasets import dataset_family
 from stratify.errors import ConfigError
 from stratify.federation import Federation
-from stratify.options import MODES, StrategyOptions
+from stratify.options import StrategyOptions
 from stratify.registry.base import RegistryResult
 from stratify.state import State
 
 LR_SCHEDULES = ("inverse-epoch", "constant")
+#: class attributes a method used to set that its card now holds (docs/architecture.md,
+#: "Strategy interface"): set on a class, one would be ignored, so it is refused
+REPLACED_BY_CARD = frozenset(
+    {
+        "name", "label", "description", "modes", "comparator", "no_comparator",
+        "effective_weighting", "grid_options", "grid_label", "paired_setting",
+        "paper_settings", "requires_batch_norm", "own_lrs", "default_lr", "lr_note",
+        "default_lr_schedule", "test_options", "benchmark_local", "step_size_options",
+    }
+)  # fmt: skip
 
 
 @dataclass
@@ -220,142 +230,36 @@ class Context:
             self.on_steps(samples)
 
 
-@dataclass(frozen=True)
-class PaperSetting:
-    """A setting of a method's own paper (or official code) that the ``seed-papers`` grid
-    runs it in, beside its matched comparator (docs/architecture.md, "Reproducing the
-    papers").
-
-    Parameters
-    ----------
-    key : str
-        The setting's row: settings of a method with the same key are variants of one run
-        (the same ``label`` and ``values``) and share the row, and with it their matched
-        comparator where it comes out the same.
-    label : str
-        What the setting is, in the grid's table (the method's label goes before it).
-    values : mapping
-        :class:`~stratify.config.TrainConfig` fields of the runs (dataset, partition,
-        clients, epochs, dataset_options...), ``lr`` among them: a paper's setting runs at
-        the rate it names, which a default chosen by a ``defaults`` grid does not move.
-    options : mapping
-        The method's options in this setting.
-    variant : str
-        What this variant changes, in its column's label (empty: the method as its paper
-        gives it).
-    comparator_options : mapping
-        Where the paper's own baseline differs from the matched comparator (e.g. the
-        official code's FedAvg with momentum 0.9 beside a method run without): options
-        that replace the matched comparator's (the ``variant`` says which baseline).
-    """
-
-    key: str
-    label: str
-    values: Mapping[str, Any] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)
-    variant: str = ""
-    comparator_options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.comparator_options and not self.variant:
-            raise ValueError(
-                f"paper setting {self.key!r}: another comparator than the matched one is a "
-                "variant: name it"
-            )
-        if "lr" not in self.values:
-            raise ValueError(
-                f"paper setting {self.key!r}: name its learning rate (values['lr']): a "
-                "method's default rate is chosen on other settings and can move"
-            )
-
-
 class Strategy(ABC):
     """A federated method as hooks called by :meth:`stratify.engine.Engine.run_epoch`.
 
-    Subclasses set ``name``, ``description``, the ``modes`` they run in and their
+    Subclasses set their :class:`~stratify.card.MethodCard` (``card``: name, label,
+    modes, comparator, paper settings, rates, test and bench settings) and their
     ``options_class`` (a :class:`~stratify.options.StrategyOptions` dataclass). They are
     built from options (``Stratify(StratifyOptions(chunk=3))``) or from keyword values
     (``Stratify(chunk=3)``), validated either way.
 
-    The surface comes in tiers (docs/architecture.md, "Strategy interface"):
-
-    * **core**, what every method implements: :meth:`configure_rounds`, :meth:`fit`,
-      :meth:`aggregate`, and :meth:`state_dict` / :meth:`load_state_dict` where it keeps
-      state between rounds;
-    * **declarations**, the decisions every method states on its class, so that no table
-      elsewhere names it (:func:`stratify.testing.check_declarations` refuses a method
-      that leaves one unstated; a subclass inherits its parent's): ``label`` (display),
-      ``comparator`` or ``no_comparator`` and ``effective_weighting`` (matched
-      comparisons), ``test_options`` (the conformance cases), ``benchmark_local`` and
-      ``step_size_options`` (benches and the run's advice on a diverging loss);
-    * optional groups, each with a default that opts out:
-
-      - *learning rate*: ``own_lrs``, ``default_lr``, ``lr_note``, :meth:`lr_for`,
-        :meth:`paper_lr`,
-        ``default_lr_schedule``, :meth:`lr_schedule_for`;
-      - *vectorised runs* (:mod:`stratify.vectorize`): :meth:`step_terms`,
-        :meth:`local_work`;
-      - *matched comparisons*: :meth:`planned_sample_gradients`,
-        :meth:`informative_epochs`;
-      - *run checks and display*: :meth:`check_epochs`, ``requires_batch_norm``,
-        :meth:`epoch_info`, :meth:`summarize`;
-      - *its paper's settings*: ``paper_settings``, the ``seed-papers`` grid's rows;
-        *comparison grids*: ``grid_options``, ``grid_label``, ``paired_setting``.
+    The surface is small (docs/architecture.md, "Strategy interface"): the core hooks
+    :meth:`configure_rounds`, :meth:`fit`, :meth:`aggregate`, and :meth:`state_dict` /
+    :meth:`load_state_dict` where the method keeps state between rounds; hooks with a
+    default that opts out (:meth:`check_epochs`, :meth:`epoch_info`, :meth:`summarize`,
+    :meth:`paper_lr`); and two named optional interfaces a method adds by inheriting them:
+    :class:`Vectorizable` (vectorised runs) and :class:`Budgeted` (planned local work).
     """
 
-    name: ClassVar[str] = "strategy"
-    description: ClassVar[str] = ""
-    modes: ClassVar[tuple[str, ...]] = MODES
+    #: what the rest of Stratify reads about the method (:mod:`stratify.card`); a
+    #: subclass that declares none is the same method by its card
+    card: ClassVar[MethodCard]
     options_class: ClassVar[type[StrategyOptions]] = StrategyOptions
 
-    # -- declarations: every method states these (on its class or a parent's) ----------
-    #: how the papers write the method, in tables, grids and plots
-    label: ClassVar[str] = ""
-    #: the registered method this one modifies, whose matched run isolates its mechanism;
-    #: ``None`` when it has none, and ``no_comparator`` says why
-    comparator: ClassVar[str | None] = None
-    #: why the method has no matched comparator (read when ``comparator`` is ``None``)
-    no_comparator: ClassVar[str] = ""
-    #: how the method weights the clients' models in practice, where its ``weighting``
-    #: option does not say (SCAFFOLD averages Δy uniformly: ``"equal"``); ``None``: as the
-    #: option says
-    effective_weighting: ClassVar[str | None] = None
-    #: options the conformance cases (:mod:`stratify.testing`) run the method with, where
-    #: its defaults do not fit their short runs (river's ``_unit_test_params``)
-    test_options: ClassVar[dict[str, Any]] = {}
-    #: whether ``stratify bench local`` times its single-sample local jobs
-    benchmark_local: ClassVar[bool] = False
-    #: its options that set step sizes (besides ``--lr``), named when a loss diverges
-    step_size_options: ClassVar[tuple[str, ...]] = ()
-    #: the learning-rate schedule of the method's paper, used when none is given
-    default_lr_schedule: ClassVar[str] = "constant"
-    #: the base learning rate of the method's paper (:meth:`paper_lr`), used when ``--lr``
-    #: is not given and :attr:`own_lrs` has no rate for the run; ``None`` leaves it to the
-    #: dataset's default (:func:`stratify.config.default_lr`)
-    default_lr: ClassVar[float | None] = None
-    #: how :meth:`paper_lr` chooses the rate when it depends on the data set (shown by
-    #: ``stratify methods``); ``None`` when it does not
-    lr_note: ClassVar[str | None] = None
-    #: the method's own base rate per (dataset family, mode), each chosen on a validation
-    #: split by the committed ``defaults`` grids (:mod:`stratify.reproduce.defaults`,
-    #: docs/results/defaults-*.csv); read from the method's own class only (:meth:`own_rates`)
-    own_lrs: ClassVar[Mapping[tuple[str, str], float]] = {}
-    #: whether the method needs BatchNorm layers in the model (FedTAN); a grid leaves such
-    #: a method out, with a note, where its model has none
-    requires_batch_norm: ClassVar[bool] = False
-    #: the settings of its own paper that the ``seed-papers`` grid runs it in, each beside
-    #: its matched comparator (:class:`PaperSetting`); none: the grid leaves it out
-    paper_settings: ClassVar[tuple[PaperSetting, ...]] = ()
-    #: what the Stratify paper's comparison grids (``table1``, ``seed-methods``: every
-    #: method trains every client each round for their 30 rounds) set for the method,
-    #: where its defaults would not fit them (FedBSS: all clients, a quarter warm-up);
-    #: its label there carries ``grid_label`` after its own
-    grid_options: ClassVar[dict[str, Any]] = {}
-    grid_label: ClassVar[str] = ""
-    #: what the ``paired`` grid (20 rounds of one local epoch, each method beside its
-    #: comparator) sets for the method: a key of :class:`~stratify.config.TrainConfig`
-    #: (``dataset``: data its mechanism needs) or one of its options
-    paired_setting: ClassVar[dict[str, Any]] = {"local_epochs": 1}
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        replaced = sorted(REPLACED_BY_CARD & set(vars(cls)))
+        if replaced:
+            raise TypeError(
+                f"{cls.__name__} sets {', '.join(replaced)}: a method states these on its card "
+                "(card = MethodCard(...), docs/architecture.md 'Strategy interface')"
+            )
 
     def __init__(self, options: StrategyOptions | None = None, **values: Any) -> None:
         if options is not None and values:
@@ -364,9 +268,10 @@ class Strategy(ABC):
 
     def setup(self, context: Context) -> None:
         """Called once before the first epoch; the options get their mode's defaults."""
-        if context.mode not in self.modes:
+        identity = self.card.identity
+        if context.mode not in identity.modes:
             raise ConfigError(
-                f"--algorithm {self.name} runs in --mode {' or '.join(self.modes)}, "
+                f"--algorithm {identity.name} runs in --mode {' or '.join(identity.modes)}, "
                 f"not {context.mode}"
             )
         self.options = self.options.for_mode(context.mode)
@@ -387,55 +292,35 @@ class Strategy(ABC):
         """The new global state from the updates; ``None`` keeps the (travelled) model."""
         return None
 
-    def step_terms(self, mode: str) -> StepTerms | None:
-        """What the method's single-sample steps add to the gradient, when its rounds can
-        be given as jobs (:meth:`local_work`) in ``mode``; ``None`` (the default) when they
-        cannot, and the run steps alone. Called on a strategy not yet set up: it reads
-        the options as resolved for ``mode``."""
-        return None
-
-    def local_work(
-        self, context: Context, round_: Round, rng: np.random.Generator
-    ) -> LocalWork | None:
-        """The round's local training as jobs, drawing from ``rng`` what :meth:`fit`
-        would draw, in the same order, so that a runner holding many runs' jobs gives the
-        numbers of :meth:`fit`; ``None`` runs the round through :meth:`fit`. A method
-        whose :meth:`step_terms` is not ``None`` implements it."""
-        return None
-
-    def lr_schedule_for(self, mode: str) -> str:
-        """The learning-rate schedule used in ``mode`` when the run gives none."""
-        return self.default_lr_schedule
-
-    def lr_for(self, mode: str, dataset: str | None = None) -> float | None:
-        """The method's own base learning rate in ``mode`` on ``dataset``, or ``None`` to
-        take the dataset's default, when the run gives no ``--lr``: the rate its class
-        chose for the dataset's family and ``mode`` (:meth:`own_rates`), else its
-        paper's (:meth:`paper_lr`).
+    def lr_for(
+        self, mode: str, *, family: str | None = None, dataset: str | None = None
+    ) -> float | None:
+        """The method's own base learning rate in ``mode``, or ``None`` to take the
+        dataset's default, when the run gives no ``--lr``: the rate its card's
+        :class:`~stratify.card.Rates` chose for the dataset's ``family`` and ``mode``,
+        else its paper's (:meth:`paper_lr`).
 
         Parameters
         ----------
         mode : str
             The run's mode.
+        family : str, optional
+            The dataset's family, as the data layer names it
+            (:func:`stratify.data.datasets.dataset_family`); ``None``: not known, no
+            tuned rate applies.
         dataset : str, optional
-            The run's dataset (``None``: not known, only the paper's rate applies).
+            The run's dataset, for a paper whose rate depends on it (``None``: not known).
         """
-        if dataset is not None:
-            own = self.own_rates().get((dataset_family(dataset), mode))
-            if own is not None:
-                return own
+        if family is not None:
+            tuned = self.card.rates.tuned_for(family, mode)
+            if tuned is not None:
+                return tuned
         return self.paper_lr(mode, dataset)
-
-    @classmethod
-    def own_rates(cls) -> Mapping[tuple[str, str], float]:
-        """:attr:`own_lrs` as the method's own class declares it: a rate chosen for one
-        method is not another's, so a subclass does not inherit its parent's (it
-        declares its own, or takes its paper's and the dataset's)."""
-        return cls.__dict__.get("own_lrs", {})
 
     def paper_lr(self, mode: str, dataset: str | None = None) -> float | None:
         """The rate the method's paper fixes in ``mode`` on ``dataset`` (``None``: it
-        fixes none): :attr:`default_lr`, unless a method's paper sets it by data set.
+        fixes none): its card's ``rates.paper_lr``, unless a method's paper sets it by
+        data set.
 
         Parameters
         ----------
@@ -444,25 +329,12 @@ class Strategy(ABC):
         dataset : str, optional
             The run's dataset (``None``: not known).
         """
-        return self.default_lr
+        return self.card.rates.paper_lr
 
     def check_epochs(self, epochs: int) -> None:
         """Refuse, with a :class:`~stratify.errors.ConfigError`, a run of ``epochs``
         epochs that these options cannot make (FedBSS: a warm-up longer than the run).
         Called when a configuration is made, before any data is read."""
-
-    def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
-        """The local training samples (each local pass counted) one round is planned to
-        take with clients of ``client_sizes`` samples, in expectation over uniformly drawn
-        participants; ``None`` where the method plans no such budget. A matched
-        comparison checks it is the same for a method and its comparator."""
-        return None
-
-    def informative_epochs(self) -> int:
-        """The fewest epochs in which the method's own mechanism acts for at least two
-        rounds (FedBSS: its warm-up + 2); a tuning run is at least this long, so that it
-        tunes the method and not only its warm-up."""
-        return 1
 
     def epoch_info(self, context: Context) -> dict[str, Any]:
         """Diagnostics of the epoch just run, written into its ``metrics.jsonl`` line
@@ -480,6 +352,110 @@ class Strategy(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
+
+
+class Vectorizable(ABC):
+    """The optional interface of a method whose rounds can be given as
+    :class:`~stratify.client.LocalJob` objects, so that many runs step together
+    (:mod:`stratify.vectorize`)."""
+
+    @abstractmethod
+    def step_terms(self, mode: str) -> StepTerms | None:
+        """What the method's single-sample steps add to the gradient, when its rounds can
+        be given as jobs (:meth:`local_work`) in ``mode``; ``None`` when they cannot (in
+        this mode or with these options), and the run steps alone. Called on a strategy
+        not yet set up: it reads the options as resolved for ``mode``."""
+
+    @abstractmethod
+    def local_work(
+        self, context: Context, round_: Round, rng: np.random.Generator
+    ) -> LocalWork | None:
+        """The round's local training as jobs, drawing from ``rng`` what ``fit`` would
+        draw, in the same order, so that a runner holding many runs' jobs gives the
+        numbers of ``fit``; ``None`` runs the round through ``fit``."""
+
+
+class Budgeted(ABC):
+    """The optional interface of a method that plans its local work: a matched
+    comparison holds the planned samples equal, and tuning runs long enough for the
+    method's mechanism to act."""
+
+    @abstractmethod
+    def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
+        """The local training samples (each local pass counted) one round is planned to
+        take with clients of ``client_sizes`` samples, in expectation over uniformly drawn
+        participants; ``None`` where these options plan no such budget. A matched
+        comparison checks it is the same for a method and its comparator."""
+
+    def informative_epochs(self) -> int:
+        """The fewest epochs in which the method's own mechanism acts for at least two
+        rounds (FedBSS: its warm-up + 2); a tuning run is at least this long, so that it
+        tunes the method and not only its warm-up."""
+        return 1
+
+
+def step_terms(strategy: Strategy, mode: str) -> StepTerms | None:
+    """``strategy``'s :meth:`Vectorizable.step_terms` in ``mode``; ``None`` for a method
+    that is not :class:`Vectorizable`.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The method.
+    mode : str
+        The run's mode.
+    """
+    return strategy.step_terms(mode) if isinstance(strategy, Vectorizable) else None
+
+
+def local_work(
+    strategy: Strategy, context: Context, round_: Round, rng: np.random.Generator
+) -> LocalWork | None:
+    """``strategy``'s :meth:`Vectorizable.local_work`; ``None`` (run the round through
+    ``fit``) for a method that is not :class:`Vectorizable`.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The method.
+    context : Context
+        The run's context.
+    round_ : Round
+        The round.
+    rng : numpy.random.Generator
+        The round's random numbers.
+    """
+    if isinstance(strategy, Vectorizable):
+        return strategy.local_work(context, round_, rng)
+    return None
+
+
+def planned_sample_gradients(strategy: Strategy, client_sizes: list[int]) -> float | None:
+    """``strategy``'s :meth:`Budgeted.planned_sample_gradients`; ``None`` for a method
+    that plans no budget.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The method.
+    client_sizes : list of int
+        The clients' sample counts.
+    """
+    if isinstance(strategy, Budgeted):
+        return strategy.planned_sample_gradients(client_sizes)
+    return None
+
+
+def informative_epochs(strategy: Strategy) -> int:
+    """``strategy``'s :meth:`Budgeted.informative_epochs`; 1 for a method that plans no
+    budget.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The method.
+    """
+    return strategy.informative_epochs() if isinstance(strategy, Budgeted) else 1
 
 
 def learning_rate(base_lr: float, epoch: int, schedule: str = "inverse-epoch") -> float:

@@ -29,6 +29,31 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """Another value of a method's option than its default, for the option-effect tests
+    (tests/test_option_effects.py; river's ``_unit_test_params``): a short run with it
+    must differ from the default run (final weights, losses or traffic), or be refused.
+
+    Parameters
+    ----------
+    value : object
+        The other value; ``None``: the option's other choice.
+    settings : mapping
+        Run settings given to both runs so that the option can act there:
+        :class:`~stratify.config.TrainConfig` fields, ``options`` (other options), or
+        ``"dataset": "unbalanced"`` (labels of unequal counts).
+    unobservable : str
+        Why a short run cannot show the option's effect, and which test checks it
+        instead (an option that computes the same numbers another way, by design); empty
+        when it can.
+    """
+
+    value: Any = None
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    unobservable: str = ""
+
+
 def option(
     default: Any,
     help: str,
@@ -39,6 +64,7 @@ def option(
     cli_type: type | None = None,
     envvar: str | None = None,
     per_mode: Mapping[str, Any] | None = None,
+    probe: Probe | None = None,
 ) -> Any:
     """A dataclass field of a method's options (or of :class:`~stratify.config.TrainConfig`).
 
@@ -65,6 +91,9 @@ def option(
         Mode -> the value a ``None`` default resolves to in that mode (e.g. FedAvg's
         local epochs: 10 in batch mode, 1 in single-sample mode), applied by
         :meth:`StrategyOptions.for_mode`.
+    probe : Probe, optional
+        A method option's other value for the option-effect tests (every method option
+        declares one; settings of a run need none).
     """
     if cli_type is None:
         cli_type = str if default is None else value_type(default)
@@ -78,6 +107,7 @@ def option(
             "type": cli_type,
             "envvar": envvar,
             "per_mode": dict(per_mode or {}),
+            "probe": probe,
         },
     )
 
@@ -187,6 +217,7 @@ def option_of(owner: type, name: str, **changes: Any) -> Any:
         "cli_type": metadata["type"],
         "envvar": metadata["envvar"],
         "per_mode": metadata["per_mode"],
+        "probe": metadata.get("probe"),
         **{key: value for key, value in changes.items() if key != "default"},
     }
     return option(changes.get("default", source.default), **arguments)

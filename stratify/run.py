@@ -297,7 +297,7 @@ class Run:
 
     def _step_flags(self) -> str:
         """The flags that set this run's step sizes: what a diverging loss points to."""
-        steps = self.strategy.step_size_options
+        steps = self.strategy.card.bench.step_size_options
         flags = ["--lr"] + [
             "--" + entry.name.replace("_", "-")
             for entry in self.strategy.options_class.option_fields()

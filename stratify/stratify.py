@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from stratify.card import Bench, Comparison, Identity, MethodCard, Rates
 from stratify.client import LocalJob
 from stratify.common_options import CommonOptions
 from stratify.compiled import (
@@ -30,9 +31,17 @@ from stratify.compiled import (
 )
 from stratify.errors import ConfigError
 from stratify.federation import SamplePools
-from stratify.method import ClientUpdate, Context, LocalWork, Round, RoundStats, Strategy
+from stratify.method import (
+    ClientUpdate,
+    Context,
+    LocalWork,
+    Round,
+    RoundStats,
+    Strategy,
+    Vectorizable,
+)
 from stratify.nn.norm import has_batch_norm
-from stratify.options import StrategyOptions, option, option_of
+from stratify.options import Probe, StrategyOptions, option, option_of
 from stratify.schedule import REPEAT_MODES, label_repeats, stratified_label_schedule
 from stratify.selection import (
     HOPS,
@@ -62,48 +71,65 @@ EXHAUSTED = ("refill", "skip")
 class StratifyOptions(StrategyOptions):
     """Options of :class:`Stratify` (defaults: the Stratify paper's single-sample setting)."""
 
-    chunk: int = option_of(CommonOptions, "chunk")
+    chunk: int = option_of(CommonOptions, "chunk", probe=Probe(1))
     batch_labels: int = option(
-        64, "Labels (samples) B per global batch.", check=check_positive_int, modes=("batch",)
+        64,
+        "Labels (samples) B per global batch.",
+        check=check_positive_int,
+        modes=("batch",),
+        probe=Probe(8),
     )
-    selection: str = option_of(CommonOptions, "selection")
+    selection: str = option_of(
+        CommonOptions, "selection", probe=Probe("weighted", {"partition": "dirichlet:1.0"})
+    )
     repeats: str = option(
         "uniform",
         "Label repeats r_l of the SLS: round(N/|L|) each, or min(n_l, cap).",
         choices=REPEAT_MODES,
+        probe=Probe("proportional", {"dataset": "unbalanced"}),
     )
     repeat_count: int | None = option(
         None,
         "Override r_l of the uniform SLS [default: round(N/|L|)].",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(3),
     )
+    # refused with the default --repeats uniform
     cap: int | None = option(
         None,
         "Cap of the proportional SLS [default: N/|L|].",
         check=check_positive_int,
         cli_type=int,
+        probe=Probe(2),
     )
     batch_path: str = option(
         "fused",
         "A global batch as one tensor, or client by client (same gradient).",
         choices=BATCH_PATHS,
         modes=("batch",),
+        probe=Probe(
+            unobservable="tests/test_stratify.py: a global batch fused or client by client, "
+            "the same summed gradient"
+        ),
     )
-    momentum: float = option_of(CommonOptions, "momentum")
+    momentum: float = option_of(CommonOptions, "momentum", probe=Probe(0.5))
     hops: str = option(
         "server",
         "How the model moves between two holders: relayed by the server (an upload and a "
         "download, two transfers) or sent client to client (one).",
         choices=HOPS,
         modes=("single-sample",),
+        probe=Probe("direct"),
     )
     exhausted: str = option(
         "refill",
         "A scheduled label whose samples are all used this epoch: start a new pass over "
         "them (refill), or drop the entry (skip).",
         choices=EXHAUSTED,
+        probe=Probe("skip", {"options": {"repeat_count": 40}}),
     )
+    # the tiny clients hold about 16 samples a batch
     min_share: int | None = option(
         None,
         "Smallest share N of a global batch: a client whose share would be under N samples "
@@ -112,6 +138,7 @@ class StratifyOptions(StrategyOptions):
         check=check_positive_int,
         cli_type=int,
         modes=("batch",),
+        probe=Probe(20),
     )
     compile: str = option(
         "auto",
@@ -120,6 +147,10 @@ class StratifyOptions(StrategyOptions):
         "long enough to repay the compile), always (on), or never (off).",
         choices=COMPILE_MODES,
         modes=("single-sample",),
+        probe=Probe(
+            unobservable="tests/test_compiled.py: the compiled step computes the eager "
+            "step's numbers"
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -128,7 +159,7 @@ class StratifyOptions(StrategyOptions):
         check_min_share(self.min_share, self.batch_labels)
 
 
-class Stratify(Strategy):
+class Stratify(Strategy, Vectorizable):
     """Stratified Label Schedule with label-aware client selection and fine-grained updates.
 
     Each epoch shuffles the schedule ``S`` (every placeholder ``r_l`` times), gives every
@@ -137,26 +168,29 @@ class Stratify(Strategy):
     :class:`StratifyOptions`.
     """
 
-    name = "stratify"
-    #: chosen by the `defaults` grids (docs/results/defaults-*.csv)
-    own_lrs = {
-        ("digits", "batch"): 0.3,
-        ("digits", "single-sample"): 0.01,
-        ("mnist", "batch"): 0.1,
-        ("mnist", "single-sample"): 0.01,
-    }
-    description = "SLS + label-aware client selection + single-sample hops or global batches"
-    options_class = StratifyOptions
-    label = "Stratify"
-    comparator: ClassVar[str | None] = None
-    no_comparator = (
-        "stratify has no base and no local optimizer to match (its global model travels "
-        "and takes one step per sample or per global batch)"
+    card = MethodCard(
+        Identity(
+            "stratify",
+            "Stratify",
+            "SLS + label-aware client selection + single-sample hops or global batches",
+        ),
+        Comparison(
+            no_comparator="stratify has no base and no local optimizer to match (its global "
+            "model travels and takes one step per sample or per global batch)"
+        ),
+        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
+        rates=Rates(
+            tuned={
+                ("digits", "batch"): 0.3,
+                ("digits", "single-sample"): 0.01,
+                ("mnist", "batch"): 0.1,
+                ("mnist", "single-sample"): 0.01,
+            }
+        ),
+        bench=Bench(step_size_options=("momentum",)),
+        flower=True,
     )
-    effective_weighting: ClassVar[str | None] = None
-    test_options: ClassVar[dict[str, Any]] = {}
-    benchmark_local = False
-    step_size_options: ClassVar[tuple[str, ...]] = ("momentum",)
+    options_class = StratifyOptions
     options: StratifyOptions
     #: single-sample steps per compiled call (K)
     steps_per_call = STEPS_PER_CALL

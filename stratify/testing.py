@@ -11,14 +11,14 @@ being registered and no list of methods is kept anywhere::
         check(case)
 
 A :class:`MethodCase` is one registered algorithm in one mode it runs in
-(``Strategy.modes``). Every case runs on the same tiny federation (:func:`tiny_dataset`:
+(its card's ``identity.modes``). Every case runs on the same tiny federation (:func:`tiny_dataset`:
 48 training images of three digits, three clients of two labels each) with the method's
-own default options (but its class's ``test_options``), for :data:`EPOCHS` epochs, as
+own default options (but its card's ``testing.options``), for :data:`EPOCHS` epochs, as
 the user's ``Run`` would. The checks
 (:data:`CHECKS`, docs/architecture.md "Testing and data"):
 
-* :func:`check_declarations`: the method states on its class every decision that other
-  parts read (:data:`DECLARATIONS`: label, comparator, test options, ...);
+* :func:`check_declarations`: the method's card (:mod:`stratify.card`), which other
+  parts read, is its own and names only registered methods and its own options;
 * :func:`check_first_epoch`: one epoch runs, trains, and its losses are finite;
 * :func:`check_same_seed`: a second run with the same seed gives the same weights and
   metrics, whatever state the process's global generators are in;
@@ -66,6 +66,7 @@ import torch
 
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.backend import cpu_backend, single_thread_settings
+from stratify.card import MethodCard
 from stratify.comparison import matched_config, planned_sample_gradients
 from stratify.config import TrainConfig, resolve_lr
 from stratify.data.datasets import Dataset, load_dataset
@@ -126,7 +127,11 @@ class MethodCase:
 def method_cases(algorithms: Sequence[str] | None = None) -> list[MethodCase]:
     """Every registered method (or those named) in every mode it runs in."""
     names = list(ALGORITHMS) if algorithms is None else list(algorithms)
-    return [MethodCase(name, mode) for name in names for mode in strategy_class(name).modes]
+    return [
+        MethodCase(name, mode)
+        for name in names
+        for mode in strategy_class(name).card.identity.modes
+    ]
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,7 @@ def _values(case: MethodCase) -> dict[str, Any]:
         "seed": 0,
         "device": "cpu",
         "secure": False,
-        "options": dict(case.strategy_class.test_options),
+        "options": dict(case.strategy_class.card.testing.options),
     }
 
 
@@ -605,7 +610,7 @@ def check_bad_options(case: MethodCase) -> None:
             cli_words=[flag(name)],
         )
     for mode in MODES:
-        if mode not in cls.modes:
+        if mode not in cls.card.identity.modes:
             other = MethodCase(case.algorithm, mode)
             _assert_refused(other, {}, ["--mode", mode], cli=[])
 
@@ -704,58 +709,41 @@ def _assert_refused(
         assert not out.exists(), f"{command}: wrote {out}"
 
 
-#: The decisions every method states on its class (or a parent's), so that no table
-#: elsewhere names it (docs/architecture.md, "Strategy interface").
-DECLARATIONS = (
-    "label",
-    "comparator",
-    "effective_weighting",
-    "test_options",
-    "benchmark_local",
-    "step_size_options",
-)
-
-
-def undeclared(cls: type[Strategy]) -> list[str]:
-    """The :data:`DECLARATIONS` that neither ``cls`` nor a parent below
-    :class:`~stratify.method.Strategy` sets (the base's values are placeholders)."""
-    below = [
-        klass for klass in cls.__mro__ if issubclass(klass, Strategy) and klass is not Strategy
-    ]
-    return [name for name in DECLARATIONS if not any(name in vars(klass) for klass in below)]
-
-
 def check_declarations(case: MethodCase) -> None:
-    """The method states every decision of :data:`DECLARATIONS`, each one usable: a
-    label no other registered method has, a registered base or the reason it has none,
-    test options and step-size options that are its own options, and a local benchmark
-    only where it runs single-sample jobs."""
+    """The method's :class:`~stratify.card.MethodCard` is its own and usable: it names the
+    method as registered (a variant that kept its parent's card would be its parent in
+    every table), with a label no other registered method has, a registered base or the
+    reason it has none, test options and step-size options that are its own options, and
+    a local benchmark only where it runs single-sample jobs."""
     cls = case.strategy_class
-    missing = undeclared(cls)
-    assert not missing, (
-        f"{case.id}: declares no {', '.join(missing)} on its class (docs/architecture.md, "
-        "'Strategy interface')"
+    card = getattr(cls, "card", None)
+    assert isinstance(card, MethodCard), (
+        f"{case.id}: declares no card on its class (docs/architecture.md, 'Strategy interface')"
     )
-    assert cls.label, f"{case.id}: declares an empty label"
-    # a subclass that keeps its parent's label would show as its parent in every table
+    assert card.name == case.algorithm, (
+        f"{case.id}: its card names {card.name!r}: a variant declares a card of its own "
+        "(MethodCard.derive)"
+    )
+    # a variant that keeps its parent's label would show as its parent in every table
     namesakes = [
         name
         for name in ALGORITHMS
-        if name != case.algorithm and strategy_class(name).label == cls.label
+        if name != case.algorithm and strategy_class(name).card.label == card.label
     ]
-    assert not namesakes, f"{case.id}: its label {cls.label!r} is also {', '.join(namesakes)}'s"
-    if cls.comparator is None:
-        assert cls.no_comparator, f"{case.id}: declares no comparator and no reason (no_comparator)"
-    else:
-        assert cls.comparator in ALGORITHMS and cls.comparator != case.algorithm, (
-            f"{case.id}: its comparator {cls.comparator!r} is not another registered method"
-        )
+    assert not namesakes, f"{case.id}: its label {card.label!r} is also {', '.join(namesakes)}'s"
+    base = card.comparison.comparator
+    assert base is None or (base in ALGORITHMS and base != case.algorithm), (
+        f"{case.id}: its comparator {base!r} is not another registered method"
+    )
     own = {entry.name for entry in cls.options_class.option_fields()}
-    for declaration in ("test_options", "step_size_options"):
-        foreign = sorted(set(getattr(cls, declaration)) - own)
-        assert not foreign, f"{case.id}: {declaration} names {foreign}, not its options"
-    if cls.benchmark_local:
-        assert "single-sample" in cls.modes, (
+    for group, names in (
+        ("testing.options", card.testing.options),
+        ("bench.step_size_options", card.bench.step_size_options),
+    ):
+        foreign = sorted(set(names) - own)
+        assert not foreign, f"{case.id}: its card's {group} names {foreign}, not its options"
+    if card.bench.benchmark_local:
+        assert "single-sample" in cls.card.identity.modes, (
             f"{case.id}: declares benchmark_local but does not run in single-sample mode"
         )
 
@@ -767,7 +755,7 @@ COMPARATOR_CLIENT_SIZES = (20, 32, 44)
 
 def has_comparator(case: MethodCase) -> bool:
     """Whether ``case``'s method declares a base to be matched against."""
-    return case.strategy_class.comparator is not None
+    return case.strategy_class.card.comparison.comparator is not None
 
 
 def check_comparator(case: MethodCase) -> None:
@@ -778,7 +766,7 @@ def check_comparator(case: MethodCase) -> None:
     take the same local training samples (a method with a base must plan them)."""
     config = case_config(case)
     matched = matched_config(config)
-    base = case.strategy_class.comparator
+    base = case.strategy_class.card.comparison.comparator
     assert matched.algorithm == base, (
         f"{case.id}: comparator {matched.algorithm}, not the declared base {base}"
     )

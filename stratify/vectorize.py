@@ -4,8 +4,8 @@
 Runs whose single-sample steps share an architecture and what they add to the gradient
 (:class:`~stratify.compiled.StepTerms`) form a group. Every run keeps its own engine: its
 plan, registry, random generators, metrics and run folder. Each epoch, every run of the
-group hands out its round's local training as jobs (:meth:`Strategy.local_work
-<stratify.method.Strategy.local_work>`): Stratify's hops as one job, FedAvg's clients as
+group hands out its round's local training as jobs (:meth:`Vectorizable.local_work
+<stratify.method.Vectorizable.local_work>`): Stratify's hops as one job, FedAvg's clients as
 one job each, SFL's hops as one job each. A :class:`LaneRunner` gives each run one lane of
 a :class:`~stratify.compiled.VectorisedSteps` and steps every lane's jobs ``K`` samples per
 call; a lane with nothing left to do steps at rate 0 until the others finish. A lane's
@@ -36,7 +36,7 @@ from stratify.compiled import (
 )
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, TrainingError
-from stratify.method import EpochStats, LocalWork
+from stratify.method import EpochStats, LocalWork, step_terms
 from stratify.nn.catalog import BATCH_STATISTICS_NORMS
 from stratify.run import Run
 
@@ -61,7 +61,7 @@ def step_key(config: TrainConfig) -> tuple[tuple | None, str]:
     if config.norm in BATCH_STATISTICS_NORMS:
         return None, f"--norm {config.norm}"
     strategy = build_strategy(config.algorithm, config.options, config.mode)
-    terms = strategy.step_terms(config.mode)
+    terms = step_terms(strategy, config.mode)
     if terms is None:
         return None, f"{config.algorithm} has no single-sample jobs"
     compile_off = getattr(strategy.options, "compile", "auto") == "off"
@@ -379,7 +379,7 @@ def group_terms(runs: Sequence[Run]) -> StepTerms:
     """The step terms of a group's runs (all alike, by :func:`step_key`)."""
     terms = StepTerms()
     for run in runs:
-        own = run.strategy.step_terms(run.config.mode)
+        own = step_terms(run.strategy, run.config.mode)
         if own is None:
             raise ValueError(f"{run.config.algorithm} has no single-sample jobs")
         terms = terms.union(own)

@@ -93,7 +93,7 @@ def tiny_engine(
         )
     values = dict(settings or {})
     if strategy is not None:
-        values.setdefault("algorithm", strategy.name)
+        values.setdefault("algorithm", strategy.card.name)
     if epochs is not None:
         values["epochs"] = epochs
     config = TrainConfig(mode=mode, lr=lr, seed=seed, secure=False, **values)

@@ -16,13 +16,13 @@ def test_methods_lists_every_method_with_its_description(capsys, monkeypatch):
     out = capsys.readouterr().out
     for name in ALGORITHMS:
         assert name in out
-        assert strategy_class(name).description in out
+        assert strategy_class(name).card.identity.description in out
     assert "--mu 0.01" in out and "--server-momentum 0.9" in out
 
 
 def test_every_algorithm_has_a_one_line_description():
     for name in ALGORITHMS:
-        description = strategy_class(name).description
+        description = strategy_class(name).card.identity.description
         assert description and "\n" not in description and len(description) <= 100
 
 
@@ -135,11 +135,14 @@ def test_train_cli_runs_a_baseline(tmp_path, capsys):
 
 def test_a_method_default_lr_is_used_when_no_lr_is_given_and_an_lr_overrides_it():
     from stratify.baselines.fedavg import FedAvg
+    from stratify.card import Identity, Rates
     from stratify.config import TrainConfig
     from stratify.experiment import build_experiment
 
     class SlowFedAvg(FedAvg):
-        default_lr = 0.002
+        card = FedAvg.card.derive(
+            Identity("slow-fedavg", "Slow FedAvg"), rates=Rates(paper_lr=0.002)
+        )
 
     config = TrainConfig(
         dataset="digits", partition="iid", clients=2, secure=False, algorithm="fedavg", mode="batch"
@@ -147,7 +150,7 @@ def test_a_method_default_lr_is_used_when_no_lr_is_given_and_an_lr_overrides_it(
     assert build_experiment(config, strategy=SlowFedAvg()).lr == 0.002
     # FedAvg's own rate on the digits in batch mode (its class declares it; the variant
     # above does not inherit it)
-    assert build_experiment(config).lr == FedAvg.own_rates()["digits", "batch"]
+    assert build_experiment(config).lr == FedAvg.card.rates.tuned["digits", "batch"]
     given = TrainConfig(
         dataset="digits",
         partition="iid",

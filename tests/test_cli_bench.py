@@ -161,7 +161,7 @@ def test_bench_local_times_the_methods_that_declare_it_and_refuses_the_rest(caps
     from stratify.algorithms import ALGORITHMS, strategy_class
     from stratify.bench.local import local_methods
 
-    declared = [name for name in ALGORITHMS if strategy_class(name).benchmark_local]
+    declared = [name for name in ALGORITHMS if strategy_class(name).card.bench.benchmark_local]
     assert local_methods() == tuple(declared) and "fedavg" in declared
     # FedBSS runs in batch mode only: it has no single-sample jobs to time
     assert "fedbss" not in declared

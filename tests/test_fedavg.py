@@ -85,7 +85,7 @@ def test_fedavg_family_defaults_are_niid_benchs_in_batch_mode(method):
     # SCAFFOLD keeps its paper's plain SGD: option II's variate assumes it (ScaffoldOptions)
     momentum = 0.0 if method is Scaffold else 0.9
     assert (batch.local_epochs, batch.batch_size, batch.local_momentum) == (10, 64, momentum)
-    assert batch.lr_schedule_for("batch") == "constant"
+    assert batch.card.rates.schedule == "constant"
     single = tiny_engine(method(), linear(), mode="single-sample").strategy
     assert (single.local_epochs, single.batch_size, single.local_momentum) == (1, 1, 0.0)
     # SCAFFOLD's weighting is its server step, the paper's (equal) by default

@@ -254,12 +254,19 @@ def test_defaults_follow_the_current_official_code():
     # the official rates by data set: 1e-3 on the 28×28 MNIST variants, 1e-2 otherwise
     assert FedBR().paper_lr("batch", "rotated-mnist") == FedBR().paper_lr("batch", "mnist-10k")
     assert FedBR().paper_lr("batch", "mnist-10k") == 1e-3
-    assert FedBR().paper_lr("batch", "digits") == FedBR().lr_for("batch", "cifar10") == 1e-2
+    assert (
+        FedBR().paper_lr("batch", "digits")
+        == FedBR().lr_for("batch", family="cifar", dataset="cifar10")
+        == 1e-2
+    )
     # on digits and the MNIST family its own rate, the defaults grids' best (the official
     # one is far below)
-    assert FedBR().lr_for("batch", "digits") == FedBR.own_rates()["digits", "batch"]
+    assert FedBR().lr_for("batch", family="digits") == FedBR.card.rates.tuned["digits", "batch"]
     for dataset in ("mnist-10k", "rotated-mnist"):
-        assert FedBR().lr_for("batch", dataset) == FedBR.own_rates()["mnist", "batch"]
+        assert (
+            FedBR().lr_for("batch", family="mnist", dataset=dataset)
+            == FedBR.card.rates.tuned["mnist", "batch"]
+        )
     config = TrainConfig(
         algorithm="fedbr",
         dataset="digits",
@@ -269,7 +276,7 @@ def test_defaults_follow_the_current_official_code():
         secure=False,
         mode="batch",
     )
-    assert build_experiment(config).lr == FedBR.own_rates()["digits", "batch"]
+    assert build_experiment(config).lr == FedBR.card.rates.tuned["digits", "batch"]
     # the docstring names the version each default follows
     for cited in ("d382a37", "3e24f7f", "plain SGD", "lr 1e-3 on 28×28 images", "RSM by default"):
         assert cited in fedbr_module.__doc__

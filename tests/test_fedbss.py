@@ -232,7 +232,7 @@ def test_defaults_are_the_papers_and_the_docstring_cites_them():
     assert (options.local_epochs, options.local_batch_size) == (10, 64)
     assert (options.local_momentum, options.local_weight_decay) == (1e-4, 1e-5)
     assert (options.client_fraction, options.weighting) == (0.1, "equal")
-    assert FedBSS().lr_for("batch") == 1e-3 and FedBSS.modes == ("batch",)
+    assert FedBSS().lr_for("batch") == 1e-3 and FedBSS.card.identity.modes == ("batch",)
     for cited in ("E = 10", "batch 64", "lr 1e-3", "momentum 1e-4", "weight decay 1e-5"):
         assert cited in FedBSS.__doc__
     assert "fraction 0.1" in FedBSS.__doc__ and "50 of 200" in FedBSS.__doc__
@@ -357,7 +357,7 @@ def test_fedbss_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     )
     resolved = json.loads((out / "config.json").read_text())["resolved"]
     # its own rate on the digits (its paper's 1e-3 is far below the defaults grid's best)
-    own = strategy_class("fedbss").own_rates()["digits", "batch"]
+    own = strategy_class("fedbss").card.rates.tuned["digits", "batch"]
     assert resolved["lr"] == own and resolved["options"]["warmup_rounds"] == 0
     assert all(np.isfinite(row["train_loss"]) for row in rows)
 

@@ -453,7 +453,7 @@ def test_train_cli_runs_feddiverse_end_to_end(tmp_path, capsys):
     assert summary["final_worst_group_accuracy"] is None
     resolved = json.loads((out / "config.json").read_text())["resolved"]
     # its own rate on the digits (its paper's 1e-3 is far below the defaults grid's best)
-    own = FedDiverse.own_rates()["digits", "batch"]
+    own = FedDiverse.card.rates.tuned["digits", "batch"]
     assert resolved["lr"] == own and resolved["options"]["dht"] == "estimated"
 
 

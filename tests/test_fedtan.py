@@ -102,7 +102,7 @@ def test_fedtan_defaults_are_its_official_codes_local_sgd():
     options = strategy.options
     assert (options.local_batch_size, options.local_momentum) == (128, 0.9)
     assert (options.local_weight_decay, options.local_epochs) == (1e-4, 1)
-    assert FedTAN.modes == ("batch",) and strategy.lr_schedule_for("batch") == "constant"
+    assert FedTAN.card.identity.modes == ("batch",) and strategy.card.rates.schedule == "constant"
 
 
 def test_fedtan_refuses_models_without_batch_norm():

@@ -53,6 +53,7 @@ from stratify.flower.messages import (  # noqa: E402
     TOTAL,
     check_flower_config,
     config_json,
+    flower_methods,
     read_indices,
 )
 from stratify.flower.server import (  # noqa: E402
@@ -213,6 +214,14 @@ def test_the_messages_carry_the_transfers_the_engine_counts(
     assert run.traffic.uploads == sum(epoch.uploads for epoch in stats)
     assert [epoch.transfers for epoch in run.epochs] == [epoch.transfers for epoch in stats]
     assert len(run.seconds) == len(run.accuracies) == config(case).epochs
+
+
+def test_every_method_whose_card_claims_flower_is_compared_with_its_in_process_run() -> None:
+    # the claim (MethodCard.flower) is what lets a method run over Flower; the simulated
+    # runs above check it, so each claiming method has a case there
+    claimed = set(flower_methods())
+    assert claimed == {"stratify", "fedavg", "fedprox", "scaffold"}
+    assert claimed <= {settings["algorithm"] for settings in CASES.values()}
 
 
 def test_a_flower_run_refuses_what_it_cannot_carry() -> None:

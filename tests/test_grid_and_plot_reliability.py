@@ -181,7 +181,7 @@ def test_grid_outputs_that_are_folders_are_refused_before_anything_runs(tiny, tm
 # -- values refused before the folder is stamped ---------------------------------------
 
 
-FEDAVG_DIGITS_LR = strategy_class("fedavg").own_rates()["digits", "single-sample"]
+FEDAVG_DIGITS_LR = strategy_class("fedavg").card.rates.tuned["digits", "single-sample"]
 BAD_GRID_VALUES = [
     (["--model", "vgg"], "unknown --model 'vgg'"),
     (["--dataset", "synthetic", "--model", "resnet9"], "model 'resnet9' needs image inputs"),

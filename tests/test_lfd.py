@@ -227,7 +227,7 @@ def test_defaults_are_the_papers_and_the_docstring_cites_them():
     assert (options.local_epochs, options.local_batch_size) == (10, 128)
     assert (options.local_momentum, options.local_weight_decay) == (0.9, 1e-5)
     assert (options.client_fraction, options.weighting) == (1.0, "samples")
-    assert LfD().lr_for("batch") == 0.01 and LfD.modes == ("batch",)
+    assert LfD().lr_for("batch") == 0.01 and LfD.card.identity.modes == ("batch",)
     for cited in ("τ = 0.1", "m = 0.15", "lr 0.01", "momentum 0.9", "weight", "batch 128"):
         assert cited in LfD.__doc__
     assert "decay 1e-5" in LfD.__doc__ and "E = 10" in LfD.__doc__
@@ -281,7 +281,7 @@ def test_lfd_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     assert summary["total_transfers"] == 2 * 10 * 2  # 2 rounds × 10 clients × (down + up)
     config = json.loads((out / "config.json").read_text())
     # its own rate on the digits (its paper's 0.01 scores 5.5 points below the best)
-    assert config["resolved"]["lr"] == LfD.own_rates()["digits", "batch"]
+    assert config["resolved"]["lr"] == LfD.card.rates.tuned["digits", "batch"]
     assert config["resolved"]["options"]["margin"] == 0.15
     # the resolved model size is the cosine-headed model's (84 × 10 weights, no bias)
     assert rows[0]["bytes_sent"] == rows[0]["transfers"] * config["resolved"]["model_bytes"]

@@ -3,9 +3,10 @@
 
 For every registered method in every mode it runs in (:func:`stratify.testing.method_cases`)
 and every option it declares for that mode, a run with the option set to another value
-than its default (:data:`OTHER_VALUES`) is compared with the default run, on the tiny
-federation of :mod:`stratify.testing`. The two must differ (in the final weights, the
-losses or the traffic), or the other value must be refused with a ``ConfigError``.
+than its default (the :class:`~stratify.options.Probe` its declaration carries) is
+compared with the default run, on the tiny federation of :mod:`stratify.testing`. The
+two must differ (in the final weights, the losses or the traffic), or the other value
+must be refused with a ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from stratify.data.datasets import Dataset
 from stratify.errors import ConfigError
+from stratify.options import Probe
 from stratify.run import Run
 from stratify.testing import (
     MethodCase,
@@ -27,65 +29,16 @@ from stratify.testing import (
     tiny_dataset,
 )
 
-#: Option -> (another value, settings the comparison needs so the option can act there).
-#: The settings are run settings (``TrainConfig`` fields) or options, given to both runs:
-#: e.g. weights by sample count equal equal weights on clients of equal sizes, so the
-#: weighting is compared on a Dirichlet split, whose clients differ in size; and
-#: ``"dataset": "unbalanced"`` (:func:`unbalanced_dataset`) runs on labels of unequal
-#: counts, where Stratify's proportional repeats differ from its uniform ones.
-OTHER_VALUES: dict[str, tuple[Any, dict[str, Any]]] = {
-    "chunk": (1, {}),
-    "batch_labels": (8, {}),
-    "selection": ("weighted", {"partition": "dirichlet:1.0"}),
-    "repeats": ("proportional", {"dataset": "unbalanced"}),
-    "repeat_count": (3, {}),
-    "cap": (2, {}),  # refused with the default --repeats uniform
-    "momentum": (0.5, {}),
-    "hops": ("direct", {}),
-    "exhausted": ("skip", {"options": {"repeat_count": 40}}),
-    "local_epochs": (2, {}),
-    "local_batch_size": (8, {}),
-    "local_momentum": (0.5, {"options": {"local_epochs": 2}}),  # FedTAN: 1 step a round
-    "local_weight_decay": (0.1, {}),
-    "client_fraction": (0.67, {}),
-    # None: the other choice; FedBSS and FedDiverse sample one of the three clients
-    "weighting": (None, {"partition": "dirichlet:1.0", "options": {"client_fraction": 1.0}}),
-    "local_steps": (2, {}),
-    "bn_buffers": ("local", {}),
-    "mu": (1.0, {}),
-    "server_lr": (0.5, {}),
-    "server_momentum": (0.5, {}),
-    "warmup_rounds": (2, {}),
-    "pseudo_data": ("mixture", {}),
-    "pseudo_weight": (0.5, {}),
-    "contrast_weight": (0.1, {}),
-    "positive_temperature": (0.1, {}),
-    "negative_temperature": (0.1, {}),
-    "rsm_size": (5, {}),
-    "mixture_size": (2, {"options": {"pseudo_data": "mixture"}}),
-    "dht": ("known", {}),
-    "pretrain_rounds": (2, {}),
-    "bias_epochs": (1, {}),
-    "attribute_epochs": (2, {}),
-    "cosine_temperature": (0.5, {}),
-    "margin": (0.5, {}),
-    "drift_weight": (0.0, {}),
-    "min_share": (20, {}),  # the tiny clients hold about 16 samples a batch
-}
 
-#: Options that choose how the same numbers are computed, not which: their equality is
-#: what their own tests check (tests/test_compiled.py, tests/test_stratify.py).
-SAME_NUMBERS_BY_DESIGN = {
-    "compile": "the compiled step computes the eager step's numbers",
-    "batch_path": "a global batch fused or client by client: the same summed gradient",
-}
-
-#: Options that act, but whose effect the tiny federation cannot show, with where it is
-#: checked: FedDiverse's biased models (trained with the GCE's q) fit all of a tiny client's
-#: samples whatever q is, so the estimated triplets, and the run, coincide.
-NOT_VISIBLE_ON_THE_TINY_FEDERATION = {
-    "gce_q": "tests/test_feddiverse.py: the generalized cross-entropy's q, by hand",
-}
+def probe(entry: dataclasses.Field) -> Probe:
+    """The option's other value and settings, as its declaration gives them
+    (:class:`~stratify.options.Probe`): e.g. weights by sample count equal equal weights
+    on clients of equal sizes, so the weighting is compared on a Dirichlet split; and
+    ``"dataset": "unbalanced"`` (:func:`unbalanced_dataset`) runs on labels of unequal
+    counts, where Stratify's proportional repeats differ from its uniform ones."""
+    declared = entry.metadata.get("probe")
+    assert isinstance(declared, Probe), f"option {entry.name} declares no probe"
+    return declared
 
 
 def option_cases() -> list[tuple[MethodCase, str]]:
@@ -93,18 +46,16 @@ def option_cases() -> list[tuple[MethodCase, str]]:
         (case, entry.name)
         for case in method_cases()
         for entry in case.strategy_class.options_class.option_fields()
-        if case.mode in entry.metadata["modes"] and entry.name in OTHER_VALUES
+        if case.mode in entry.metadata["modes"] and not probe(entry).unobservable
     ]
 
 
-def test_every_declared_option_has_another_value_to_try():
-    declared = {
-        entry.name
-        for case in method_cases()
-        for entry in case.strategy_class.options_class.option_fields()
-    }
-    exempt = set(SAME_NUMBERS_BY_DESIGN) | set(NOT_VISIBLE_ON_THE_TINY_FEDERATION)
-    assert declared - exempt == set(OTHER_VALUES)
+def test_every_declared_option_has_another_value_to_try_or_says_where_it_is_checked():
+    for case in method_cases():
+        for entry in case.strategy_class.options_class.option_fields():
+            reason = probe(entry).unobservable
+            # an option a short run cannot show names the test that checks it instead
+            assert not reason or reason.startswith("tests/test_"), (entry.name, reason)
 
 
 def unbalanced_dataset() -> Dataset:
@@ -153,8 +104,8 @@ def same(one: tuple[Any, ...], other: tuple[Any, ...]) -> bool:
     "case, name", option_cases(), ids=lambda value: getattr(value, "id", value)
 )
 def test_an_accepted_option_changes_the_run(case: MethodCase, name: str):
-    value, context = OTHER_VALUES[name]
     entry = {e.name: e for e in case.strategy_class.options_class.option_fields()}[name]
+    value, context = probe(entry).value, dict(probe(entry).settings)
     options = case.strategy_class.options_class.from_values(
         {**case_config(case).options, **context.get("options", {})}, case.algorithm, case.mode
     )

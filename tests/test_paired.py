@@ -23,9 +23,9 @@ from stratify.runfiles import read_records
 def test_every_method_with_a_base_has_one_and_the_rest_are_refused_in_one_line():
     for method in ALGORITHMS:
         mode = "batch"
-        if strategy_class(method).comparator is not None:
+        if strategy_class(method).card.comparison.comparator is not None:
             base, options = comparator_for(method, {}, mode)
-            assert base == strategy_class(method).comparator
+            assert base == strategy_class(method).card.comparison.comparator
             resolved = build_strategy(method, {}, mode).options
             for name in LOCAL_TRAINING:
                 if name == "weighting" and method == "scaffold":
@@ -78,7 +78,7 @@ def test_matched_config_copies_the_resolved_rate_rounds_and_seed():
     )
     matched = matched_config(config)
     # FedBR's own rate on the digits, as its run resolves it
-    own = strategy_class("fedbr").own_rates()["digits", "batch"]
+    own = strategy_class("fedbr").card.rates.tuned["digits", "batch"]
     assert (matched.algorithm, matched.lr, matched.lr_schedule) == ("fedavg", own, "constant")
     assert (matched.epochs, matched.seed, matched.clients) == (7, 5, 4)
     assert matched.partition == "iid" and matched.out is None

@@ -63,11 +63,10 @@ def test_the_table_shows_each_mode_s_default_and_the_methods_rates(capsys):
     for name, row in rows.items():
         cls = strategy_class(name.strip("`"))
         rate = row.split("`--lr` ")[1].split("<br>")[0]
-        own = [f"{lr} on {family} ({mode})" for (family, mode), lr in cls.own_rates().items()]
-        paper = cls.lr_note or (
-            "the dataset's" if cls.default_lr is None else f"{cls.default_lr:g}"
-        )
-        assert rate == (f"{', '.join(own)}; else {paper}" if own else paper), name
+        rates = cls.card.rates
+        own = [f"{lr} on {family} ({mode})" for (family, mode), lr in (rates.tuned or {}).items()]
+        paper = rates.note or ("the dataset's" if rates.paper_lr is None else f"{rates.paper_lr:g}")
+        assert rate == (f"{', '.join(own)}; else {paper}" if own else f"untuned: {paper}"), name
     assert "else 0.001" in rows["`fedbss`"] or "`--lr` 0.001<br>" in rows["`fedbss`"]
     # an option of one mode says so; a default resolved at run time quotes its help
     assert "`--chunk` 5 (single-sample)" in rows["`stratify`"]

@@ -287,7 +287,7 @@ def float_options():
         cls = strategy_class(algorithm)
         for entry in cls.options_class.option_fields():
             if entry.metadata["type"] is float:
-                modes = [mode for mode in cls.modes if mode in entry.metadata["modes"]]
+                modes = [m for m in cls.card.identity.modes if m in entry.metadata["modes"]]
                 yield algorithm, modes[0], entry.name
 
 

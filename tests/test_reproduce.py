@@ -269,7 +269,9 @@ def test_successive_halving_keeps_the_better_half_and_decides_at_the_full_epochs
 def fedavg_at_005(monkeypatch):
     """FedAvg's own rate on the digits in batch mode pinned to 0.05, so the candidates
     below do not follow the committed defaults grid."""
-    monkeypatch.setattr(strategy_class("fedavg"), "own_lrs", {("digits", "batch"): 0.05})
+    cls = strategy_class("fedavg")
+    rates = dataclasses.replace(cls.card.rates, tuned={("digits", "batch"): 0.05})
+    monkeypatch.setattr(cls, "card", dataclasses.replace(cls.card, rates=rates))
 
 
 def fake_trial(folder: Path, accuracies: list[float], classes: int | None = None) -> None:
@@ -404,15 +406,15 @@ def test_a_comparators_candidates_surround_its_bases_rate_and_its_methods(tmp_pa
         (partition_row("iid", "IID"),),
         (paired_column("lfd", local_epochs=1),),
     )
-    lfd = strategy_class("lfd").own_lrs[("digits", "batch")]
-    assert lfd != strategy_class("fedavg").own_lrs[("digits", "batch")]
+    lfd = strategy_class("lfd").card.rates.tuned["digits", "batch"]
+    assert lfd != strategy_class("fedavg").card.rates.tuned["digits", "batch"]
     cells, _ = plan_cells(grid, Settings(seeds=(0, 1)), tmp_path)
     plan = TuningPlan(cells, Tuning(factors=(0.5, 1, 2), epochs=2, widen=0), tmp_path)
     specs = plan.next_specs()
     assert {Path(spec.config.out).parent.name for spec in specs} == {
         cell.column.key for cell in cells if cell.is_comparator
     }
-    fedavg = strategy_class("fedavg").own_lrs[("digits", "batch")]
+    fedavg = strategy_class("fedavg").card.rates.tuned["digits", "batch"]
     expected = sorted({*candidates(lfd, (0.5, 1, 2)), *candidates(fedavg, (0.5, 1, 2))})
     assert sorted(spec.config.lr for spec in specs) == expected and len(expected) == 6
 
@@ -864,8 +866,8 @@ def test_defaults_grid_runs_every_method_and_mode_at_every_candidate_rate(tmp_pa
     expected = {
         (name, mode)
         for name in ALGORITHMS
-        for mode in strategy_class(name).modes
-        if not strategy_class(name).requires_batch_norm
+        for mode in strategy_class(name).card.identity.modes
+        if not strategy_class(name).card.paper.requires_batch_norm
     }
     assert set(planned) == expected
     # each with its own default options, for as long as its mechanism needs (FedBSS's

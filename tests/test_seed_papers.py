@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from stratify.algorithms import ALGORITHMS, strategy_class
+from stratify.card import PaperSetting
 from stratify.comparison import matched_config
 from stratify.config import TrainConfig, resolve_lr
 from stratify.data.heterogeneity import heterogeneity_triplet, interaction_matrix
@@ -21,7 +22,6 @@ from stratify.data.partition import (
     unassigned,
 )
 from stratify.errors import PartitionError
-from stratify.method import PaperSetting
 from stratify.reproduce.grids import GRIDS, Settings, paper_setting_grid, plan_cells
 
 # -- gsc:k --------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_gsc_needs_two_attributes():
 
 
 def declaring() -> list[str]:
-    return [name for name in ALGORITHMS if strategy_class(name).paper_settings]
+    return [name for name in ALGORITHMS if strategy_class(name).card.paper.settings]
 
 
 def test_the_seed_methods_declare_their_paper_settings():
@@ -144,11 +144,12 @@ def test_a_declared_paper_setting_names_config_fields_and_the_methods_own_option
     cls = strategy_class(name)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     own = {entry.name for entry in cls.options_class.option_fields()}
-    base = {entry.name for entry in strategy_class(cls.comparator).options_class.option_fields()}
+    comparator = strategy_class(cls.card.comparison.comparator)
+    base = {entry.name for entry in comparator.options_class.option_fields()}
     # a setting is its key and variant: each names one run
-    keys = [(setting.key, setting.variant) for setting in cls.paper_settings]
+    keys = [(setting.key, setting.variant) for setting in cls.card.paper.settings]
     assert len(set(keys)) == len(keys)
-    for setting in cls.paper_settings:
+    for setting in cls.card.paper.settings:
         assert set(setting.values) <= fields - {"algorithm", "options", "seed", "out"}
         assert set(setting.options) <= own
         assert set(setting.comparator_options) <= base
@@ -175,7 +176,8 @@ def test_a_default_rate_chosen_on_other_settings_does_not_move_a_paper_setting(
     for name in (*declaring(), "fedavg", "fedavgm"):
         cls = strategy_class(name)
         rates = {(family, "batch"): 0.777 for family in ("mnist", "digits")}
-        monkeypatch.setattr(cls, "own_lrs", rates)
+        tuned = dataclasses.replace(cls.card.rates, tuned=rates)
+        monkeypatch.setattr(cls, "card", dataclasses.replace(cls.card, rates=tuned))
     assert planned_rates() == before
     assert 0.777 not in before.values()
 
@@ -186,7 +188,7 @@ def test_the_seed_papers_grid_is_the_declared_settings():
     by_column = {column.key: column for column in columns}
     planned = 0
     for name in declaring():
-        for setting in strategy_class(name).paper_settings:
+        for setting in strategy_class(name).card.paper.settings:
             row = by_key[f"{name}-{setting.key}"]
             assert row.values == dict(setting.values)
             # the row's options and its variant's column's make the setting's options
@@ -208,9 +210,10 @@ def test_variants_of_one_setting_must_share_its_values(monkeypatch):
     from stratify.errors import ConfigError
 
     lfd = strategy_class("lfd")
-    first = lfd.paper_settings[0]
+    first = lfd.card.paper.settings[0]
     clash = dataclasses.replace(first, values={**first.values, "epochs": 3}, variant="other")
-    monkeypatch.setattr(lfd, "paper_settings", (first, clash))
+    paper = dataclasses.replace(lfd.card.paper, settings=(first, clash))
+    monkeypatch.setattr(lfd, "card", dataclasses.replace(lfd.card, paper=paper))
     with pytest.raises(ConfigError, match="differ in label, values"):
         paper_setting_grid()
 

@@ -55,7 +55,7 @@ def test_sfl_defaults_are_its_papers_plain_sgd_with_batch_20_and_weight_decay():
     options = batch.options
     assert (options.local_epochs, options.local_batch_size) == (1, 20)
     assert (options.local_momentum, options.local_weight_decay) == (0.0, 1e-4)
-    assert batch.lr_schedule_for("batch") == "constant" and batch.lr_for("batch") is None
+    assert batch.card.rates.schedule == "constant" and batch.lr_for("batch") is None
     single = tiny_engine(SFL(), linear(), mode="single-sample").strategy
     assert single.options.local_batch_size == 1
     assert (

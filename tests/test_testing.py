@@ -115,14 +115,14 @@ def test_the_comparator_check_applies_to_the_methods_with_a_base():
     assert applies(MethodCase("fedprox", "batch")) and not applies(MethodCase("sfl", "batch"))
 
 
-def test_a_method_that_leaves_its_decisions_undeclared_is_refused(register):
-    # the toy states its label only: no comparator (nor why none), no test options, ...
+def test_a_method_without_a_card_is_refused(register):
+    # the toy has hooks only: no label, no comparator (nor why none), no test options, ...
     register("undeclared", "UndeclaredMethod")
-    with pytest.raises(AssertionError, match="declares no comparator, effective_weighting"):
+    with pytest.raises(AssertionError, match="declares no card"):
         check_declarations(MethodCase("undeclared", "batch"))
 
 
-def test_a_declaration_inherited_from_a_parent_method_counts(register):
-    # NoisyFedAvg declares nothing itself: FedAvg's decisions are its own
+def test_a_card_derived_from_a_parent_method_s_counts(register):
+    # NoisyFedAvg's card is FedAvg's with its own identity: FedAvg's decisions are its own
     register("noisy-fedavg", "NoisyFedAvg")
     check_declarations(MethodCase("noisy-fedavg", "batch"))

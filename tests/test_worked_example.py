@@ -65,7 +65,7 @@ def test_the_example_method_runs_in_the_paired_grid_beside_its_comparator(fedtri
     assert not notes
     labels = {cell.column.label for cell in cells}
     assert labels == {"FedTrim", "FedAvg (matched)"}
-    # its declared effective weighting reaches the comparator
+    # its one weighting, equal, reaches the comparator
     assert comparator_for(fedtrim, {})[1]["weighting"] == "equal"
     matched = [cell for cell in cells if cell.column.label == "FedAvg (matched)"]
     assert all(cell.config.options["weighting"] == "equal" for cell in matched)

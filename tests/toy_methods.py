@@ -13,6 +13,7 @@ from torch import nn
 from stratify.baselines.fedavg import FedAvg, FedAvgOptions
 from stratify.baselines.fedavgm import FedAvgM
 from stratify.baselines.fedprox import FedProx
+from stratify.card import Identity
 from stratify.client import LocalResult
 from stratify.method import ClientUpdate, Context, Round, Strategy
 from stratify.options import option
@@ -34,9 +35,13 @@ class NoisyFedAvg(FedAvg):
     of DP-FedAvg), drawn from torch's global generator: a method whose numbers depend on
     that generator, which a checkpoint must carry."""
 
-    name = "noisy-fedavg"
-    label = "Noisy FedAvg"
-    description = "FedAvg plus Gaussian noise on the average, from torch's generator"
+    card = FedAvg.card.derive(
+        Identity(
+            "noisy-fedavg",
+            "Noisy FedAvg",
+            "FedAvg plus Gaussian noise on the average, from torch's generator",
+        )
+    )
     options_class = NoisyFedAvgOptions
     options: NoisyFedAvgOptions
 
@@ -51,8 +56,7 @@ class ForgetfulFedAvgM(FedAvgM):
     """FedAvgM whose checkpoint leaves out the server's velocity: a resumed run restarts
     the server momentum from zero. A broken method, for the conformance checks to refuse."""
 
-    name = "forgetful-fedavgm"
-    label = "Forgetful FedAvgM"
+    card = FedAvgM.card.derive(Identity("forgetful-fedavgm", "Forgetful FedAvgM"))
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -65,8 +69,7 @@ class GlobalNumpyFedAvg(FedAvg):
     the round's: its numbers depend on whatever drew from that generator before, and no
     checkpoint carries it. A broken method, for the conformance checks to refuse."""
 
-    name = "global-numpy-fedavg"
-    label = "Global-numpy FedAvg"
+    card = FedAvg.card.derive(Identity("global-numpy-fedavg", "Global-numpy FedAvg"))
 
     def server_update(self, context: Context, average: State) -> State:
         return {
@@ -80,8 +83,7 @@ class OneWayFedAvg(FedAvg):
     """FedAvg that counts only the upload of each participant's model, not the download:
     half the traffic it sends. A broken method, for the conformance checks to refuse."""
 
-    name = "one-way-fedavg"
-    label = "One-way FedAvg"
+    card = FedAvg.card.derive(Identity("one-way-fedavg", "One-way FedAvg"))
 
     def client_update(
         self, context: Context, client: int, model: nn.Module, result: LocalResult
@@ -95,8 +97,7 @@ class DoubleWorkFedProx(FedProx):
     """FedProx whose clients make two passes where its options say one: its local work
     is not what its options (and so its matched comparator) plan."""
 
-    name = "double-work-fedprox"
-    label = "Double-work FedProx"
+    card = FedProx.card.derive(Identity("double-work-fedprox", "Double-work FedProx"))
 
     @property
     def local_epochs(self) -> int:
@@ -108,8 +109,7 @@ class IdleFedAvg(FedAvg):
     its rounds send models back and forth and nothing trains. A broken method, for the
     conformance checks to refuse."""
 
-    name = "idle-fedavg"
-    label = "Idle FedAvg"
+    card = FedAvg.card.derive(Identity("idle-fedavg", "Idle FedAvg"))
 
     @property
     def local_epochs(self) -> int:
@@ -121,8 +121,7 @@ class PrivateGeneratorFedAvg(FedAvg):
     checkpoint leaves out: a resumed run draws the first rounds' noise again. A broken
     method, for the conformance checks to refuse."""
 
-    name = "private-generator-fedavg"
-    label = "Private-generator FedAvg"
+    card = FedAvg.card.derive(Identity("private-generator-fedavg", "Private-generator FedAvg"))
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -142,8 +141,7 @@ class MeanLossFedAvg(FedAvg):
     state of a resumed run is wrong while its weights and metrics are right. A broken
     method, for the conformance checks to refuse."""
 
-    name = "mean-loss-fedavg"
-    label = "Mean-loss FedAvg"
+    card = FedAvg.card.derive(Identity("mean-loss-fedavg", "Mean-loss FedAvg"))
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -170,8 +168,7 @@ class StaleLossFedAvg(FedAvg):
     it: a resumed run overwrites it in its first round, so only a state loaded and read
     back shows it lost. A broken method, for the conformance checks to refuse."""
 
-    name = "stale-loss-fedavg"
-    label = "Stale-loss FedAvg"
+    card = FedAvg.card.derive(Identity("stale-loss-fedavg", "Stale-loss FedAvg"))
 
     def setup(self, context: Context) -> None:
         super().setup(context)
@@ -200,8 +197,7 @@ class UncheckedNoisyFedAvg(NoisyFedAvg):
     included: bad input that reaches the run instead of being refused in one line. A
     broken method, for the conformance checks to refuse."""
 
-    name = "unchecked-noisy-fedavg"
-    label = "Unchecked noisy FedAvg"
+    card = NoisyFedAvg.card.derive(Identity("unchecked-noisy-fedavg", "Unchecked noisy FedAvg"))
     options_class = UncheckedNoisyFedAvgOptions
 
 
@@ -209,8 +205,7 @@ class UnplannedFedProx(FedProx):
     """FedProx that plans no local work a round: a paired dry run cannot show it doing
     its comparator's work. A broken method, for the conformance checks to refuse."""
 
-    name = "unplanned-fedprox"
-    label = "Unplanned FedProx"
+    card = FedProx.card.derive(Identity("unplanned-fedprox", "Unplanned FedProx"))
 
     def planned_sample_gradients(self, client_sizes: list[int]) -> float | None:
         return None
@@ -220,17 +215,13 @@ class NamesakeFedAvg(FedAvg):
     """A FedAvg variant that forgot its own label: it would show as FedAvg in every grid
     and table. A broken method, for the declarations check to refuse."""
 
-    name = "namesake-fedavg"
+    card = FedAvg.card.derive(Identity("namesake-fedavg", "FedAvg"))
 
 
 class UndeclaredMethod(Strategy):
-    """A method that states its name and label but none of the other decisions of
-    :data:`stratify.testing.DECLARATIONS` (comparator, test options, ...): a broken method,
-    for the declarations check to refuse. Its rounds train nobody."""
-
-    name = "undeclared"
-    description = "no clients, no training: a method that declares almost nothing"
-    label = "Undeclared"
+    """A method without a card (:class:`stratify.card.MethodCard`): nothing says its
+    label, comparator, test options, ...: a broken method, for the declarations check to
+    refuse. Its rounds train nobody."""
 
     def configure_rounds(
         self, context: Context, epoch: int, rng: np.random.Generator

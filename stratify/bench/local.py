@@ -36,13 +36,14 @@ from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.engine import Engine
 from stratify.experiment import build_experiment
+from stratify.method import local_work
 from stratify.state import State, load_into
 from stratify.validation import check_choice, check_positive_int, check_repeats
 
 
 def local_methods() -> tuple[str, ...]:
-    """The registered methods whose class declares ``benchmark_local``."""
-    return tuple(name for name in ALGORITHMS if strategy_class(name).benchmark_local)
+    """The registered methods whose card sets ``bench.benchmark_local``."""
+    return tuple(name for name in ALGORITHMS if strategy_class(name).card.bench.benchmark_local)
 
 
 def local_engine(config: TrainConfig, compile_mode: str, data: Any) -> Engine:
@@ -57,7 +58,7 @@ def client_jobs(engine: Engine, epoch: int) -> list[LocalJob]:
     context.epoch = epoch
     rng = engine.epoch_rng(epoch)
     (round_,) = strategy.configure_rounds(context, epoch, rng)
-    work = strategy.local_work(context, round_, rng)
+    work = local_work(strategy, context, round_, rng)
     assert work is not None, "a single-sample baseline gives its round as jobs"
     return work.jobs
 
@@ -164,7 +165,7 @@ def bench_local(
     Parameters
     ----------
     method : str or None
-        A method whose class declares ``benchmark_local``; ``None``: the first registered.
+        A method whose card sets ``bench.benchmark_local``; ``None``: the first registered.
     dataset, data_dir, spec, clients : str, str or None, str, int
         The data and its split, as ``stratify train`` takes them.
     rounds : int

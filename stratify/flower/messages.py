@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, CorruptRunError
 from stratify.flower.keys import SCHEMES
@@ -121,21 +122,25 @@ def read_indices(record: ArrayRecord, name: str) -> np.ndarray:
     return np.asarray(record[name].numpy(), dtype=np.int64)
 
 
-#: the methods whose every read of the training data goes through the trainer, so that a
-#: :class:`~stratify.flower.server.RemoteTrainer` sends it to the nodes (checked for
-#: equality with the in-process run in batch mode); another method could read the
-#: server's stand-in data and train on nothing
-FLOWER_METHODS = ("stratify", "fedavg", "fedprox", "scaffold")
+def flower_methods() -> tuple[str, ...]:
+    """The registered methods whose card says every read of their training data goes
+    through the trainer (:attr:`~stratify.card.MethodCard.flower`), so that a
+    :class:`~stratify.flower.server.RemoteTrainer` sends it to the nodes; another method
+    could read the server's stand-in data and train on nothing. tests/test_flower.py
+    checks each claim: the method's simulated run ends with the in-process weights."""
+    return tuple(name for name in ALGORITHMS if strategy_class(name).card.flower)
+
+
 #: the encrypted registry's protocols whose parties run on their own nodes
 SECURE_PROTOCOLS = tuple(SCHEMES)
 
 
 def check_flower_config(config: TrainConfig) -> None:
     """Refuse the settings a Flower run does not carry (docs/flower.md, "Limits")."""
-    if config.algorithm not in FLOWER_METHODS:
+    if not strategy_class(config.algorithm).card.flower:
         raise ConfigError(
             f"--algorithm {config.algorithm} does not run over Flower yet; choose one of "
-            f"{', '.join(FLOWER_METHODS)}"
+            f"{', '.join(flower_methods())}"
         )
     if config.mode != "batch" and config.algorithm != "stratify":
         raise ConfigError(

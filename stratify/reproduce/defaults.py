@@ -9,7 +9,7 @@ a candidate with a run that stopped early (a non-finite loss) ranks below every
 candidate whose runs all finished. The *best* candidate has the highest score; the
 *rule's* rate is the method's paper's rate where its paper fixes one and its score is
 within :data:`TOLERANCE` of the best, else the best. Each method declares the rule's
-rate on its class (``own_lrs``); the test set is never read to choose.
+rate on its card (``rates.tuned``); the test set is never read to choose.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from stratify.algorithms import build_strategy, method_label
 from stratify.config import TrainConfig, resolve_lr
 from stratify.data.datasets import dataset_family
 from stratify.errors import ConfigError, CorruptRunError
+from stratify.method import informative_epochs
 from stratify.reproduce.results import (
     BASE_FIELDS,
     INTEGER_FIELDS,
@@ -115,7 +116,7 @@ class DefaultChoice:
             algorithm=self.algorithm,
             dataset=self.dataset,
             mode=self.mode,
-            epochs=strategy.informative_epochs(),
+            epochs=informative_epochs(strategy),
             secure=False,
         )
         return resolve_lr(config, strategy)

@@ -27,6 +27,7 @@ from stratify.config import TrainConfig
 from stratify.data.datasets import dataset_options
 from stratify.data.datasets.base import check_options
 from stratify.errors import ConfigError
+from stratify.method import informative_epochs
 from stratify.nn.models import MODELS
 from stratify.validation import (
     check_bool,
@@ -41,7 +42,7 @@ BASELINES = ("fedavg", "fedprox", "scaffold", "sfl")
 #: clients of a cell when neither the command nor the grid sets them
 DEFAULT_CLIENTS = 10
 #: the methods that declare settings of their own papers (the seed-paper methods)
-SEED_METHODS = tuple(name for name in ALGORITHMS if strategy_class(name).paper_settings)
+SEED_METHODS = tuple(name for name in ALGORITHMS if strategy_class(name).card.paper.settings)
 RESNETS = ("resnet9", "resnet18", "resnet20")
 
 
@@ -139,20 +140,20 @@ def slug(text: str) -> str:
 
 def grid_label(algorithm: str, *notes: str) -> str:
     """``FedBSS (batch, C=1)``: the method's label with ``notes`` and its declared
-    :attr:`~stratify.method.Strategy.grid_label`."""
-    notes = (*notes, strategy_class(algorithm).grid_label)
+    :attr:`~stratify.card.Comparison.grid_label`."""
+    notes = (*notes, strategy_class(algorithm).card.comparison.grid_label)
     shown = ", ".join(note for note in notes if note)
     return method_label(algorithm) + (f" ({shown})" if shown else "")
 
 
 def method_column(algorithm: str, **options: Any) -> Column:
     """A method in a comparison grid, with the options it declares for them
-    (:attr:`~stratify.method.Strategy.grid_options`) and ``options`` over them."""
+    (:attr:`~stratify.card.Comparison.grid_options`) and ``options`` over them."""
     return Column(
         algorithm,
         grid_label(algorithm),
         {"algorithm": algorithm},
-        {**strategy_class(algorithm).grid_options, **options},
+        {**strategy_class(algorithm).card.comparison.grid_options, **options},
     )
 
 
@@ -162,7 +163,7 @@ def schedule_column(algorithm: str, schedule: str) -> Column:
         f"{algorithm}-{schedule}",
         grid_label(algorithm, schedule),
         {"algorithm": algorithm, "lr_schedule": schedule},
-        dict(strategy_class(algorithm).grid_options),
+        dict(strategy_class(algorithm).card.comparison.grid_options),
     )
 
 
@@ -172,7 +173,7 @@ def batch_column(algorithm: str) -> Column:
         algorithm,
         grid_label(algorithm, "batch"),
         {"algorithm": algorithm, "mode": "batch"},
-        dict(strategy_class(algorithm).grid_options),
+        dict(strategy_class(algorithm).card.comparison.grid_options),
     )
 
 
@@ -251,8 +252,9 @@ def paired_column(algorithm: str, label: str | None = None, **values: Any) -> Co
 
 #: The paired grid's budget, chosen to fit a few hours on two shared CPU cores: 20
 #: rounds (``--plateau`` runs each pair to its comparator's plateau instead), with the
-#: local work each method declares for it (``paired_setting``: one local epoch unless the
-#: method says otherwise), each method's own optimizer, batch and clients per round.
+#: local work each method's card declares for it (``comparison.paired_setting``: one
+#: local epoch unless the method says otherwise), each method's own optimizer, batch and
+#: clients per round.
 PAIRED_ROUNDS = 20
 PAIRED_ROWS = (
     partition_row("classes:1", "#C=1"),
@@ -265,24 +267,26 @@ PAIRED_ROWS = (
 
 def paired_grid_column(algorithm: str) -> Column:
     """``algorithm``'s column of the ``paired`` grid, with the setting it declares for it
-    (:attr:`~stratify.method.Strategy.paired_setting`; a data set of its own is named in
+    (:attr:`~stratify.card.Comparison.paired_setting`; a data set of its own is named in
     its label); one without a comparator is left out with a note when paired."""
     cls = strategy_class(algorithm)
-    if cls.comparator is None:
+    if cls.card.comparison.comparator is None:
         return paired_column(algorithm)
-    setting = cls.paired_setting
+    setting = cls.card.comparison.paired_setting
     label = f"{method_label(algorithm)} ({setting['dataset']})" if "dataset" in setting else None
     return paired_column(algorithm, label, **setting)
 
 
 PAIRED_COLUMNS = tuple(
-    paired_grid_column(name) for name in ALGORITHMS if strategy_class(name).comparator is not None
+    paired_grid_column(name)
+    for name in ALGORITHMS
+    if strategy_class(name).card.comparison.comparator is not None
 )
 
 
 def paper_setting_grid() -> tuple[tuple[Row, ...], tuple[Column, ...]]:
     """The ``seed-papers`` grid's rows and columns, from the settings each registered
-    method declares (:attr:`~stratify.method.Strategy.paper_settings`): a row per setting
+    method declares (:attr:`~stratify.card.Paper.settings`): a row per setting
     key, with the options of its first setting, holding a paired column per variant, with
     what the variant changes.
 
@@ -296,8 +300,8 @@ def paper_setting_grid() -> tuple[tuple[Row, ...], tuple[Column, ...]]:
     columns: dict[str, Column] = {}
     for name in ALGORITHMS:
         cls = strategy_class(name)
-        for setting in cls.paper_settings:
-            label = f"{cls.label}: {setting.label}"
+        for setting in cls.card.paper.settings:
+            label = f"{cls.card.label}: {setting.label}"
             row_key = slug(f"{name}-{setting.key}")
             row = rows.setdefault(
                 row_key, Row(row_key, label, dict(setting.values), dict(setting.options), ())
@@ -312,7 +316,7 @@ def paper_setting_grid() -> tuple[tuple[Row, ...], tuple[Column, ...]]:
                 )
             column = Column(
                 slug(f"{name}-{setting.variant}" if setting.variant else name),
-                f"{cls.label} ({setting.variant})" if setting.variant else cls.label,
+                f"{cls.card.label} ({setting.variant})" if setting.variant else cls.card.label,
                 {"algorithm": name},
                 {key: value for key, value in options.items() if key not in row.options},
                 paired=True,
@@ -351,7 +355,7 @@ def lr_rows(candidates: Sequence[float]) -> tuple[Row, ...]:
 def lr_columns(epochs: dict[str, int]) -> tuple[Column, ...]:
     """One column per registered method and mode of ``epochs`` it runs in, each with its
     own default options and the mode's epochs, or the more its mechanism needs to act
-    (:meth:`~stratify.method.Strategy.informative_epochs`: FedBSS's 50 warm-up rounds + 2)."""
+    (:meth:`~stratify.method.Budgeted.informative_epochs`: FedBSS's 50 warm-up rounds + 2)."""
     return tuple(
         Column(
             f"{name}-{mode}",
@@ -359,12 +363,12 @@ def lr_columns(epochs: dict[str, int]) -> tuple[Column, ...]:
             {
                 "algorithm": name,
                 "mode": mode,
-                "epochs": max(count, build_strategy(name, {}, mode).informative_epochs()),
+                "epochs": max(count, informative_epochs(build_strategy(name, {}, mode))),
             },
         )
         for name in ALGORITHMS
         for mode, count in epochs.items()
-        if mode in strategy_class(name).modes
+        if mode in strategy_class(name).card.identity.modes
     )
 
 
@@ -689,7 +693,7 @@ def runnable(
     mode = values["mode"]
     if column.algorithm not in ALGORITHMS:
         return f"{column.label}: no method {column.algorithm!r} in this build, left out"
-    if mode not in strategy_class(column.algorithm).modes:
+    if mode not in strategy_class(column.algorithm).card.identity.modes:
         return f"{column.label}: {column.algorithm} does not run in {mode} mode, left out"
     try:
         # a run its options cannot make (FedBSS's warm-up longer than the run): a shorter
@@ -701,7 +705,7 @@ def runnable(
     except ConfigError as error:
         return f"{column.label}: {error}; left out"
     model = values.get("model")
-    if strategy_class(column.algorithm).requires_batch_norm and (
+    if strategy_class(column.algorithm).card.paper.requires_batch_norm and (
         model not in RESNETS or values.get("norm", "bn") != "bn"
     ):
         return (
@@ -845,9 +849,9 @@ def plateau_cells(grid: Grid, cells: Sequence[Cell], minimum_rounds: int) -> lis
         )
     for cell in cells:
         # a pair that stopped before the method's mechanism could act would compare nothing
-        needed = build_strategy(
-            cell.config.algorithm, cell.config.options, cell.config.mode
-        ).informative_epochs()
+        needed = informative_epochs(
+            build_strategy(cell.config.algorithm, cell.config.options, cell.config.mode)
+        )
         if needed > minimum_rounds:
             raise ConfigError(
                 f"--plateau {minimum_rounds}: {cell.column.label} needs {needed} rounds for its "

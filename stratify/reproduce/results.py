@@ -744,7 +744,7 @@ def paired_lines(runs: Sequence[Run], seeds: int, field: str) -> list[list[str]]
         base = (
             comparator[0]["algorithm"]
             if comparator
-            else str(strategy_class(method[0]["algorithm"]).comparator)
+            else str(strategy_class(method[0]["algorithm"]).card.comparison.comparator)
         )
         difference = seed_difference(method, comparator, field)
         lines.append(

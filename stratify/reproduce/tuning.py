@@ -7,7 +7,7 @@ last rounds (:func:`validation_score`) is then used by that row and column's cel
 every seed. Only the validation accuracy is read:
 a tuning run also records its test accuracy, like every run, but the choice never looks
 at it. A tuning run is at least as long as the method needs for its own mechanism to act
-(:meth:`~stratify.method.Strategy.informative_epochs`: FedBSS's warm-up + 2), and runs
+(:meth:`~stratify.method.Budgeted.informative_epochs`: FedBSS's warm-up + 2), and runs
 with the final runs' options, so FedBSS tunes with the warm-up it is then run with
 (docs/architecture.md, "Reproducing the papers").
 
@@ -40,6 +40,7 @@ from stratify.algorithms import build_strategy
 from stratify.config import TrainConfig, resolve_lr
 from stratify.errors import ConfigError, CorruptRunError
 from stratify.measures import NEAR_CHANCE_POINTS, last_rounds
+from stratify.method import informative_epochs as method_epochs
 from stratify.parallel import COMPLETE, RunOutcome, RunSpec
 from stratify.parallel.folders import saved_classes
 from stratify.reproduce.grids import Cell
@@ -147,15 +148,15 @@ def validation_score(records: Sequence[dict]) -> tuple[float | None, int | None]
 
 def informative_epochs(config: TrainConfig) -> int:
     """The fewest epochs in which ``config``'s method's mechanism acts
-    (:meth:`~stratify.method.Strategy.informative_epochs`)."""
-    return build_strategy(config.algorithm, config.options, config.mode).informative_epochs()
+    (:meth:`~stratify.method.Budgeted.informative_epochs`)."""
+    return method_epochs(build_strategy(config.algorithm, config.options, config.mode))
 
 
 def tuning_epochs(config: TrainConfig, requested: int | None) -> int:
     """A tuning run's epochs: ``requested`` (default: the cell's), but never fewer than the
-    method's :meth:`~stratify.method.Strategy.informative_epochs`."""
+    method's :meth:`~stratify.method.Budgeted.informative_epochs`."""
     strategy = build_strategy(config.algorithm, config.options, config.mode)
-    return max(requested or config.epochs, strategy.informative_epochs())
+    return max(requested or config.epochs, method_epochs(strategy))
 
 
 def method_default_lr(config: TrainConfig) -> float:
