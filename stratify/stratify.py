@@ -178,14 +178,20 @@ class Stratify(Strategy, Vectorizable):
             no_comparator="stratify has no base and no local optimizer to match (its global "
             "model travels and takes one step per sample or per global batch)"
         ),
-        # chosen by the `defaults` grids (docs/results/defaults-*.csv)
         rates=Rates(
+            # chosen by the `defaults` grids (docs/results/defaults-*.csv), each mode at
+            # its schedule
             tuned={
                 ("digits", "batch"): 0.3,
                 ("digits", "single-sample"): 0.01,
                 ("mnist", "batch"): 0.1,
                 ("mnist", "single-sample"): 0.01,
-            }
+            },
+            # over ten seeds of 30 single-sample epochs (the `stratify-schedule` grid,
+            # docs/results.md) the paper's constant rate ends lower on every split and
+            # dips below 90% on some seeds; the decay does neither. Batch mode was not
+            # measured there, so it keeps the paper's constant rate
+            mode_schedules={"single-sample": "inverse-epoch"},
         ),
         bench=Bench(step_size_options=("momentum",)),
         flower=True,

@@ -256,7 +256,8 @@ def test_a_run_is_compared_by_the_rate_schedule_and_options_it_used(tmp_path, mo
     assert folder_state(named).differences == ()
     # a default that moved since makes it another configuration, not a finished run
     other = "inverse-epoch" if used["lr_schedule"] == "constant" else "constant"
-    monkeypatch.setattr(Stratify, "lr_schedule_for", lambda self, mode: other)
+    rates = dataclasses.replace(Stratify.card.rates, schedule=other, mode_schedules={})
+    monkeypatch.setattr(Stratify, "card", dataclasses.replace(Stratify.card, rates=rates))
     assert folder_state(taken).differences == (
         f"lr_schedule (resolved): {used['lr_schedule']!r} vs {other!r}",
     )

@@ -1,5 +1,6 @@
 """Runs end to end: output files, determinism, resume, refusals, non-finite loss."""
 
+import dataclasses
 import json
 
 import pytest
@@ -161,7 +162,8 @@ def test_resume_continues_with_the_settings_the_run_used(tmp_path, monkeypatch):
     Run(config(tmp_path, "moved", epochs=1)).train()
     used = json.loads((tmp_path / "moved" / "config.json").read_text())["resolved"]
     other = "inverse-epoch" if used["lr_schedule"] == "constant" else "constant"
-    monkeypatch.setattr(Stratify, "lr_schedule_for", lambda self, mode: other)
+    rates = dataclasses.replace(Stratify.card.rates, schedule=other, mode_schedules={})
+    monkeypatch.setattr(Stratify, "card", dataclasses.replace(Stratify.card, rates=rates))
     # the default schedule moved since: resuming would switch schedules mid-run
     with pytest.raises(ConfigError, match=f"lr_schedule .resolved.: '{used['lr_schedule']}'"):
         Run(config(tmp_path, "moved", epochs=2), resume=True)
