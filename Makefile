@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test train lint docs bench clean
+.PHONY: venv test test-fast train lint docs bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -12,8 +12,17 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv: $(STAMP)
 
+# the whole suite (CI's), recording every test's seconds: tests/tiers.py derives the slow
+# list that test-fast leaves out from that record (docs/development.md, "Tests")
+DURATIONS := build/test-durations.txt
+
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests
+	$(VENV)/bin/python -m pytest tests --durations-file $(DURATIONS)
+
+# the developer's loop: the tests not marked slow, one case per method of the method-wide
+# parametrisations (tests/conftest.py)
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest tests -q -m "not slow"
 
 train: $(STAMP)
 	$(VENV)/bin/stratify train --mode single-sample --chunk 5

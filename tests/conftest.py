@@ -67,3 +67,69 @@ def assert_refused_in_one_line(capsys, command: list[str], message: str, out: Pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+# -- the tiers: `make test` runs everything, `make test-fast` (-m "not slow") a fast slice
+# (docs/development.md, "Tests")
+
+#: the tests a full run's record measured slow (tests/tiers.py writes it)
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--durations-file",
+        metavar="PATH",
+        help="write every test's seconds (setup, call and teardown summed) to PATH, "
+        "one 'SECONDS NODEID' line each, slowest first (tests/tiers.py reads it)",
+    )
+
+
+def recorded_slow() -> set[str]:
+    """The node ids listed in :data:`SLOW_LIST` (comments and blank lines skipped)."""
+    if not SLOW_LIST.is_file():
+        return set()
+    lines = SLOW_LIST.read_text(encoding="utf-8").splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def method_of(item: pytest.Item) -> str | None:
+    """The registered method a test is parametrised over (a ``case`` parameter that is a
+    :class:`stratify.testing.MethodCase`), or ``None``."""
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get("case") if callspec is not None else None
+    return getattr(case, "algorithm", None) if hasattr(case, "mode") else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` the tests :data:`SLOW_LIST` names and, of every test parametrised
+    over the registered methods, all cases of a method but its first one not listed
+    slow: the fast tier keeps one case per method, and grows by one test, not by every
+    mode, option and check, with each new method."""
+    slow = recorded_slow()
+    kept: set[tuple[str, str]] = set()
+    for item in items:
+        algorithm = method_of(item)
+        key = (item.nodeid.split("[")[0], algorithm or "")
+        if item.nodeid in slow or (algorithm is not None and key in kept):
+            item.add_marker(pytest.mark.slow)
+        elif algorithm is not None:
+            kept.add(key)
+
+
+#: node id -> seconds, filled while the tests run when --durations-file is given
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = session.config.getoption("--durations-file")
+    if path is None or not _DURATIONS:
+        return
+    record = Path(path)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    ranked = sorted(_DURATIONS.items(), key=lambda entry: -entry[1])
+    record.write_text("".join(f"{seconds:.3f} {node}\n" for node, seconds in ranked))

@@ -103,3 +103,25 @@ def test_the_dry_run_with_a_fifo_or_folder_calibration_ends_at_once(tmp_path, ki
     assert last.startswith("error: ") and "where the grid keeps its calibration" in last
     assert "calibrating" not in result.stdout.decode()
     assert time.monotonic() - start < 60
+
+
+def test_a_calibration_from_another_machine_is_measured_again(tmp_path):
+    other = {**machine(), "cores": machine()["cores"] + 1}
+    content = {"machine": other, "kinds": {"fedavg": GOOD, "stratify": {**GOOD, "group": 2}}}
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps(content))
+    costs, measured = load_costs(tmp_path, SIZES, lambda kind: MEASURED)
+    assert measured == ["fedavg", "stratify"] and costs["fedavg"].epochs == MEASURED
+    saved = json.loads((tmp_path / CALIBRATION_FILE).read_text())
+    assert saved["machine"] == machine()
+
+
+def test_a_kind_calibrated_for_another_group_size_is_measured_again(tmp_path):
+    # stratify's runs step in groups of 2 now; its stored cost was for groups of 3
+    (tmp_path / CALIBRATION_FILE).write_bytes(
+        stored({"fedavg": GOOD, "stratify": {**GOOD, "group": 3}})
+    )
+    costs, measured = load_costs(tmp_path, SIZES, lambda kind: MEASURED)
+    assert measured == ["stratify"] and costs["stratify"].epochs == MEASURED
+    assert costs["fedavg"].epochs == tuple(GOOD["epochs"])
+    saved = json.loads((tmp_path / CALIBRATION_FILE).read_text())
+    assert saved["kinds"]["stratify"] == {"group": 2, "epochs": list(MEASURED)}

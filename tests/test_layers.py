@@ -3,8 +3,7 @@ under "Package map").
 
 The layers are read from the page, so the table and the code cannot drift apart; the
 imports are those of tests/test_import_cycles.py's graph, imports inside functions
-included. An import that goes up is allowed only where :data:`EXCEPTIONS` lists it with
-its reason.
+included. No import may go up: there is no list of exceptions.
 """
 
 from __future__ import annotations
@@ -15,14 +14,6 @@ from pathlib import Path
 from test_import_cycles import import_graph
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
-
-#: (importer, imported) -> why the import goes up
-EXCEPTIONS = {
-    ("stratify.testing", "stratify.cli.main"): (
-        "check_bad_options runs `stratify train` with a bad option to check the command "
-        "refuses it in one line with exit code 2, as TrainConfig does"
-    ),
-}
 
 
 def layers(text: str) -> list[tuple[str, list[str]]]:
@@ -76,12 +67,9 @@ def test_every_module_has_a_layer():
 def test_no_module_imports_from_a_layer_above_its_own():
     table = layers(ARCHITECTURE.read_text(encoding="utf-8"))
     found = upward_imports(import_graph(), table)
-    unexplained = [edge for edge in found if edge not in EXCEPTIONS]
-    assert not unexplained, "imports from a higher layer: " + "; ".join(
-        f"{module} -> {target}" for module, target in unexplained
+    assert not found, "imports from a higher layer: " + "; ".join(
+        f"{module} -> {target}" for module, target in found
     )
-    # an exception that no longer happens is removed, not kept as a stale excuse
-    assert set(EXCEPTIONS) <= set(found), set(EXCEPTIONS) - set(found)
 
 
 def test_the_layer_walk_flags_an_import_that_goes_up():

@@ -1,10 +1,12 @@
 """The mutation runner (tests/mutants/run.py) on a toy repository: a planted bug that its
 test catches is killed, one that no test sees survives, one whose text has moved is
-stale, and the file is back byte for byte afterwards."""
+stale, and the file is back byte for byte afterwards; and it refuses to start when the
+code under test would import from another checkout."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,12 +40,16 @@ def toy_repository(root: Path) -> None:
         (root / "tests" / "mutants" / f"{name}.json").write_text(json.dumps(mutant))
 
 
-def run_runner(root: Path, *options: str) -> subprocess.CompletedProcess:
+def run_runner(
+    root: Path, *options: str, package: str = "toy", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(RUNNER), "--root", str(root), "--python", sys.executable, *options],
+        [sys.executable, str(RUNNER), "--root", str(root), "--python", sys.executable]
+        + ["--package", package, *options],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
 
 
@@ -67,3 +73,25 @@ def test_the_runner_reports_killed_survived_and_stale_and_restores_the_file(tmp_
     unknown = run_runner(tmp_path, "--only", "nothing")
     assert unknown.returncode == 2
     assert unknown.stderr.strip() == "error: no mutant with id nothing"
+
+
+def test_the_runner_refuses_to_start_when_the_code_imports_from_another_checkout(tmp_path):
+    # the toy's package exists only in another checkout on the path: the tests would
+    # run that code, and every mutant planted here would survive
+    root, other = tmp_path / "here", tmp_path / "other"
+    toy_repository(root)
+    (other / "toypkg").mkdir(parents=True)
+    (other / "toypkg" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(other)}
+    refused = run_runner(root, package="toypkg", env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: toypkg imports from ")
+    assert str(other) in lines[0] and f"outside {root}" in lines[0]
+    assert (root / "toy.py").read_text() == SOURCE
+
+    # the same package in the checkout itself comes first: the runner starts
+    (root / "toypkg").mkdir()
+    (root / "toypkg" / "__init__.py").write_text("")
+    started = run_runner(root, "--only", "killed", package="toypkg", env=env)
+    assert started.returncode == 0, started.stderr

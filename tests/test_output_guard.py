@@ -171,3 +171,19 @@ def test_the_guard_ends_with_the_stream(stream_files, capsys):
     from stratify.files import guarded_as
 
     assert guarded_as(source) is None
+
+
+def test_a_guard_is_released_only_by_its_owner(tmp_path):
+    from stratify.files import guard_input, guarded_as, release_input
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    run, other_run = object(), object()
+    guard_input(checkpoint, "a file of another run", owner=run)
+    try:
+        release_input(checkpoint, owner=other_run)  # another run ending frees nothing
+        assert guarded_as(checkpoint, owner=other_run) is not None
+        assert guarded_as(checkpoint, owner=run) is None  # its own writer may write it
+        release_input(checkpoint, owner=run)
+        assert guarded_as(checkpoint, owner=other_run) is None
+    finally:
+        release_input(checkpoint)

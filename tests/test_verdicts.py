@@ -334,3 +334,17 @@ def test_the_rounds_column_tells_a_diverged_comparator_from_a_plateaued_one():
         "42–100 (1 of 3 plateaued, 1 diverged, cap 100)"
     )
     assert rounds_text([run(42), run(66)]) == "42–66 (2 of 2 plateaued, cap 100)"
+
+
+def test_a_new_best_exactly_the_gain_above_the_best_before_is_an_improvement():
+    # "less than gain_points above" is no improvement: a gain of exactly 0.5 points (in
+    # floating point: 0.000 then 0.005) is one, and the run goes on; 0.4 points is not
+    rule = PlateauRule(1, 100)
+    before = [0.0] * 10
+    assert 100 * (0.005 - 0.0) == rule.gain_points
+    assert not rule.converged([*before, 0.005, *[0.0] * 9])
+    assert rule.converged([*before, 0.004, *[0.0] * 9])
+    # the same boundary at another gain, with accuracies exact in binary
+    other = PlateauRule(1, 100, gain_points=12.5, margin_points=20.0)
+    assert not other.converged([*[0.5] * 10, 0.625, *[0.5] * 9])
+    assert other.converged([*[0.5] * 10, 0.5 + 2**-4, *[0.5] * 9])

@@ -16,8 +16,13 @@ and puts the file back, byte for byte and with its timestamps, however the run e
 - ``stale`` when ``find`` does not occur exactly once (the code has moved on),
 - ``error`` when pytest could not run the tests (a test id that does not exist, ...).
 
+Before the first mutant, the runner checks that the packages under test (``stratify``,
+``stratify.baselines`` and ``stratify.cli`` by default) import from the repository it
+plants in: a virtual environment installed from another checkout would run that
+checkout's code, and every mutant would survive there. It refuses to start otherwise.
+
 The exit code is 0 when every mutant is killed, 1 otherwise, 2 for a bad mutant file or
-option. Usage (tests/mutants/README.md)::
+option, or packages that import from elsewhere. Usage (tests/mutants/README.md)::
 
     .venv/bin/python tests/mutants/run.py [--only ID ...] [--timeout SECONDS]
 """
@@ -43,6 +48,18 @@ FIELDS = {
     "replace": str,
     "tests": list,
 }
+
+#: the packages whose code the mutants change: each must import from the repository
+PACKAGES = ("stratify", "stratify.baselines", "stratify.cli")
+
+#: prints where each package named on its command line imports from (``__file__``, or
+#: a namespace package's first folder)
+WHERE_SCRIPT = """\
+import importlib, sys
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    print(getattr(module, "__file__", None) or list(module.__path__)[0])
+"""
 
 #: pytest's exit codes for "tests ran and some failed" and "all passed"
 TESTS_FAILED, TESTS_PASSED = 1, 0
@@ -121,6 +138,42 @@ def read_mutants(folder: Path) -> list[Mutant]:
     if duplicates:
         raise MutantFileError(f"mutant id(s) used twice: {', '.join(duplicates)}")
     return mutants
+
+
+def foreign_imports(root: Path, python: str, packages: tuple[str, ...]) -> str | None:
+    """Why the tests would not run ``root``'s code, in one line, or ``None``.
+
+    The packages are imported as pytest imports them (``python`` started in ``root``),
+    and each must come from a file below ``root``.
+
+    Parameters
+    ----------
+    root : pathlib.Path
+        The repository the mutants are planted in.
+    python : str
+        The interpreter that runs pytest.
+    packages : tuple of str
+        The packages to locate.
+    """
+    completed = subprocess.run(
+        [python, "-c", WHERE_SCRIPT, *packages],
+        cwd=root,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if completed.returncode != 0:
+        reason = (completed.stderr.strip().splitlines() or [""])[-1]
+        return f"{python} cannot import {', '.join(packages)} in {root}: {reason}"
+    for name, location in zip(packages, completed.stdout.splitlines()):
+        if not Path(location).resolve().is_relative_to(root):
+            return (
+                f"{name} imports from {location}, outside {root}: the tests would run "
+                "another checkout's code (reinstall the virtual environment from this one "
+                "or give --python)"
+            )
+    return None
 
 
 def run_mutant(mutant: Mutant, root: Path, python: str, timeout: float) -> Outcome:
@@ -212,6 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the repository (default: the one holding this script)",
     )
     parser.add_argument("--python", help="interpreter running pytest (default: ROOT/.venv)")
+    parser.add_argument(
+        "--package",
+        action="append",
+        metavar="NAME",
+        help="a package that must import from ROOT (repeatable; default: "
+        + ", ".join(PACKAGES)
+        + ")",
+    )
     options = parser.parse_args(argv)
     root = options.root.resolve()
     python = options.python or default_python(root)
@@ -228,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [mutant for mutant in mutants if mutant.id in options.only]
     if not mutants:
         print(f"error: no mutant files in {root / 'tests' / 'mutants'}", file=sys.stderr)
+        return 2
+    foreign = foreign_imports(root, python, tuple(options.package or PACKAGES))
+    if foreign is not None:
+        print(f"error: {foreign}", file=sys.stderr)
         return 2
     stop_on_sigterm()
     counts: dict[str, int] = {}
