@@ -95,7 +95,8 @@ class TrainConfig(RunSettings):
     lr_schedule: str | None = option(
         None,
         "Epoch e trains with lr/e (inverse-epoch) or lr (constant) "
-        "[default: constant, every method's papers' schedule].",
+        "[default: the method's, `stratify methods`: its paper's constant rate, except "
+        "Stratify's single-sample runs, which decay].",
         choices=LR_SCHEDULES,
         cli_type=str,
     )

@@ -183,7 +183,7 @@ class Stratify(Strategy, Vectorizable):
             # its schedule
             tuned={
                 ("digits", "batch"): 0.3,
-                ("digits", "single-sample"): 0.01,
+                ("digits", "single-sample"): 0.03,
                 ("mnist", "batch"): 0.1,
                 ("mnist", "single-sample"): 0.01,
             },

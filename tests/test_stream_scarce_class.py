@@ -19,8 +19,9 @@ def test_a_class_at_exactly_half_a_share_is_not_scarce():
         learner.ingest(Event("a", label, cluster(label, rng), line))
     held = np.bincount(learner.buffers.targets()[learner.buffers.occupied])
     assert sorted(held[held > 0].tolist()) == [1, 2, 3]
-    assert not learner.scarce(0)
+    assert not learner.class_rows.scarce(0, learner.buffers)
     # one more sample of another class: 1 of 7 is less than half a share
     learner.ingest(Event("a", 2, cluster(2, rng), 7))
-    assert learner.scarce(0)
-    assert not learner.scarce(1) and not learner.scarce(2)
+    assert learner.class_rows.scarce(0, learner.buffers)
+    assert not learner.class_rows.scarce(1, learner.buffers)
+    assert not learner.class_rows.scarce(2, learner.buffers)
