@@ -220,18 +220,22 @@ def numeric_array(x: object) -> np.ndarray:
         return np.ascontiguousarray(array, dtype=np.float32)
 
 
+#: a named feature's name: river's dictionaries use strings, and integers (``synth.SEA``)
+FeatureName = str | int
+
+
 class FeatureSchema:
     """Named features in a fixed order: the keys of the first event with named features.
 
     Parameters
     ----------
-    names : sequence of str
+    names : sequence of str or int
         The features, in the order they take in the model's input.
     missing : {"error", "zero"}
         What a missing (or ``null``) feature is: a refused event, or 0.
     """
 
-    def __init__(self, names: list[str], missing: str = "error") -> None:
+    def __init__(self, names: list[FeatureName], missing: str = "error") -> None:
         if missing not in MISSING:
             raise ConfigError(f"unknown --missing {missing!r}; choose one of error, zero")
         self.names = list(names)
@@ -253,10 +257,10 @@ class FeatureSchema:
         values = np.zeros(len(self.names), dtype=np.float64)
         present = np.zeros(len(self.names), dtype=bool)
         for name, value in x.items():
-            position = self.index.get(name) if isinstance(name, str) else None
+            position = self.index.get(name) if is_feature_name(name) else None
             if position is None:
                 shown = check_feature_name(name)
-                known = ", ".join(self.names[:5]) + (", …" if len(self.names) > 5 else "")
+                known = ", ".join(map(str, self.names[:5])) + (", …" if len(self.names) > 5 else "")
                 raise EventError(
                     f"feature {shown!r} is not among the stream's features (fixed by its "
                     f"first event: {known})"
@@ -279,12 +283,19 @@ class FeatureSchema:
         return vector
 
 
-def check_feature_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise EventError(f"feature names must be strings, got {describe(name)}")
-    if len(name) > MAX_IDENTIFIER_CHARS:
+def is_feature_name(name: object) -> bool:
+    """Whether ``name`` may name a feature: a string or an int, as river's dictionaries
+    of features have them (``synth.SEA`` numbers its features); a bool would be read as
+    the int it equals, so it is not one."""
+    return isinstance(name, (str, int)) and not isinstance(name, bool)
+
+
+def check_feature_name(name: object) -> FeatureName:
+    if not is_feature_name(name):
+        raise EventError(f"feature names must be strings or integers, got {describe(name)}")
+    if isinstance(name, str) and len(name) > MAX_IDENTIFIER_CHARS:
         raise EventError(f"a feature name of {len(name):,} characters (at most 256)")
-    return name
+    return name  # type: ignore[return-value]  # a str or an int (is_feature_name)
 
 
 def feature_number(name: str, value: object) -> float:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stratify.errors import ConfigError
 from stratify.registry.base import LabelRegistry
+from stratify.stream.blas import SingleThreadBlas
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.build import (
     build_stream_model,
@@ -34,6 +36,7 @@ from stratify.stream.config import StreamConfig, check_buffer_memory
 from stratify.stream.events import (
     Event,
     EventError,
+    FeatureName,
     Identifier,
     as_numpy,
     check_identifier,
@@ -51,7 +54,6 @@ from stratify.stream.policies import (
 )
 from stratify.stream.prequential import Prequential
 from stratify.stream.stats import StreamStats
-from stratify.stream.step import configure_blas_for_single_sample
 
 if TYPE_CHECKING:
     from torch import nn
@@ -119,8 +121,11 @@ class StreamLearner(LearnerState):
         self.registry = self.class_rows.registry
         self.policy = policy if policy is not None else default_policy(config)
         self.device = stream_device(config, model, self.policy)
-        if self.device == "cpu":
-            configure_blas_for_single_sample()
+        #: one BLAS thread around the learner's own work on CPU, the process's setting
+        #: left as it was outside it (:mod:`.blas`)
+        self.blas: AbstractContextManager[Any] = (
+            SingleThreadBlas() if self.device == "cpu" else nullcontext()
+        )
         self.features = StreamFeatures(config, self.device, self.start, self.grow_input)
         self.prequential = Prequential(config.window)
         self.stats = StreamStats()
@@ -172,7 +177,7 @@ class StreamLearner(LearnerState):
         self._context = None
         self.policy.classifier_grown(self.context(), replaced)
 
-    def grow_input(self, names: list[str], features: int) -> None:
+    def grow_input(self, names: list[FeatureName], features: int) -> None:
         """Widen the model's input and the buffers to ``features`` for the named features
         ``names``, new to the stream (:meth:`StreamFeatures.add_names`): zero weights in
         the first layer, so every prediction stays as it was.
@@ -214,9 +219,10 @@ class StreamLearner(LearnerState):
         """
         if not isinstance(event, Event):
             raise EventError(f"ingest takes an Event, got {type(event).__name__}")
-        return self._learn(
-            event.x, event.label, event.client, event.line, prediction, True, event.checked
-        )
+        with self.blas:
+            return self._learn(
+                event.x, event.label, event.client, event.line, prediction, True, event.checked
+            )
 
     def learn_one(self, x: object, y: object, client: object = 0) -> None:
         """Learn one labeled sample arriving at ``client``, without testing on it.
@@ -235,7 +241,8 @@ class StreamLearner(LearnerState):
         EventError, DivergenceError
             As :meth:`ingest`.
         """
-        self._learn(x, y, client, 0, None, test=False, checked=False)
+        with self.blas:
+            self._learn(x, y, client, 0, None, test=False, checked=False)
 
     def predict(self, x: object) -> Prediction | None:
         """The model's prediction for one sample, learning nothing (``None`` before the
@@ -244,7 +251,8 @@ class StreamLearner(LearnerState):
         raw = self.features.row(x, learning=False)
         if raw is None or not self.classes:
             return None
-        return self._predict(raw)
+        with self.blas:
+            return self._predict(raw)
 
     def predict_one(self, x: object) -> Identifier | None:
         """The label predicted for one sample (``None`` before the first labeled event)."""
@@ -371,10 +379,11 @@ class StreamLearner(LearnerState):
         targets = np.array([self.class_rows.class_of.get(label, -1) for label in labels])
         known = self.class_rows.model_rows or [0]
         x = as_numpy(x_test).reshape(-1, *shape)
-        predicted = np.concatenate(
-            [
-                self.model.predict_rows(x[at : at + EVAL_BATCH], known)
-                for at in range(0, len(x), EVAL_BATCH)
-            ]
-        )
+        with self.blas:
+            predicted = np.concatenate(
+                [
+                    self.model.predict_rows(x[at : at + EVAL_BATCH], known)
+                    for at in range(0, len(x), EVAL_BATCH)
+                ]
+            )
         return float((predicted == targets).sum()) / len(targets)
