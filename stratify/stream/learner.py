@@ -33,6 +33,7 @@ from stratify.stream.build import (
 )
 from stratify.stream.class_rows import ClassRows
 from stratify.stream.config import StreamConfig, check_buffer_memory
+from stratify.stream.drift import DriftAging
 from stratify.stream.events import (
     Event,
     EventError,
@@ -92,6 +93,10 @@ class StreamLearner(LearnerState):
     policy : StreamPolicy, optional
         How to train (default: by ``config.algorithm``,
         :func:`~stratify.stream.build.default_policy`).
+    drift : DriftAging, optional
+        A drift detector on the prequential errors that ages the buffers out on a
+        change (:mod:`.drift`); default: none. Each learned event is then predicted
+        before it is learned, ``learn_one``'s too.
 
     Examples
     --------
@@ -110,6 +115,7 @@ class StreamLearner(LearnerState):
         registry: LabelRegistry | None = None,
         clients: Sequence[Identifier] = (),
         policy: StreamPolicy | None = None,
+        drift: DriftAging | None = None,
     ) -> None:
         if not isinstance(config, StreamConfig):
             raise ConfigError(f"a StreamLearner needs a StreamConfig, got {type(config).__name__}")
@@ -130,6 +136,7 @@ class StreamLearner(LearnerState):
         self.prequential = Prequential(config.window)
         self.stats = StreamStats()
         self.given_model = model
+        self.drift = drift
         self.model: StreamModel = None  # type: ignore[assignment]  # set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
         self._context: StreamContext | None = None
@@ -292,7 +299,7 @@ class StreamLearner(LearnerState):
         rows = self.class_rows
         client = rows.client_index(client_id)
         row = rows.class_index(label)
-        if test and prediction is None and self.classes:
+        if (test or self.drift is not None) and prediction is None and self.classes:
             prediction = self._predict(raw)
         # everything is checked once the label is registered (or refused)
         placeholder = rows.admit(client_id, client, label, row, self.buffers)
@@ -309,6 +316,8 @@ class StreamLearner(LearnerState):
             )
         self.features.update(raw)
         self.buffers.insert(client, raw, rows.model_rows[row], placeholder, line)
+        if self.drift is not None:
+            self.drift.update(not correct, self.buffers)
         if new_class and self.imprints:
             self.model.imprint(rows.model_rows[row], raw, rows.model_rows[:row])
         self.stats.events += 1

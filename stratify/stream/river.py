@@ -31,6 +31,7 @@ except ImportError as missing:  # pragma: no cover - the extra is installed in t
 
 from stratify.errors import ConfigError
 from stratify.stream.config import StreamConfig
+from stratify.stream.drift import DriftAging
 from stratify.stream.events import Identifier
 from stratify.stream.learner import StreamLearner
 
@@ -53,6 +54,11 @@ class StreamClassifier(base.Classifier):
         new one widens the input, as river's linear models read them.
     max_clients : int, optional
         At most this many clients, a further new one refused; default: no cap.
+    drift : bool, default True
+        Detect drift in the prequential errors with river's ADWIN and age the buffers
+        out on a change to more errors (:class:`~stratify.stream.drift.DriftAging`); on
+        Phishing, Bananas, ImageSegments and digits it changes no prediction
+        (docs/streaming.md, "river"). Each ``learn_one`` then predicts its sample first.
     **options
         Any other :class:`~stratify.stream.config.StreamConfig` field (``secure``,
         ``seed``, ``lr``, ``steps_per_event``, ``capacity``…), with its default.
@@ -73,6 +79,7 @@ class StreamClassifier(base.Classifier):
         client: Identifier = 0,
         strict: bool = False,
         max_clients: int | None = None,
+        drift: bool = True,
         **options: Any,
     ) -> None:
         for name in ("missing", "max_clients"):
@@ -81,6 +88,7 @@ class StreamClassifier(base.Classifier):
         self.client = client
         self.strict = strict
         self.max_clients = max_clients
+        self.drift = drift
         self.options = options
         config = StreamConfig(
             missing="error" if strict else "zero",
@@ -88,7 +96,7 @@ class StreamClassifier(base.Classifier):
             **options,
         )
         #: the learner everything is delegated to
-        self.learner = StreamLearner(config)
+        self.learner = StreamLearner(config, drift=DriftAging() if drift else None)
 
     def learn_one(self, x: dict[Any, Any], y: Any, client: Identifier | None = None) -> None:
         """Learn one sample (the learner's :meth:`~StreamLearner.learn_one`).
@@ -130,8 +138,13 @@ class StreamClassifier(base.Classifier):
 
     def __getstate__(self) -> dict[str, Any]:
         # the learner's checkpoint state (docs/streaming.md, "river"): no encryption key
-        return {"params": self._get_params(), "state": self.learner.state_dict()}
+        return {
+            "params": self._get_params(),
+            "state": self.learner.state_dict(),
+            "drift": self.learner.drift,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         StreamClassifier.__init__(self, **state["params"])
         self.learner.load_state_dict(state["state"])
+        self.learner.drift = state["drift"]
