@@ -257,7 +257,8 @@ class FeatureSchema:
         values = np.zeros(len(self.names), dtype=np.float64)
         present = np.zeros(len(self.names), dtype=bool)
         for name, value in x.items():
-            position = self.index.get(name) if is_feature_name(name) else None
+            # a str first: the check of other names costs a call per feature per event
+            position = self.index.get(name) if type(name) is str or is_feature_name(name) else None
             if position is None:
                 shown = check_feature_name(name)
                 known = ", ".join(map(str, self.names[:5])) + (", …" if len(self.names) > 5 else "")

@@ -143,7 +143,11 @@ class StreamFeatures:
         if self.config.missing == "error":
             return x
         index = self.schema.index
-        new = [name for name in x if not is_feature_name(name) or name not in index]
+        new = [
+            name
+            for name in x
+            if name not in index or not (type(name) is str or is_feature_name(name))
+        ]
         if new and not learning:
             return {name: value for name, value in x.items() if name in index}
         if new:
