@@ -134,7 +134,11 @@ class StreamClassifier(base.Classifier):
         **kwargs
             What river's tooling may pass besides; nothing of it is used.
         """
-        return self.learner.predict_proba_one(x)
+        probabilities = self.learner.predict_proba_one(x)
+        # the model's float32 softmax sums to 1 within 1e-7; river's contract (and its
+        # checks) want a distribution that sums to 1 in double precision
+        total = sum(probabilities.values())
+        return {label: probability / total for label, probability in probabilities.items()}
 
     def __getstate__(self) -> dict[str, Any]:
         # the learner's checkpoint state (docs/streaming.md, "river"): no encryption key
