@@ -81,3 +81,29 @@ def test_the_learner_feeds_its_errors_to_the_detector() -> None:
         learner.learn_one(x, y, client=number % 3)
     assert len(seen) == 50 and seen[0] is True  # the first event had nothing to predict
     assert 0 < sum(seen) < 50
+
+
+def test_learn_one_after_predict_one_of_the_same_features_predicts_once() -> None:
+    # river's progressive validation: predict_one(x), then learn_one(x, y) with x itself
+    model = StreamClassifier(secure=False)
+    model.learn_one({"a": 1.0, "b": 0.0}, True)
+    learner = model.learner
+    forward = learner.model.probabilities
+    calls: list[int] = []
+
+    def counting(*args: object) -> object:
+        calls.append(1)
+        return forward(*args)
+
+    learner.model.probabilities = counting  # type: ignore[method-assign]
+    x = {"a": -1.0, "b": 0.5}
+    model.predict_one(x)
+    model.learn_one(x, False)
+    assert len(calls) == 1
+    model.predict_one(x)
+    model.learn_one(dict(x), False)  # equal features, another object: predicted again
+    assert len(calls) == 3
+    model.predict_one(x)
+    model.learn_one({"a": 2.0, "b": 0.0}, True)  # something else learned in between
+    model.learn_one(x, False)
+    assert len(calls) == 6

@@ -137,6 +137,10 @@ class StreamLearner(LearnerState):
         self.stats = StreamStats()
         self.given_model = model
         self.drift = drift
+        #: the last :meth:`predict`'s features and prediction, until the next event: a
+        #: ``learn_one`` of the same features object right after it (river's progressive
+        #: validation) gives the drift detector that prediction instead of a second one
+        self._last_prediction: tuple[object, Prediction] | None = None
         self.model: StreamModel = None  # type: ignore[assignment]  # set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
         self._context: StreamContext | None = None
@@ -256,10 +260,13 @@ class StreamLearner(LearnerState):
         first labeled event)."""
         self.check_learning()
         raw = self.features.row(x, learning=False)
+        self._last_prediction = None
         if raw is None or not self.classes:
             return None
         with self.blas:
-            return self._predict(raw)
+            prediction = self._predict(raw)
+        self._last_prediction = (x, prediction)
+        return prediction
 
     def predict_one(self, x: object) -> Identifier | None:
         """The label predicted for one sample (``None`` before the first labeled event)."""
@@ -293,12 +300,15 @@ class StreamLearner(LearnerState):
         checked: bool,
     ) -> bool:
         self.check_learning()
+        last, self._last_prediction = self._last_prediction, None
         label = check_label(label)
         client_id = check_identifier(client_id, "client")
         raw = self.features.row(x, checked=checked)
         rows = self.class_rows
         client = rows.client_index(client_id)
         row = rows.class_index(label)
+        if not test and self.drift is not None and last is not None and last[0] is x:
+            prediction = last[1]  # nothing was learned since it was made
         if (test or self.drift is not None) and prediction is None and self.classes:
             prediction = self._predict(raw)
         # everything is checked once the label is registered (or refused)
