@@ -20,16 +20,22 @@ class SingleThreadBlas:
     OpenBLAS are loaded by then); entering costs two calls into each library (about 7 µs
     for two OpenBLAS copies here), a nested entry nothing (a stream run enters once for
     all its events).
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        Whether to set the threads at all: a model on a GPU leaves them alone.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self._libraries: list[Any] | None = None
         self._saved: list[int] = []
         self._depth = 0
 
     def __enter__(self) -> SingleThreadBlas:
         self._depth += 1
-        if self._depth == 1:
+        if self._depth == 1 and self.enabled:
             if self._libraries is None:
                 from threadpoolctl import ThreadpoolController
 
@@ -55,9 +61,10 @@ class SingleThreadBlas:
 
     def __getstate__(self) -> dict[str, Any]:
         # the libraries are this process's: an unpickled learner finds its own
-        return {}
+        return {"enabled": self.enabled}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.enabled = state["enabled"]
         self._libraries = None
         self._saved = []
         self._depth = 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -94,9 +93,7 @@ class StreamLearner(LearnerState):
         How to train (default: by ``config.algorithm``,
         :func:`~stratify.stream.build.default_policy`).
     drift : DriftAging, optional
-        A drift detector on the prequential errors that ages the buffers out on a
-        change (:mod:`.drift`); default: none. Each learned event is then predicted
-        before it is learned, ``learn_one``'s too.
+        Drift detection that ages the buffers out (:mod:`.drift`); default: none.
 
     Examples
     --------
@@ -127,19 +124,15 @@ class StreamLearner(LearnerState):
         self.registry = self.class_rows.registry
         self.policy = policy if policy is not None else default_policy(config)
         self.device = stream_device(config, model, self.policy)
-        #: one BLAS thread around the learner's own work on CPU, the process's setting
-        #: left as it was outside it (:mod:`.blas`)
-        self.blas: AbstractContextManager[Any] = (
-            SingleThreadBlas() if self.device == "cpu" else nullcontext()
-        )
+        #: one BLAS thread around the learner's own work on CPU (:mod:`.blas`)
+        self.blas = SingleThreadBlas(enabled=self.device == "cpu")
         self.features = StreamFeatures(config, self.device, self.start, self.grow_input)
         self.prequential = Prequential(config.window)
         self.stats = StreamStats()
         self.given_model = model
         self.drift = drift
-        #: the last :meth:`predict`'s features and prediction, until the next event: a
-        #: ``learn_one`` of the same features object right after it (river's progressive
-        #: validation) gives the drift detector that prediction instead of a second one
+        #: the last :meth:`predict`'s (features, prediction) until the next event: the
+        #: drift detector's for a ``learn_one`` of the same object (progressive validation)
         self._last_prediction: tuple[object, Prediction] | None = None
         self.model: StreamModel = None  # type: ignore[assignment]  # set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
@@ -260,7 +253,6 @@ class StreamLearner(LearnerState):
         first labeled event)."""
         self.check_learning()
         raw = self.features.row(x, learning=False)
-        self._last_prediction = None
         if raw is None or not self.classes:
             return None
         with self.blas:
