@@ -370,3 +370,28 @@ def test_the_stream_modules_import_in_one_direction():
 
     cyclic = sorted(module for module in imports if reaches(module, module, set()))
     assert cyclic == []
+
+
+@pytest.mark.parametrize(
+    ("x", "reason"),
+    [
+        ({"a": "1.5", "b": 2.0}, "must be a number"),  # NumPy would read the string as 1.5
+        ({"a": 10**400, "b": 2.0}, "too large"),
+        ({"a": float("nan"), "b": 2.0}, "NaN"),
+        ({"a": None, "b": 2.0}, "missing"),
+        ({"a": 1.0, "c": 2.0}, "not among"),
+    ],
+)
+def test_an_event_with_exactly_the_schemas_names_is_still_checked_value_by_value(x, reason):
+    """The lookup-only reading of an event with the schema's names (FeatureSchema's
+    plain_values) hands every value that is not a plain float or int to the full check."""
+    from stratify.stream.events import FeatureSchema
+
+    schema = FeatureSchema(["a", "b"])
+    assert schema.vector({"b": 2, "a": np.float64(1.5)}).tolist() == [1.5, 2.0]
+    with pytest.raises(EventError, match=reason):
+        schema.vector(x)
+    numbered = FeatureSchema([0, 1])
+    assert numbered.vector({0: 1.0, 1: 2.0}).tolist() == [1.0, 2.0]
+    with pytest.raises(EventError, match="strings or integers"):
+        numbered.vector({True: 1.0, 0: 2.0})  # True would find the name 1

@@ -269,6 +269,16 @@ class ClientBuffers:
         else:
             self.x[slot].zero_()
 
+    def age_out(self, before: int) -> int:
+        """Evict every sample that arrived before arrival number ``before`` (a detected
+        drift, :mod:`.drift`); returns how many. A sample whose label waits for its
+        registration stays: its client registers the label from it."""
+        old = self.occupied & (self.arrival < before) & (self.placeholder >= 0)
+        slots = np.flatnonzero(old)
+        for slot in slots:
+            self.evict(int(slot))
+        return len(slots)
+
     def client_slots(self, client: int) -> np.ndarray:
         """``client``'s occupied slots, oldest first."""
         region = self.region(client)

@@ -97,7 +97,9 @@ def build_stream_model(
     return model
 
 
-def check_input_growth(config: StreamConfig, model: StreamModel, name: str, features: int) -> None:
+def check_input_growth(
+    config: StreamConfig, model: StreamModel, name: object, features: int
+) -> None:
     """Refuse to widen the input to ``features`` for the new named feature ``name`` (the
     first of them) where it cannot grow: ``--input-shape`` given, not an MLP, or more
     than the memory holds.

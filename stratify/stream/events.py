@@ -220,23 +220,30 @@ def numeric_array(x: object) -> np.ndarray:
         return np.ascontiguousarray(array, dtype=np.float32)
 
 
+#: a named feature's name: river's dictionaries use strings, and integers (``synth.SEA``)
+FeatureName = str | int
+
+
 class FeatureSchema:
     """Named features in a fixed order: the keys of the first event with named features.
 
     Parameters
     ----------
-    names : sequence of str
+    names : sequence of str or int
         The features, in the order they take in the model's input.
     missing : {"error", "zero"}
         What a missing (or ``null``) feature is: a refused event, or 0.
     """
 
-    def __init__(self, names: list[str], missing: str = "error") -> None:
+    def __init__(self, names: list[FeatureName], missing: str = "error") -> None:
         if missing not in MISSING:
             raise ConfigError(f"unknown --missing {missing!r}; choose one of error, zero")
         self.names = list(names)
         self.index = {name: position for position, name in enumerate(self.names)}
         self.missing = missing
+        #: whether every name is a str: only then can a dictionary's keys be matched to
+        #: the names by lookup alone (``True`` would find the int name ``1``)
+        self.string_names = all(type(name) is str for name in self.names)
 
     @classmethod
     def first(cls, x: Mapping[Any, Any], missing: str) -> FeatureSchema:
@@ -250,13 +257,44 @@ class FeatureSchema:
     def vector(self, x: Mapping[Any, Any]) -> np.ndarray:
         """``x``'s values in schema order, as a float32 array (:class:`EventError` for an
         unknown, missing, non-numeric or non-finite feature)."""
+        values = self.plain_values(x)
+        if values is None:
+            values = self.checked_values(x)
+        with np.errstate(over="ignore"):
+            vector = values.astype(np.float32)
+        if not np.isfinite(vector).all():
+            name = self.names[int(np.argmin(np.isfinite(vector)))]
+            raise EventError(f"feature {name!r} is NaN, infinite or beyond float32")
+        return vector
+
+    def plain_values(self, x: Mapping[Any, Any]) -> np.ndarray | None:
+        """``x``'s values in schema order when ``x`` has exactly the schema's string names
+        and every value is a Python float or int, as most events have (one lookup per
+        name, no call per feature: docs/streaming.md, "river"); ``None`` otherwise, for
+        :meth:`checked_values`."""
+        if not self.string_names or len(x) != len(self.names):
+            return None
+        try:
+            values = [x[name] for name in self.names]
+        except KeyError:
+            return None
+        if not all(type(value) is float or type(value) is int for value in values):
+            return None
+        try:
+            return np.array(values, dtype=np.float64)
+        except OverflowError:  # an int beyond a float: checked_values names it
+            return None
+
+    def checked_values(self, x: Mapping[Any, Any]) -> np.ndarray:
+        """``x``'s values in schema order, every name and value checked one by one."""
         values = np.zeros(len(self.names), dtype=np.float64)
         present = np.zeros(len(self.names), dtype=bool)
         for name, value in x.items():
-            position = self.index.get(name) if isinstance(name, str) else None
+            # a str first: the check of other names costs a call per feature per event
+            position = self.index.get(name) if type(name) is str or is_feature_name(name) else None
             if position is None:
                 shown = check_feature_name(name)
-                known = ", ".join(self.names[:5]) + (", …" if len(self.names) > 5 else "")
+                known = ", ".join(map(str, self.names[:5])) + (", …" if len(self.names) > 5 else "")
                 raise EventError(
                     f"feature {shown!r} is not among the stream's features (fixed by its "
                     f"first event: {known})"
@@ -271,20 +309,22 @@ class FeatureSchema:
                 raise EventError(
                     f"feature {absent!r} is missing (give --missing zero to read it as 0)"
                 )
-        with np.errstate(over="ignore"):
-            vector = values.astype(np.float32)
-        if not np.isfinite(vector).all():
-            name = self.names[int(np.argmin(np.isfinite(vector)))]
-            raise EventError(f"feature {name!r} is NaN, infinite or beyond float32")
-        return vector
+        return values
 
 
-def check_feature_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise EventError(f"feature names must be strings, got {describe(name)}")
-    if len(name) > MAX_IDENTIFIER_CHARS:
+def is_feature_name(name: object) -> bool:
+    """Whether ``name`` may name a feature: a string or an int, as river's dictionaries
+    of features have them (``synth.SEA`` numbers its features); a bool would be read as
+    the int it equals, so it is not one."""
+    return isinstance(name, (str, int)) and not isinstance(name, bool)
+
+
+def check_feature_name(name: object) -> FeatureName:
+    if not is_feature_name(name):
+        raise EventError(f"feature names must be strings or integers, got {describe(name)}")
+    if isinstance(name, str) and len(name) > MAX_IDENTIFIER_CHARS:
         raise EventError(f"a feature name of {len(name):,} characters (at most 256)")
-    return name
+    return name  # type: ignore[return-value]  # a str or an int (is_feature_name)
 
 
 def feature_number(name: str, value: object) -> float:

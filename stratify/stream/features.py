@@ -23,9 +23,11 @@ from stratify.stream.config import StreamConfig
 from stratify.stream.events import (
     Event,
     EventError,
+    FeatureName,
     FeatureSchema,
     check_feature_name,
     check_features,
+    is_feature_name,
 )
 from stratify.stream.scaling import RunningScaler
 
@@ -55,7 +57,7 @@ class StreamFeatures:
         config: StreamConfig,
         device: str,
         start: Callable[[tuple[int, ...]], None],
-        grow: Callable[[list[str], int], None],
+        grow: Callable[[list[FeatureName], int], None],
     ) -> None:
         self.config = config
         self.device = device
@@ -65,7 +67,7 @@ class StreamFeatures:
         self.input_shape: tuple[int, ...] | None = None
         self.scaler: RunningScaler | None = None
         #: named features already warned about as missing (``--missing zero``)
-        self.warned_missing: set[str] = set()
+        self.warned_missing: set[FeatureName] = set()
 
     def fix(self, input_shape: tuple[int, ...]) -> None:
         """Fix the sample shape, with running statistics for it (``--scale running``)."""
@@ -141,7 +143,11 @@ class StreamFeatures:
         if self.config.missing == "error":
             return x
         index = self.schema.index
-        new = [name for name in x if not isinstance(name, str) or name not in index]
+        new = [
+            name
+            for name in x
+            if name not in index or not (type(name) is str or is_feature_name(name))
+        ]
         if new and not learning:
             return {name: value for name, value in x.items() if name in index}
         if new:

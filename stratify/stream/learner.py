@@ -22,6 +22,7 @@ import numpy as np
 
 from stratify.errors import ConfigError
 from stratify.registry.base import LabelRegistry
+from stratify.stream.blas import SingleThreadBlas
 from stratify.stream.buffers import ClientBuffers
 from stratify.stream.build import (
     build_stream_model,
@@ -31,9 +32,11 @@ from stratify.stream.build import (
 )
 from stratify.stream.class_rows import ClassRows
 from stratify.stream.config import StreamConfig, check_buffer_memory
+from stratify.stream.drift import DriftAging
 from stratify.stream.events import (
     Event,
     EventError,
+    FeatureName,
     Identifier,
     as_numpy,
     check_identifier,
@@ -51,7 +54,6 @@ from stratify.stream.policies import (
 )
 from stratify.stream.prequential import Prequential
 from stratify.stream.stats import StreamStats
-from stratify.stream.step import configure_blas_for_single_sample
 
 if TYPE_CHECKING:
     from torch import nn
@@ -90,6 +92,8 @@ class StreamLearner(LearnerState):
     policy : StreamPolicy, optional
         How to train (default: by ``config.algorithm``,
         :func:`~stratify.stream.build.default_policy`).
+    drift : DriftAging, optional
+        Drift detection that ages the buffers out (:mod:`.drift`); default: none.
 
     Examples
     --------
@@ -108,6 +112,7 @@ class StreamLearner(LearnerState):
         registry: LabelRegistry | None = None,
         clients: Sequence[Identifier] = (),
         policy: StreamPolicy | None = None,
+        drift: DriftAging | None = None,
     ) -> None:
         if not isinstance(config, StreamConfig):
             raise ConfigError(f"a StreamLearner needs a StreamConfig, got {type(config).__name__}")
@@ -119,12 +124,16 @@ class StreamLearner(LearnerState):
         self.registry = self.class_rows.registry
         self.policy = policy if policy is not None else default_policy(config)
         self.device = stream_device(config, model, self.policy)
-        if self.device == "cpu":
-            configure_blas_for_single_sample()
+        #: one BLAS thread around the learner's own work on CPU (:mod:`.blas`)
+        self.blas = SingleThreadBlas(enabled=self.device == "cpu")
         self.features = StreamFeatures(config, self.device, self.start, self.grow_input)
         self.prequential = Prequential(config.window)
         self.stats = StreamStats()
         self.given_model = model
+        self.drift = drift
+        #: the last :meth:`predict`'s (features, prediction) until the next event: the
+        #: drift detector's for a ``learn_one`` of the same object (progressive validation)
+        self._last_prediction: tuple[object, Prediction] | None = None
         self.model: StreamModel = None  # type: ignore[assignment]  # set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
         self._context: StreamContext | None = None
@@ -172,7 +181,7 @@ class StreamLearner(LearnerState):
         self._context = None
         self.policy.classifier_grown(self.context(), replaced)
 
-    def grow_input(self, names: list[str], features: int) -> None:
+    def grow_input(self, names: list[FeatureName], features: int) -> None:
         """Widen the model's input and the buffers to ``features`` for the named features
         ``names``, new to the stream (:meth:`StreamFeatures.add_names`): zero weights in
         the first layer, so every prediction stays as it was.
@@ -214,9 +223,10 @@ class StreamLearner(LearnerState):
         """
         if not isinstance(event, Event):
             raise EventError(f"ingest takes an Event, got {type(event).__name__}")
-        return self._learn(
-            event.x, event.label, event.client, event.line, prediction, True, event.checked
-        )
+        with self.blas:
+            return self._learn(
+                event.x, event.label, event.client, event.line, prediction, True, event.checked
+            )
 
     def learn_one(self, x: object, y: object, client: object = 0) -> None:
         """Learn one labeled sample arriving at ``client``, without testing on it.
@@ -235,7 +245,8 @@ class StreamLearner(LearnerState):
         EventError, DivergenceError
             As :meth:`ingest`.
         """
-        self._learn(x, y, client, 0, None, test=False, checked=False)
+        with self.blas:
+            self._learn(x, y, client, 0, None, test=False, checked=False)
 
     def predict(self, x: object) -> Prediction | None:
         """The model's prediction for one sample, learning nothing (``None`` before the
@@ -244,7 +255,10 @@ class StreamLearner(LearnerState):
         raw = self.features.row(x, learning=False)
         if raw is None or not self.classes:
             return None
-        return self._predict(raw)
+        with self.blas:
+            prediction = self._predict(raw)
+        self._last_prediction = (x, prediction)
+        return prediction
 
     def predict_one(self, x: object) -> Identifier | None:
         """The label predicted for one sample (``None`` before the first labeled event)."""
@@ -278,13 +292,16 @@ class StreamLearner(LearnerState):
         checked: bool,
     ) -> bool:
         self.check_learning()
+        last, self._last_prediction = self._last_prediction, None
         label = check_label(label)
         client_id = check_identifier(client_id, "client")
         raw = self.features.row(x, checked=checked)
         rows = self.class_rows
         client = rows.client_index(client_id)
         row = rows.class_index(label)
-        if test and prediction is None and self.classes:
+        if not test and self.drift is not None and last is not None and last[0] is x:
+            prediction = last[1]  # nothing was learned since it was made
+        if (test or self.drift is not None) and prediction is None and self.classes:
             prediction = self._predict(raw)
         # everything is checked once the label is registered (or refused)
         placeholder = rows.admit(client_id, client, label, row, self.buffers)
@@ -301,6 +318,8 @@ class StreamLearner(LearnerState):
             )
         self.features.update(raw)
         self.buffers.insert(client, raw, rows.model_rows[row], placeholder, line)
+        if self.drift is not None:
+            self.drift.update(not correct, self.buffers)
         if new_class and self.imprints:
             self.model.imprint(rows.model_rows[row], raw, rows.model_rows[:row])
         self.stats.events += 1
@@ -371,10 +390,11 @@ class StreamLearner(LearnerState):
         targets = np.array([self.class_rows.class_of.get(label, -1) for label in labels])
         known = self.class_rows.model_rows or [0]
         x = as_numpy(x_test).reshape(-1, *shape)
-        predicted = np.concatenate(
-            [
-                self.model.predict_rows(x[at : at + EVAL_BATCH], known)
-                for at in range(0, len(x), EVAL_BATCH)
-            ]
-        )
+        with self.blas:
+            predicted = np.concatenate(
+                [
+                    self.model.predict_rows(x[at : at + EVAL_BATCH], known)
+                    for at in range(0, len(x), EVAL_BATCH)
+                ]
+            )
         return float((predicted == targets).sum()) / len(targets)

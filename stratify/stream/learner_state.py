@@ -114,7 +114,8 @@ class LearnerState:
             raise ValueError("only a fresh learner can load a stream's state")
         rows.load_state_dict(state)
         if state["schema"] is not None:
-            names = [str(name) for name in state["schema"]]
+            # integer names (river's synthetic streams) stay integers
+            names = [name if isinstance(name, int) else str(name) for name in state["schema"]]
             self.features.schema = FeatureSchema(names, self.config.missing)
         self.prequential.load_state_dict(state["prequential"])
         self.stats.load_state_dict(state["stats"], self.device)

@@ -421,7 +421,10 @@ class StreamRun:
                 previous[number] = signal.signal(number, self._on_signal)
             previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
         try:
-            return self._run()
+            # one BLAS thread for the whole run, entered once rather than per event
+            # (docs/streaming.md, "river")
+            with self.learner.blas:
+                return self._run()
         except AbandonEvent:
             # the learner is halfway through an event: nothing more is written, and the
             # last checkpoint (whose appended files a resume cuts back to) is what is kept

@@ -40,15 +40,6 @@ def quiet() -> np.errstate:
     return np.errstate(over="ignore", invalid="ignore")
 
 
-def configure_blas_for_single_sample() -> None:
-    """One BLAS thread for NumPy and SciPy, process-wide: a single sample's products are
-    too small to split, and on two busy cores a threaded rank-1 update of a 200×200 layer
-    took 92 µs against 7 µs on one thread (docs/architecture.md, "Streaming")."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1, user_api="blas")
-
-
 class MLPArrays:
     """An MLP's weights as NumPy arrays: its forward pass and single-sample gradients.
 

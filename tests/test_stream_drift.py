@@ -1,0 +1,109 @@
+"""Drift (docs/streaming.md, "river"): river's ADWIN on the prequential errors fires on a
+planted abrupt change and ages the clients' buffers out; a change to fewer errors keeps
+them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("river")
+
+from stratify.stream import StreamConfig, StreamLearner  # noqa: E402
+from stratify.stream.buffers import ClientBuffers  # noqa: E402
+from stratify.stream.drift import DriftAging  # noqa: E402
+from stratify.stream.river import StreamClassifier  # noqa: E402
+
+CHANGE, AFTER = 1500, 400
+
+
+def flipped_stream() -> list[tuple[dict[str, float], bool]]:
+    """``x0 > 0`` for :data:`CHANGE` events, then its opposite: an abrupt label flip."""
+    points = np.random.default_rng(0).normal(size=(CHANGE + AFTER, 2))
+    return [
+        ({"a": float(a), "b": float(b)}, bool(a > 0) == (number < CHANGE))
+        for number, (a, b) in enumerate(points)
+    ]
+
+
+def learn(model: StreamClassifier) -> list[bool]:
+    right = []
+    for number, (x, y) in enumerate(flipped_stream()):
+        right.append(model.predict_one(x) == y)
+        model.learn_one(x, y, client=number % 10)
+    return right
+
+
+def old_samples(model: StreamClassifier) -> int:
+    buffers = model.learner.buffers
+    return int((buffers.occupied & (buffers.arrival < CHANGE)).sum())
+
+
+def test_a_planted_abrupt_drift_is_detected_and_the_buffers_aged_out() -> None:
+    plain = StreamClassifier(secure=False, drift=False)
+    right_plain = learn(plain)
+    # 10 clients of 100 samples: 600 samples of the old concept are still buffered
+    assert old_samples(plain) == 600
+
+    model = StreamClassifier(secure=False)  # drift detection by default
+    right = learn(model)
+    drift = model.learner.drift
+    assert drift is not None and drift.detections >= 1 and drift.aged_out > 0
+    assert old_samples(model) < 60
+    # the new concept is learned sooner: events +100 to +400 after the flip
+    after = slice(CHANGE + 100, CHANGE + AFTER)
+    assert np.mean(right[after]) > 0.8 > 0.5 > np.mean(right_plain[after])
+
+
+def test_fewer_errors_is_a_change_that_keeps_the_buffers() -> None:
+    buffers = ClientBuffers(capacity=1000, sample_shape=(1,), device="cpu")
+    buffers.add_client()
+    buffers.add_placeholder(0)
+    drift = DriftAging()
+    for number in range(1000):
+        buffers.insert(0, np.zeros(1, dtype=np.float32), 0, 0, number)
+        drift.update(number < 500, buffers)  # every prediction wrong, then every one right
+    assert drift.detections >= 1
+    assert drift.aged_out == 0 and buffers.size == 1000
+
+
+def test_the_learner_feeds_its_errors_to_the_detector() -> None:
+    # disconnected (no update per learned event), nothing would be detected
+    seen: list[bool] = []
+
+    class Recording(DriftAging):
+        def update(self, wrong: bool, buffers: ClientBuffers) -> bool:
+            seen.append(wrong)
+            return super().update(wrong, buffers)
+
+    learner = StreamLearner(StreamConfig(secure=False), drift=Recording())
+    for number, (x, y) in enumerate(flipped_stream()[:50]):
+        learner.learn_one(x, y, client=number % 3)
+    assert len(seen) == 50 and seen[0] is True  # the first event had nothing to predict
+    assert 0 < sum(seen) < 50
+
+
+def test_learn_one_after_predict_one_of_the_same_features_predicts_once() -> None:
+    # river's progressive validation: predict_one(x), then learn_one(x, y) with x itself
+    model = StreamClassifier(secure=False)
+    model.learn_one({"a": 1.0, "b": 0.0}, True)
+    learner = model.learner
+    forward = learner.model.probabilities
+    calls: list[int] = []
+
+    def counting(*args: object) -> object:
+        calls.append(1)
+        return forward(*args)
+
+    learner.model.probabilities = counting  # type: ignore[method-assign]
+    x = {"a": -1.0, "b": 0.5}
+    model.predict_one(x)
+    model.learn_one(x, False)
+    assert len(calls) == 1
+    model.predict_one(x)
+    model.learn_one(dict(x), False)  # equal features, another object: predicted again
+    assert len(calls) == 3
+    model.predict_one(x)
+    model.learn_one({"a": 2.0, "b": 0.0}, True)  # something else learned in between
+    model.learn_one(x, False)
+    assert len(calls) == 6
