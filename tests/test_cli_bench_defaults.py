@@ -99,4 +99,6 @@ def test_batch_bench_without_lr_trains_at_the_library_s_rate_for_the_dataset(tmp
 def test_steps_bench_without_lr_or_model_uses_the_library_s(capsys):
     main(["bench", "steps", "--steps", "16", "--check-every", "16", "--compile", "off"])
     out = capsys.readouterr().out
-    assert "digits · cnn · lr 0.01" in out  # single-sample on digits: config.DEFAULT_LR
+    # single-sample on digits: the rate a run of Stratify resolves (its own, from the card)
+    rate = resolve_lr(TrainConfig(dataset="digits", mode="single-sample"))
+    assert f"digits · cnn · lr {rate:g}" in out

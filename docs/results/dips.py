@@ -84,6 +84,8 @@ def main() -> None:
         mode="single-sample",
         epochs=arguments.epochs,
         lr=arguments.lr,
+        # the dips are the paper's constant rate's (Stratify's default is the decay)
+        lr_schedule="constant",
         secure=False,
         seed=arguments.seed,
         device="cpu",

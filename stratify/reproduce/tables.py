@@ -202,6 +202,25 @@ def table1_report(rows: Sequence[Mapping[str, str]]) -> str:
     )
 
 
+def schedule_report(rows: Sequence[Mapping[str, str]]) -> str:
+    """Stratify's default schedule against the paper's constant rate, from the
+    ``stratify-schedule`` grid's ``results.csv`` rows: both columns' accuracy, then the
+    default against the constant rate, paired by seed.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        The rows of the grid's ``results.csv``.
+    """
+    return (
+        f"Test accuracy in %, the mean over each run's last rounds ({LAST_ROUNDS_TEXT}), "
+        f"mean ± sample standard deviation over the seeds; the best over the epochs is chosen "
+        f"on the test set:\n\n"
+        f"{accuracy_table(rows, seeds_of(rows))}\n"
+        f"{versus_markdown(rows, str(GRIDS['stratify-schedule'].reference), {})}"
+    )
+
+
 #: the columns of ``docs/results/dip_counts.py``'s rows
 DIPS_FIELDS = (
     "schedule",
@@ -217,7 +236,7 @@ DIPS_FIELDS = (
 )
 
 
-def dips_report(rows: Sequence[Mapping[str, str]]) -> str:
+def dips_report(rows: Sequence[Mapping[str, str]], every_run: bool = True) -> str:
     """Per schedule, how often single-sample runs dip late (docs/results/dips.md), then
     every run's row, from the rows of ``docs/results/dip_counts.py``.
 
@@ -227,6 +246,8 @@ def dips_report(rows: Sequence[Mapping[str, str]]) -> str:
         One row per run: ``schedule``, ``seed``, ``epochs``, ``dip_epochs`` and
         ``swing_epochs`` (epochs after 10 below 90% and 97%), ``lowest_after_10``,
         ``lowest_epoch``, ``std_after_10`` (points), ``final`` and ``last5_mean``.
+    every_run : bool
+        Whether every run's row follows the summary.
     """
 
     def percent_range(runs: Sequence[Mapping[str, str]], column: str) -> str:
@@ -278,10 +299,18 @@ def dips_report(rows: Sequence[Mapping[str, str]]) -> str:
         ]
         for row in rows
     ]
+    if not every_run:
+        return markdown_table(header, summary)
     return (
         f"{markdown_table(header, summary)}\nEvery run:\n\n"
         f"{markdown_table(runs_header, runs_lines)}"
     )
+
+
+def dips_summary(rows: Sequence[Mapping[str, str]]) -> str:
+    """:func:`dips_report`'s summary alone, one line per schedule (the
+    ``stratify-schedule`` grid's splits, ten seeds each)."""
+    return dips_report(rows, every_run=False)
 
 
 #: ``stratify bench privacy-utility``'s ``privacy-utility.csv`` (:func:`privacy_utility_report`)
@@ -452,6 +481,24 @@ TABLES: dict[str, Table] = {
             "stratify reproduce table1 --out OUT --data-dir DIR --seeds 0,1,2,3,4 --workers 2 "
             "--vectorize --methods fedavg,fedprox,scaffold,sfl,fedavgm,stratify",
             table1_report,
+        ),
+        Table(
+            "stratify-schedule",
+            "docs/results.md",
+            "docs/results/stratify-schedule.csv",
+            "stratify reproduce stratify-schedule --out OUT --data-dir DIR "
+            "--seeds 0,1,2,3,4,5,6,7,8,9 --workers 2",
+            schedule_report,
+        ),
+        Table(
+            "stratify-schedule-dips",
+            "docs/results.md",
+            "docs/results/stratify-schedule-dips.csv",
+            "python docs/results/dip_counts.py $(for s in classes-1 classes-3 classes-5 "
+            'dirichlet-0-5 iid; do echo "$s-inverse-epoch=OUT/cells/$s/stratify '
+            '$s-constant=OUT/cells/$s/stratify-constant"; done)',
+            dips_summary,
+            schema=DIPS_COLUMNS,
         ),
         Table(
             "paired-digits",
