@@ -183,42 +183,43 @@ def accuracy_and_transfers_report(rows: Sequence[Mapping[str, str]]) -> str:
     return f"{accuracy_report(rows)}\nTransfers per epoch:\n\n{transfers_table(rows)}"
 
 
-def table1_report(rows: Sequence[Mapping[str, str]]) -> str:
-    """Table I from the ``table1`` grid's ``results.csv`` rows: every method's accuracy,
-    then Stratify against each other column, paired by seed, each at its own rate, with
-    the verdicts counted.
+def reference_report(
+    rows: Sequence[Mapping[str, str]],
+    grid: str,
+    paper: Mapping[tuple[str, str], str] | None = None,
+) -> str:
+    """A grid with a reference column from its ``results.csv`` rows: every column's
+    accuracy, then the reference against each other column of its row, paired by seed,
+    each at its own rate, with the verdicts counted (:mod:`stratify.reproduce.versus`).
 
     Parameters
     ----------
     rows : sequence of mapping
         The rows of the grid's ``results.csv``.
+    grid : str
+        The grid's name (its ``reference`` names the column).
+    paper : mapping, optional
+        ``(row, column)`` -> the paper's figure, shown beside ours.
     """
+    best = "on the test set, for comparison with the paper only" if paper else "on the test set"
     return (
         f"Test accuracy in %, the mean over each run's last rounds ({LAST_ROUNDS_TEXT}), "
         f"mean ± sample standard deviation over the seeds; the best over the epochs is chosen "
-        f"on the test set, for comparison with the paper only:\n\n"
+        f"{best}:\n\n"
         f"{accuracy_table(rows, seeds_of(rows))}\n"
-        f"{versus_markdown(rows, str(GRIDS['table1'].reference), TABLE1_PAPER)}"
+        f"{versus_markdown(rows, str(GRIDS[grid].reference), paper or {})}"
     )
+
+
+def table1_report(rows: Sequence[Mapping[str, str]]) -> str:
+    """Table I: Stratify against every other column (:func:`reference_report`)."""
+    return reference_report(rows, "table1", TABLE1_PAPER)
 
 
 def schedule_report(rows: Sequence[Mapping[str, str]]) -> str:
-    """Stratify's default schedule against the paper's constant rate, from the
-    ``stratify-schedule`` grid's ``results.csv`` rows: both columns' accuracy, then the
-    default against the constant rate, paired by seed.
-
-    Parameters
-    ----------
-    rows : sequence of mapping
-        The rows of the grid's ``results.csv``.
-    """
-    return (
-        f"Test accuracy in %, the mean over each run's last rounds ({LAST_ROUNDS_TEXT}), "
-        f"mean ± sample standard deviation over the seeds; the best over the epochs is chosen "
-        f"on the test set:\n\n"
-        f"{accuracy_table(rows, seeds_of(rows))}\n"
-        f"{versus_markdown(rows, str(GRIDS['stratify-schedule'].reference), {})}"
-    )
+    """Stratify's default schedule against the paper's constant rate
+    (:func:`reference_report` of the ``stratify-schedule`` grid)."""
+    return reference_report(rows, "stratify-schedule")
 
 
 #: the columns of ``docs/results/dip_counts.py``'s rows
