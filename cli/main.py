@@ -95,7 +95,9 @@ def deprecated_alias(ctx: click.Context, old: str, new: tuple[str, ...]) -> clic
 
 
 @click.group(cls=LazyGroup)
-@click.version_option(package_name="stratify")
+@click.version_option(
+    package_name="stratify-fl", message="%(prog)s %(version)s (distribution %(package)s)"
+)
 @click.option(
     "--debug",
     is_flag=True,

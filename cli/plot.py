@@ -28,6 +28,6 @@ from stratify.reproduce.plots import FORMATS, METRICS, run_curves
 )
 def plot(runs: tuple[str, ...], out: str, metric: str | None) -> None:
     """Draw METRIC per epoch of each RUN_DIR's metrics.jsonl, or per event for the run
-    folders of `stratify stream` (needs stratify[plot])."""
+    folders of `stratify stream` (needs the plot extra: pip install -e '.[plot]')."""
     path = run_curves(runs, Path(out), metric)
     click.echo(f"written: {path}", err=True)

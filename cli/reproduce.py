@@ -246,7 +246,7 @@ def print_estimate(
     default="local",
     show_default=True,
     type=click.Choice(["local", "ray"]),
-    help="Worker processes here, or Ray tasks (pip install 'stratify[ray]').",
+    help="Worker processes here, or Ray tasks (pip install -e '.[ray]').",
 )
 @click.option("--workers", metavar="INTEGER", help="Local worker processes [default: cores].")
 @click.option("--address", help="Ray cluster to join (e.g. auto) [default: a local Ray].")

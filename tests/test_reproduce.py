@@ -820,14 +820,14 @@ def test_plot_draws_two_run_folders(tiny, tmp_path, capsys):
 def test_without_matplotlib_the_tables_are_still_written(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     report = reproduce("tiny", tmp_path, Settings(seeds=(0,), epochs=1), backend=LocalBackend(1))
-    assert "pip install 'stratify[plot]'" in report.plots_note
+    assert "pip install -e '.[plot]'" in report.plots_note
     assert (tmp_path / "results.md").exists() and (tmp_path / "results.csv").exists()
     assert not list(tmp_path.glob("*.png"))
     run = str(tmp_path / "cells" / "classes-2" / "stratify" / "seed-0")
     with pytest.raises(SystemExit) as stop:
         main(["plot", run, "--out", str(tmp_path / "x.png")])
     assert stop.value.code == 2
-    assert "stratify[plot]" in capsys.readouterr().err
+    assert "pip install -e '.[plot]'" in capsys.readouterr().err
 
 
 # -- Ray ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Stratify and its baselines on Flower's Message API (``pip install 'stratify[flower]'``).
+"""Stratify and its baselines on Flower's Message API (``pip install -e '.[flower]'``).
 
 * :mod:`stratify.flower.node`: the ``ClientApp`` every node runs, holding one client's data;
 * :mod:`stratify.flower.server`: :func:`~stratify.flower.server.run_on_grid`, the server

@@ -27,7 +27,7 @@ from stratify.parallel.specs import (
     RunsInterrupted,
 )
 
-RAY_HINT = "--backend ray needs Ray: pip install 'stratify[ray]'"
+RAY_HINT = "--backend ray needs Ray: pip install -e '.[ray]' in the checkout"
 #: seconds a Ray cluster's address has to accept a connection before it is called dead
 #: (ray.init itself retries a dead address for minutes)
 RAY_CONNECT_SECONDS = 10.0

@@ -9,8 +9,8 @@ Poisson subsampling, so there is no amplification by sampling: a sample that is 
 (``sample_rate = 1``, ``steps = uses``), under add/remove adjacency where a removed
 sample's step still adds its noise. The ε of a run is that composition's, at δ.
 
-The accountant is imported only when a run asks for privacy: ``pip install
-'stratify[privacy]'`` (Opacus) provides it. Nothing here imports torch until then, so
+The accountant is imported only when a run asks for privacy: ``pip install -e
+'.[privacy]'`` (Opacus) provides it. Nothing here imports torch until then, so
 ``stratify stream`` checks its options without loading it.
 """
 
@@ -37,7 +37,8 @@ def load_accountant() -> tuple[type, object]:
         from opacus.accountants.utils import get_noise_multiplier
     except ImportError:
         raise ConfigError(
-            "differential privacy needs Opacus's accountant: pip install 'stratify[privacy]'"
+            "differential privacy needs Opacus's accountant: "
+            "pip install -e '.[privacy]' in the checkout"
         ) from None
     return RDPAccountant, get_noise_multiplier
 

@@ -1,4 +1,4 @@
-"""Plots of runs and grids, with matplotlib (the optional extra ``stratify[plot]``).
+"""Plots of runs and grids, with matplotlib (the optional extra ``plot``).
 
 :func:`run_curves` draws a metric per epoch of training run folders, or per event of
 stream run folders (``stratify plot``); :func:`grid_plots` draws a grid's figures: test
@@ -24,7 +24,9 @@ from stratify.reproduce.results import CellResult, by_group, present
 from stratify.runfiles import is_count, is_metric, read_json_object, read_lines
 from stratify.runfolder import describe_os_error, write_output_file
 
-PLOT_HINT = "plots need matplotlib: pip install 'stratify[plot]' (or pip install matplotlib)"
+PLOT_HINT = (
+    "plots need matplotlib: pip install -e '.[plot]' in the checkout (or pip install matplotlib)"
+)
 #: the metrics of a training run's records, listed by ``stratify plot --help``
 METRICS = ("test_accuracy", "test_loss", "train_loss", "transfers", "wall_seconds")
 #: the file formats a plot is written in, by the --out suffix (none: png)

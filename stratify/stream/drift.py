@@ -10,7 +10,7 @@ than it leave the buffers
 (docs/streaming.md, "river"). The model itself is not reset: it learns the new concept
 from the samples that arrive after the change.
 
-river is an optional dependency (``pip install 'stratify[river]'``), imported when a
+river is an optional dependency (``pip install -e '.[river]'``), imported when a
 :class:`DriftAging` is created.
 """
 
@@ -36,7 +36,7 @@ class DriftAging:
             from river.drift import ADWIN
         except ImportError as missing:  # pragma: no cover - the extra is installed in the suite
             raise ImportError(
-                "drift detection needs river: pip install 'stratify[river]'"
+                "drift detection needs river: pip install -e '.[river]' in the checkout"
             ) from missing
         self.delta = delta
         self.detector: Any = ADWIN(delta=delta)

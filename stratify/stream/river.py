@@ -13,7 +13,7 @@ registrations and the placement key), never the registry's encryption keys, and 
 unpickled classifier replays the registrations into a registry of its own, as
 ``stratify stream --resume`` does.
 
-river is an optional dependency (``pip install 'stratify[river]'``); nothing in the
+river is an optional dependency (``pip install -e '.[river]'``); nothing in the
 core imports this module.
 """
 
@@ -26,7 +26,7 @@ try:
     from river import base
 except ImportError as missing:  # pragma: no cover - the extra is installed in the suite
     raise ImportError(
-        "stratify.stream.river needs river: pip install 'stratify[river]'"
+        "stratify.stream.river needs river: pip install -e '.[river]' in the checkout"
     ) from missing
 
 from stratify.errors import ConfigError
