@@ -3,12 +3,25 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast train lint docs bench clean
+.PHONY: venv test test-fast train lint docs docs-serve bench clean
 
+# One line per stage: pip itself is quiet (-q), but the first install takes minutes. The
+# distribution was called `stratify` before it became stratify-fl (and the package index's
+# `stratify` is an unrelated library): either would shadow this checkout's package, so the
+# set-up removes it.
 $(STAMP): setup.cfg pyproject.toml
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(VENV)/bin/python || { \
+		echo "make: creating the virtual environment $(VENV) ($(PYTHON) -m venv)"; \
+		$(PYTHON) -m venv $(VENV); }
+	@if $(VENV)/bin/pip show -q stratify 2>/dev/null; then \
+		echo "make: removing the distribution \`stratify' from $(VENV)"; \
+		$(VENV)/bin/pip uninstall --disable-pip-version-check -q -y stratify; fi
+	@echo "make: installing stratify-fl from this checkout with its test extra into $(VENV):" \
+		"torch, torchvision, TenSEAL, Flower, Ray, river, Opacus, pytest, ... (a few GB;" \
+		"about 5-6 minutes the first time, seconds when $(VENV) has them already)"
 	$(VENV)/bin/pip install --disable-pip-version-check -q -e '.[test]'
-	touch $(STAMP)
+	@touch $(STAMP)
+	@echo "make: $(VENV) is ready"
 
 venv: $(STAMP)
 
@@ -49,6 +62,11 @@ $(DOCS_STAMP): $(STAMP)
 docs: $(DOCS_STAMP)
 	$(VENV)/bin/python -m stratify.cli.docs_tables --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/site
+
+# the manual served on http://127.0.0.1:8000, rebuilt on every edit: the site's search
+# only works when served (build/site opened as files has none)
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
 	rm -rf $(VENV) *.egg-info build
