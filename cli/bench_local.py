@@ -10,7 +10,8 @@ from rich.table import Table
 
 from stratify.bench.local import bench_local
 from stratify.bench.steps import MATCH_TOLERANCE
-from stratify.cli.common import DATA_DIR, JSON_OUTPUT, wide_console, write_output
+from stratify.cli.common import DATA_DIR, JSON_OUTPUT, write_output
+from stratify.cli.console import stdout_console
 
 
 @click.command("local")
@@ -52,7 +53,7 @@ def local(dataset, data_dir, spec, clients, algorithm, rounds, json_path) -> Non
             ", ".join(f"{value:.2f}" for value in values),
             f"{figures['eager_round_s'] / median:.2f}×",
         )
-    console = wide_console()
+    console = stdout_console()
     console.print(table)
     console.print(
         f"weights {'match' if result.weights_match else 'DO NOT MATCH'}: every client's local "

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from stratify.bench.stream import stream_bench
 from stratify.cli.common import JSON_OUTPUT, checked, write_output
+from stratify.cli.console import stdout_console
 from stratify.errors import ConfigError
 from stratify.validation import check_positive_int, check_seed
 
@@ -95,7 +95,7 @@ def stream(
                 f"{row.river_ratio:.2f}×",
                 f"{row.river_prequential_accuracy:.4f}",
             )
-    console = Console()
+    console = stdout_console()
     console.print(table)
     if river.row_count:
         console.print(river)

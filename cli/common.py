@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from stratify.errors import ConfigError, DatasetError, OutputError
 from stratify.runfolder import write_file
@@ -160,10 +159,3 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     if not values or min(values) < 1:
         raise ConfigError(f"{flag} takes integers of at least 1, got {text!r}")
     return list(dict.fromkeys(values))  # repeated values would only repeat a row
-
-
-def wide_console() -> Console:
-    """A console for the benchmark tables: 120 columns where the output is not a terminal
-    (rich assumes 80 when writing to a pipe or a file)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=120)

@@ -12,12 +12,12 @@ import re
 from collections.abc import Mapping
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.card import UNTUNED
+from stratify.cli.console import stdout_console
 from stratify.config import TrainConfig
 from stratify.options import flag
 from stratify.validation import check_choice
@@ -147,7 +147,7 @@ def methods(name: str | None, markdown: bool) -> None:
     """List the available methods (`--method NAME` of `stratify train`); with NAME, that
     method's own options with their defaults and help."""
     if name is not None:
-        Console().print(method_help(check_choice(name, "method", tuple(ALGORITHMS))))
+        stdout_console().print(method_help(check_choice(name, "method", tuple(ALGORITHMS))))
         return
     if markdown:
         click.echo(markdown_table(), nl=False)
@@ -159,4 +159,4 @@ def methods(name: str | None, markdown: bool) -> None:
     table.add_column("options (defaults)")
     for name in ALGORITHMS:
         table.add_row(name, *describe(name))
-    Console().print(table)
+    stdout_console().print(table)

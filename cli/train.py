@@ -28,6 +28,7 @@ from rich.table import Table
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.board import RunBoard
 from stratify.cli.common import DATASET_OPTION, VECTORIZE_OPTION, parse_options
+from stratify.cli.console import stdout_console
 from stratify.cli.flags import FLAG_NAMES, config_option, metavar
 from stratify.cli.methods import option_rows
 from stratify.config import TrainConfig, dp_settings
@@ -233,7 +234,7 @@ def train(
             )
         with display.live(run.start_epoch):
             summary = run.train()
-        print_results(Console(), run, summary)
+        print_results(stdout_console(), run, summary)
     finally:
         if client_secrets is not None:
             release_input(client_secrets)
@@ -401,7 +402,7 @@ def train_seeds(
         sys.exit(128 + signal.Signals[stop.signal].value)
     for note in notes:
         console.print(f"note: {note}")
-    print_seed_results(Console(), specs, outcomes)
+    print_seed_results(stdout_console(), specs, outcomes)
     unfinished = [outcome for outcome in outcomes if outcome.status not in COMPLETE]
     if unfinished:
         raise StratifyError(

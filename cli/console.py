@@ -1,0 +1,18 @@
+"""The console the commands print their tables on (rich, without torch: `stratify stream`
+and `stratify methods` use it too)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+# Where standard output is a file or a pipe, rich assumes 80 columns and cuts a wider
+# table's headers ("trans…"); this width never binds, so each table keeps its own.
+UNBOUNDED_WIDTH = 10_000
+
+
+def stdout_console() -> Console:
+    """A console on standard output for a command's tables: the terminal's width on a
+    terminal, else as wide as each table needs, so a table piped or written to a file
+    stays whole."""
+    console = Console()
+    return console if console.is_terminal else Console(width=UNBOUNDED_WIDTH)
