@@ -15,9 +15,9 @@ from stratify.cli.common import (
     JSON_OUTPUT,
     checked,
     parse_int_list,
-    wide_console,
     write_output,
 )
+from stratify.cli.console import stdout_console
 from stratify.validation import check_repeats, check_seed
 
 
@@ -33,31 +33,32 @@ def format_seconds(seconds: float) -> str:
 
 
 def format_speedup(speedup: float | None) -> str:
-    if speedup is None:
-        return ""
+    if speedup is None:  # the naive row the others are compared with
+        return "–"
     return f"{speedup:.1f}x" if speedup < 10 else f"{speedup:.0f}x"
 
 
 def format_ratio(ratio: float | None) -> str:
-    return "" if ratio is None else f"{ratio:.2f}x"
+    return "–" if ratio is None else f"{ratio:.2f}x"
+
+
+# the ratio columns: each needs two protocols of a cell (stratify.bench.privacy.add_ratios)
+RATIO_COLUMNS = (
+    ("speed-up", "speedup", format_speedup),
+    ("vs unblinded", "blind_cost", format_ratio),
+)
 
 
 def results_table(rows: list[dict]) -> Table:
+    """One row per cell and protocol; a ratio column only where some row has its ratio
+    (``speed-up`` needs the naive protocol timed beside the packed one, ``vs unblinded``
+    the unblinded beside the blinded), so no column is empty."""
     table = Table(
         title="Secure registry: seconds per phase (client + server work)", box=box.SIMPLE_HEAD
     )
-    for column in (
-        "classes",
-        "clients",
-        "protocol",
-        "unique",
-        "mapping",
-        "aggregation",
-        "total",
-        "verified",
-        "speed-up",
-        "vs unblinded",
-    ):
+    ratios = [column for column in RATIO_COLUMNS if any(column[1] in row for row in rows)]
+    columns = ("classes", "clients", "protocol", "unique", "mapping", "aggregation", "total")
+    for column in (*columns, "verified", *(name for name, _, _ in ratios)):
         table.add_column(column, justify="left" if column == "protocol" else "right", no_wrap=True)
     for row in rows:
         table.add_row(
@@ -66,8 +67,7 @@ def results_table(rows: list[dict]) -> Table:
             row["protocol"],
             *(f"{row[key]:.3f}" for key in (*PHASES, "total_s")),
             "yes" if row["verified"] else "[red]NO[/red]",
-            format_speedup(row.get("speedup")),
-            format_ratio(row.get("blind_cost")),
+            *(show(row.get(key)) for _, key, show in ratios),
         )
     return table
 
@@ -149,7 +149,7 @@ def privacy(
     class_counts = parse_int_list(classes_text, "--classes")
     client_counts = parse_int_list(clients_text, "--clients")
     protocols = parse_protocols(protocol_text)
-    console = wide_console()
+    console = stdout_console()
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
