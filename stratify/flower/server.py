@@ -750,6 +750,7 @@ def run_over_link(
     for epoch in range(1, config.epochs + 1):
         start = time.perf_counter()
         trainer.start_epoch(epoch)
+        sent = (link.traffic.transfers, link.traffic.uploads)
         stats = experiment.engine.run_epoch(epoch)
         run.seconds.append(time.perf_counter() - start)
         run.epochs.append(stats)
@@ -763,6 +764,15 @@ def run_over_link(
         )
         lost = [client for client in trainer.dropped if client not in run.dropped]
         if lost:
+            # the engine counted the epoch's plan, drawn while the lost clients were in it:
+            # their shares after the loss were never sent, so the messages' count stands
+            stats.transfers = link.traffic.transfers - sent[0]
+            stats.uploads = link.traffic.uploads - sent[1]
+            stats.bytes_sent = (
+                stats.transfers * experiment.engine.model_bytes
+                + stats.uploads * experiment.engine.gradient_bytes
+                + stats.extra_bytes
+            )
             strategy = cast(Stratify, experiment.strategy)
             strategy.drop_clients(experiment.engine.context, lost)
             for client in lost:
