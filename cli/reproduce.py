@@ -336,7 +336,7 @@ def reproduce_command(
     if isinstance(runner, RayBackend) and not dry_run:
         runner.check()  # a dead address: one line now, before anything is written
     if dry_run:
-        cells, notes = plan_cells(chosen_grid, settings, out)
+        cells, notes = plan_cells(chosen_grid, settings, out, own_rates=tuning is not None)
         phases = []
         if tuning is not None:
             title = "tuning" if not tuning.halving else "tuning, first rung"

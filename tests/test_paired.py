@@ -15,8 +15,10 @@ from stratify.errors import ConfigError
 from stratify.parallel import LocalBackend
 from stratify.reproduce.grids import GRIDS, Grid, Settings, paired_column, partition_row, plan_cells
 from stratify.reproduce.paired import pair_budgets, paired_difference
+from stratify.reproduce.results import rate_regime
 from stratify.reproduce.runner import reproduce
-from stratify.reproduce.tuning import Tuning
+from stratify.reproduce.sequential import extension
+from stratify.reproduce.tuning import Choice, Tuning, tuned_cells, tuning_cells
 from stratify.runfiles import read_records
 
 
@@ -230,8 +232,9 @@ def test_a_paired_dry_run_flags_a_pair_whose_budgets_differ(monkeypatch, capsys,
 
 def test_a_tuned_plateau_paired_grid_keeps_each_pair_matched(monkeypatch, tmp_path):
     """--tune on a paired grid tunes the comparators only, and each method steps at its
-    comparator's rate; --plateau stops each comparator where its validation accuracy
-    plateaued, and its methods run exactly the rounds it ran, seed by seed."""
+    comparator's rate, and again at its own (untuned) rate in a column of its own;
+    --plateau stops each comparator where its validation accuracy plateaued, and its
+    methods run exactly the rounds it ran, seed by seed."""
     grid = Grid(
         "tiny-plateau",
         "",
@@ -255,7 +258,19 @@ def test_a_tuned_plateau_paired_grid_keeps_each_pair_matched(monkeypatch, tmp_pa
     assert len(tuned) == 2 and all(name.startswith("fedavg-matched-") for name in tuned)
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     comparator = {row["seed"]: row for row in rows if row["role"] == "comparator"}
-    assert len({row["lr"] for row in rows}) == 1  # the comparator's chosen rate, for all
+    own = [row for row in rows if row["column"].endswith("(own rate)")]
+    matched = [row for row in rows if row not in own]
+    assert len({row["lr"] for row in matched}) == 1  # the comparator's chosen rate, for all
+    assert all(row["tuned"] == "True" for row in matched)
+    # the own-rate columns: each method's default here, untuned, beside the same comparator
+    assert (
+        sorted(row["column"] for row in own)
+        == ["FedAvgM (own rate)"] * 2 + ["FedProx (own rate)"] * 2
+    )
+    for row in own:
+        default = strategy_class(row["algorithm"]).card.rates.tuned["digits", "batch"]
+        assert float(row["lr"]) == default and row["tuned"] == "False"
+        assert row["comparator"] == comparator[row["seed"]]["run_dir"].split("/")[-2]
     rounds = set()
     for row in rows:
         records = read_records(row["run_dir"])
@@ -267,8 +282,12 @@ def test_a_tuned_plateau_paired_grid_keeps_each_pair_matched(monkeypatch, tmp_pa
     assert any(len(read_records(r["run_dir"])) < 40 for r in comparator.values())
     table = (tmp_path / "results.md").read_text()
     line = next(line for line in table.splitlines() if line.startswith("| IID | FedProx |"))
-    assert "plateaued, cap 40)" in line
-    assert len(report.cells) == 6
+    assert "plateaued, cap 40)" in line and "at the base's rate" in line
+    matched_table, own_table = table.split("Each method at its own rate", 1)
+    assert "(own rate)" not in matched_table
+    line = next(line for line in own_table.splitlines() if line.startswith("| IID | FedProx"))
+    assert "FedProx (own rate)" in line and "at each one's own rate" in line
+    assert len(report.cells) == 10
 
 
 def test_plateau_needs_a_paired_grid_and_a_cap_above_r_min(capsys, tmp_path):
@@ -359,3 +378,61 @@ def test_a_first_stage_report_writes_no_tables(monkeypatch, tmp_path):
     assert len(second.results) == 8 and (tmp_path / "results.csv").exists()
     again = reproduce("tiny-paired", tmp_path, settings, report_only=True, write=False)
     assert len(again.results) == 6  # no refusal: nothing is written
+
+
+def test_own_rate_cells_copy_each_method_cell_and_keep_its_rate_out_of_tuning(tmp_path):
+    grid = GRIDS["paired"]
+    settings = Settings(seeds=(0, 1), methods=("fedprox",))
+    plain, _ = plan_cells(grid, settings, tmp_path)
+    cells, _ = plan_cells(grid, settings, tmp_path, own_rates=True)
+    methods = [cell for cell in plain if cell.comparator is not None]
+    own = [cell for cell in cells if cell.column.own_rate]
+    assert len(cells) == len(plain) + len(methods) and len(own) == len(methods)
+    for cell in own:
+        assert cell.column.key == "fedprox-own-rate" and cell.column.label == "FedProx (own rate)"
+        assert cell.config.out.endswith(f"/{cell.row.key}/fedprox-own-rate/seed-{cell.seed}")
+        # its own rate group: tuning neither runs for it nor replaces its rate
+        assert cell.rate_group == cell.group != f"{cell.row.key}/{cell.comparator}"
+    assert not set(tuning_cells(cells)) & {cell.group for cell in own}
+    chosen = {group: Choice(group, 0.1, 0.123, ()) for group in tuning_cells(cells)}
+    tuned = {cell.key: cell.config.lr for cell in tuned_cells(cells, chosen)}
+    assert all(tuned[cell.key] == cell.config.lr != 0.123 for cell in own)
+    assert all(tuned[cell.key] == 0.123 for cell in cells if not cell.column.own_rate)
+
+
+@pytest.mark.parametrize(
+    ("method", "comparator", "regime"),
+    [
+        ("True", "True", "at the base's rate"),
+        ("False", "False", "at the method's rate"),
+        ("False", "True", "at each one's own rate"),
+    ],
+)
+def test_the_rate_regime_of_a_pair_by_hand(method, comparator, regime):
+    assert rate_regime([{"tuned": method}], [{"tuned": comparator}]) == regime
+
+
+def test_the_sequential_design_adds_seeds_to_matched_pairs_only():
+    def runs(column, role, values, comparator=""):
+        return [
+            {
+                "run_dir": f"out/cells/iid/{column}/seed-{seed}",
+                "role": role,
+                "comparator": comparator,
+                "column": "FedAvg (matched)" if role == "comparator" else column,
+                "seed": str(seed),
+                "stage": "1",
+                "status": "finished",
+                "epochs": "20",
+                "last_mean_accuracy": str(value),
+                "classes": "10",
+            }
+            for seed, value in enumerate(values)
+        ]
+
+    # a noisy difference: the first stage's spread calls for more seeds
+    rows = runs("fedavg-matched-x", "comparator", [0.80, 0.90, 0.70, 0.85, 0.75])
+    rows += runs("fedprox", "method", [0.82, 0.86, 0.75, 0.83, 0.80], "fedavg-matched-x")
+    rows += runs("fedprox-own-rate", "method", [0.82, 0.86, 0.75, 0.83, 0.80], "fedavg-matched-x")
+    plan = extension(rows, 10)
+    assert "iid/fedprox" in plan and not any("own-rate" in group for group in plan)

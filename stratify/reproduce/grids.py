@@ -66,6 +66,8 @@ class Column:
     same local training (:mod:`stratify.reproduce.paired`), whose cells are derived from
     this column's; ``comparator_options`` replace the matched comparator's options where a
     paper's own baseline differs from it (``comparator_label`` names that baseline).
+    ``own_rate``: a paired method's column that keeps the method's own rate where a tuned
+    grid steps the pair at its comparator's (:func:`own_rate_cells`).
     """
 
     key: str
@@ -75,6 +77,7 @@ class Column:
     paired: bool = False
     comparator_options: dict[str, Any] = field(default_factory=dict)
     comparator_label: str = "matched"
+    own_rate: bool = False
 
     @property
     def algorithm(self) -> str:
@@ -692,8 +695,11 @@ class Cell:
     @property
     def rate_group(self) -> str:
         """The cells that share a learning rate: a paired method's is its comparator's
-        (the pair's rate is chosen for the comparator and used by both)."""
-        return self.group if self.comparator is None else f"{self.row.key}/{self.comparator}"
+        (the pair's rate is chosen for the comparator and used by both), but for a column
+        at the method's own rate."""
+        if self.comparator is None or self.column.own_rate:
+            return self.group
+        return f"{self.row.key}/{self.comparator}"
 
     @property
     def is_comparator(self) -> bool:
@@ -769,10 +775,14 @@ def relabelled(column: Column, dataset: str) -> Column:
     return dataclasses.replace(column, label=f"{column.label[: -len(suffix)]} ({dataset})")
 
 
-def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Cell], list[str]]:
+def plan_cells(
+    grid: Grid, settings: Settings, out: str | Path, own_rates: bool = False
+) -> tuple[list[Cell], list[str]]:
     """Every cell of ``grid`` under ``settings``, with run folders under ``out/cells``,
     and notes on the columns left out (a method missing from this build or not running
     in the grid's mode). Each configuration is checked now, before anything runs.
+    ``own_rates``: a paired grid's methods run at their own rates too
+    (:func:`own_rate_cells`; a tuned paired grid's).
     """
     notes: list[str] = []
     columns = list(grid.columns)
@@ -851,6 +861,8 @@ def plan_cells(grid: Grid, settings: Settings, out: str | Path) -> tuple[list[Ce
             cells += row_cells
     if not cells:
         raise ConfigError(f"grid {grid.name}: no cell can run here ({'; '.join(notes)})")
+    if own_rates and grid.paired:
+        cells += own_rate_cells(cells, out)
     if settings.plateau is not None:
         cells = plateau_cells(grid, cells, settings.plateau)
     return cells, notes
@@ -910,6 +922,32 @@ def plateau_rounds(cells: Sequence[Cell], rounds: Mapping[str, int]) -> list[Cel
 
 
 # -- paired columns: each method beside its matched comparator ---------------------------
+
+#: the end of the folder name of a paired method's column at its own rate
+OWN_RATE_SUFFIX = "-own-rate"
+
+
+def own_rate_cells(cells: Sequence[Cell], out: str | Path) -> list[Cell]:
+    """A tuned paired grid steps a method at its comparator's tuned rate, so that only the
+    mechanism differs; these are the same methods' cells at their own rate (their card's
+    default for the data, which the ``defaults`` grids chose on validation), beside the same
+    comparator at its rate: the practical comparison of two methods each at its own rate.
+    One per paired method cell of ``cells`` of the seeds given (stage 1: the sequential
+    design adds seeds to the matched pairs only)."""
+    added = []
+    for cell in cells:
+        if cell.comparator is None or cell.column.own_rate or cell.stage != 1:
+            continue
+        column = dataclasses.replace(
+            cell.column,
+            key=cell.column.key + OWN_RATE_SUFFIX,
+            label=f"{cell.column.label} (own rate)",
+            own_rate=True,
+        )
+        folder = Path(out) / "cells" / cell.row.key / column.key / f"seed-{cell.seed}"
+        config = dataclasses.replace(cell.config, out=str(folder))
+        added.append(dataclasses.replace(cell, column=column, config=config))
+    return added
 
 
 def comparator_key(config: TrainConfig) -> str:

@@ -206,6 +206,9 @@ def stein_difference(first: Sequence[float], every: Sequence[float]) -> PairedDi
 LEVEL_POINTS = 1.0
 #: the verdict words, in the order the tables count them
 VERDICTS = ("ahead", "behind", "level", "inconclusive")
+#: the rate regime of a verdict between two methods each at its own validated rate (Table
+#: I's, and a tuned paired grid's methods at their own rate)
+OWN_RATES = "at each one's own rate"
 #: the words of a pair that gets no verdict, in the order the tables count them: a run
 #: of it diverged (the two ran unequal rounds), its comparator is not the method's
 #: matched one, its runs ran unequal rounds otherwise, or its comparator stopped on a

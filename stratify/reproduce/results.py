@@ -25,11 +25,12 @@ from stratify.config import run_complete
 from stratify.errors import CorruptRunError
 from stratify.measures import PlateauRule, accuracy_summary, plateau_budget
 from stratify.parallel import RunOutcome, best_of
-from stratify.reproduce.grids import Cell, Column, Grid, Row
+from stratify.reproduce.grids import OWN_RATE_SUFFIX, Cell, Column, Grid, Row
 from stratify.reproduce.paired import (
     CONVERGED_POINTS,
     NEAR_CHANCE,
     NEAR_ZERO_WORST_GROUP,
+    OWN_RATES,
     UNJUDGED,
     VERDICTS,
     PairedDifference,
@@ -256,7 +257,8 @@ def csv_row(grid: Grid, result: CellResult, tuned: bool) -> dict[str, Any]:
         "epochs": len(result.records),
         # a run stopped before it resolved its rate ran at its cell's, where one is set
         "lr": result.lr if result.lr is not None else config.lr,
-        "tuned": tuned,
+        # a paired method's column at its own rate keeps it where the grid is tuned
+        "tuned": tuned and not result.cell.column.own_rate,
         "status": result.status,
         "last_mean_accuracy": summary["last_mean_accuracy"],
         "last_std_accuracy": summary["last_std_accuracy"],
@@ -757,7 +759,7 @@ def paired_lines(runs: Sequence[Run], seeds: int, field: str) -> list[list[str]]
                 + (f" ({seeds - missing} of {seeds} seeds)" if missing > 0 else ""),
                 str(
                     unjudged(method, comparator)
-                    or pair_verdict(difference, ours, theirs, method + comparator, field)
+                    or pair_verdict(difference, ours, theirs, method, comparator, field)
                 ),
                 rounds_text(comparator),
                 f"{mean_text(best_ours)} / {mean_text(best_theirs)}",
@@ -789,16 +791,31 @@ def rounds_text(comparator: Sequence[Run]) -> str:
     return text
 
 
+def rate_regime(method: Sequence[Run], comparator: Sequence[Run]) -> str:
+    """At which rates a pair's runs stepped: both at the base's (a tuned grid chose it for
+    the comparator and the method used it too), both at the method's (an untuned grid), or
+    each at its own (a method's column at its own rate beside its tuned comparator)."""
+    tuned = (
+        [run.get("tuned") == "True" for run in method],
+        [run.get("tuned") == "True" for run in comparator],
+    )
+    if any(tuned[1]) and not any(tuned[0]):
+        return OWN_RATES
+    return "at the base's rate" if any(tuned[0]) or any(tuned[1]) else "at the method's rate"
+
+
 def pair_verdict(
     difference: PairedDifference | None,
     ours: dict[int, float],
     theirs: dict[int, float],
-    runs: Sequence[Run],
+    method: Sequence[Run],
+    comparator: Sequence[Run],
     field: str = "last_mean_accuracy",
 ) -> Verdict:
     """:func:`~stratify.reproduce.paired.verdict` on a pair's per-seed values of ``field``,
-    with the chance level of the data its runs recorded, naming the rate both ran at: the
-    base's (a tuned grid chose it for the comparator) or the method's own."""
+    with the chance level of the data its runs recorded, naming the rates the two ran at
+    (:func:`rate_regime`)."""
+    runs = [*method, *comparator]
     classes = next((int(value) for run in runs if (value := number(run, "classes"))), None)
     judged = verdict(
         difference,
@@ -807,9 +824,7 @@ def pair_verdict(
         classes,
         worst_group="worst_group" in field,
     )
-    tuned = any(run.get("tuned") == "True" for run in runs)
-    regime = "at the base's rate" if tuned else "at the method's rate"
-    return dataclasses.replace(judged, regime=regime)
+    return dataclasses.replace(judged, regime=rate_regime(method, comparator))
 
 
 def stopped_below_best(run: Run) -> float | None:
@@ -890,7 +905,10 @@ BEST_COLUMN = PAIRED_HEADER.index("best (chosen on test), %: method / comparator
 def paired_tables(runs: Sequence[Run], seeds: int) -> list[str]:
     """The paired grid's tables from its ``results.csv`` rows (``runs``; ``seeds`` the
     seeds asked for): test accuracy, and worst-group accuracy where the data has
-    attributes, each method beside its matched comparator, with the verdicts."""
+    attributes, each method beside its matched comparator, with the verdicts; where the
+    grid was tuned, its methods at their own rates beside the same comparators too."""
+    own = [run for run in runs if at_own_rate(run) or run["role"] == "comparator"]
+    runs = [run for run in runs if not at_own_rate(run)]
     lines = paired_lines(runs, seeds, "last_mean_accuracy")
     parts = [
         f"Each method against its matched comparator (the same local optimizer, local work, "
@@ -923,7 +941,24 @@ def paired_tables(runs: Sequence[Run], seeds: int) -> list[str]:
         worst = paired_lines_worst(runs, seeds)
         parts.append(markdown_table(header, worst))
         parts.append(f"Verdicts on the worst group: {verdict_counts(worst)}.\n")
+    if any(at_own_rate(run) for run in own):
+        lines = paired_lines(own, seeds, "last_mean_accuracy")
+        parts += [
+            "Each method at its own rate (its default for the data, chosen on a validation "
+            "split by the `defaults` grids), against the same matched comparator at the rate "
+            "tuned for it, the same rounds and seeds: the two methods each at its own rate, "
+            f"as a user would run them, where the table above steps both at the comparator's "
+            f"rate. Columns and verdicts as above, {OWN_RATES}:\n",
+            markdown_table(PAIRED_HEADER, lines),
+            f"Verdicts, {OWN_RATES}: {verdict_counts(lines)}.\n",
+        ]
     return parts
+
+
+def at_own_rate(run: Run) -> bool:
+    """Whether ``run`` is of a paired method's column at its own rate
+    (:func:`~stratify.reproduce.grids.own_rate_cells`)."""
+    return column_key(run).endswith(OWN_RATE_SUFFIX)
 
 
 def paired_lines_worst(runs: Sequence[Run], seeds: int) -> list[list[str]]:

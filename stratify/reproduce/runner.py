@@ -307,7 +307,7 @@ def reproduce(
     """
     grid = grid_named(grid_name)
     out = grid_folder(out)
-    cells, notes = plan_cells(grid, settings, out)
+    cells, notes = plan_cells(grid, settings, out, own_rates=tuning is not None)
     with FolderLock(out, holder="grid") as lock:
         new_grid = check_out(out, identity(grid, settings, tuning))
         for name in OUTPUTS:

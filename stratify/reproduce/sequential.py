@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from pathlib import PurePath
 
 from stratify.reproduce.paired import NEAR_CHANCE, paired_difference, seeds_for_verdict, verdict
-from stratify.reproduce.results import Run, column_key, number, seed_values, unjudged
+from stratify.reproduce.results import (
+    Run,
+    at_own_rate,
+    column_key,
+    number,
+    seed_values,
+    unjudged,
+)
 
 
 def row_key(run: Run) -> str:
@@ -80,7 +87,8 @@ def extension(runs: Sequence[Run], cap: int, reference: str | None = None) -> di
             total = seeds_needed(ours, group, cap)
             extend(row, column, total)
             extend(row, reference, total)
-        elif group[0].get("role") == "method":
+        elif group[0].get("role") == "method" and not at_own_rate(group[0]):
+            # the design adds seeds to the matched pairs, those at the comparator's rate
             comparator = groups.get((row, group[0]["comparator"]), [])
             if comparator and unjudged(group, comparator) is None:
                 extend(row, column, seeds_needed(group, comparator, cap))

@@ -439,7 +439,10 @@ def tune(
 
 def tuned_cells(cells: Sequence[Cell], chosen: dict[str, Choice]) -> list[Cell]:
     """``cells`` with the rate chosen for their rate group (their row and column's; a
-    paired method's comparator's)."""
+    paired method's comparator's); a paired method's column at its own rate keeps it."""
     return [
-        replace(cell, config=replace(cell.config, lr=chosen[cell.rate_group].lr)) for cell in cells
+        cell
+        if cell.column.own_rate
+        else replace(cell, config=replace(cell.config, lr=chosen[cell.rate_group].lr))
+        for cell in cells
     ]

@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 
-from stratify.reproduce.paired import VERDICTS, verdict
+from stratify.reproduce.paired import OWN_RATES, VERDICTS, verdict
 from stratify.reproduce.results import (
     UNFINISHED,
     Run,
@@ -28,9 +28,6 @@ from stratify.reproduce.results import (
     seed_values,
     signed_points,
 )
-
-#: the rate regime of every verdict of these tables
-OWN_RATES = "at each one's own rate"
 
 VERSUS_HEADER = (
     "split",
