@@ -26,11 +26,14 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 # the whole suite (CI's), recording every test's seconds: tests/tiers.py derives the slow
-# list that test-fast leaves out from that record (docs/development.md, "Tests")
+# list that test-fast leaves out from that record (docs/development.md, "Tests").
+# pytest-xdist runs it on WORKERS processes (auto: one per core; WORKERS=0 runs it in this
+# one process), each test file whole on one worker, as its module fixtures expect
 DURATIONS := build/test-durations.txt
+WORKERS ?= auto
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests --durations-file $(DURATIONS)
+	$(VENV)/bin/python -m pytest tests -n $(WORKERS) --dist loadfile --durations-file $(DURATIONS)
 
 # the developer's loop: the tests not marked slow, one case per method of the method-wide
 # parametrisations (tests/conftest.py)

@@ -117,7 +117,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             kept.add(key)
 
 
-#: node id -> seconds, filled while the tests run when --durations-file is given
+#: node id -> seconds, filled while the tests run when --durations-file is given; under
+#: pytest-xdist the controlling process receives every worker's reports, so its record is
+#: the whole run's
 _DURATIONS: dict[str, float] = {}
 
 
@@ -125,9 +127,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
 
 
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """Whether this process is one of pytest-xdist's workers (``-n``), not the process
+    that controls them."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = session.config.getoption("--durations-file")
-    if path is None or not _DURATIONS:
+    # a worker's record is its share of the run: the controlling process writes the whole
+    if path is None or not _DURATIONS or is_xdist_worker(session.config):
         return
     record = Path(path)
     record.parent.mkdir(parents=True, exist_ok=True)

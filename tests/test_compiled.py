@@ -10,7 +10,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-import torch._dynamo.utils
 from engines import tiny_engine
 
 import stratify.compiled
@@ -60,6 +59,9 @@ def assert_same_weights(ours, theirs, atol):
 
 @pytest.mark.compile
 def test_compiled_step_trains_as_the_eager_loop(tiny_data, monkeypatch):
+    # imported here, not at collection: torch._dynamo takes seconds to import
+    import torch._dynamo.utils
+
     monkeypatch.setattr(stratify.compiled, "_SHARED", {})  # compile here, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     eager_losses, eager = train(stratify_engine(tiny_data, "off"), epochs=2)

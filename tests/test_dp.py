@@ -6,6 +6,7 @@ the plain trainer too, which must fail it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -14,7 +15,10 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("opacus")
+# looked up, not imported: importing Opacus costs most of a second in every process that
+# collects the suite, and the accounting imports it where it is used
+if importlib.util.find_spec("opacus") is None:
+    pytest.skip("Opacus is not installed (the privacy extra)", allow_module_level=True)
 
 from conftest import assert_refused_in_one_line  # noqa: E402
 

@@ -4,10 +4,15 @@ one case per method of a method-wide parametrisation."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import conftest
+import pytest
 from tiers import durations, main, slow_tests
 
 from stratify.testing import MethodCase
@@ -86,3 +91,41 @@ def test_the_fast_tier_keeps_one_case_per_method_and_drops_the_listed(monkeypatc
         "tests/test_c.py::test_conforms[fedprox-batch-first_epoch]",
         "tests/test_d.py::test_plain",
     ]
+
+
+#: two test files for a run on two workers: each test notes which worker ran it
+WORKER_NOTING_TEST = """
+import os
+from pathlib import Path
+
+
+def test_{name}_{number}():
+    Path("{name}-{number}.worker").write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+@pytest.mark.slow
+def test_a_run_on_two_workers_records_every_test_once(tmp_path):
+    """Under pytest-xdist (``make test``'s ``-n``) the record is the whole run's: every
+    test of both workers once, not one worker's share, and tests/tiers.py reads it."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # node ids from here: tests/...
+    (tmp_path / "tests").mkdir()
+    shutil.copy(Path(conftest.__file__), tmp_path / "tests" / "conftest.py")
+    for name in ("alpha", "beta"):
+        tests = "".join(WORKER_NOTING_TEST.format(name=name, number=n) for n in (1, 2))
+        (tmp_path / "tests" / f"test_{name}.py").write_text(tests)
+    record = tmp_path / "build" / "durations.txt"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "tests"]
+        + ["--durations-file", str(record), "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    workers = {path.read_text() for path in tmp_path.glob("*.worker")}
+    assert len(workers) == 2, workers  # the two files ran on two workers
+    lines = record.read_text().splitlines()
+    nodes = [f"tests/test_{name}.py::test_{name}_{n}" for name in ("alpha", "beta") for n in (1, 2)]
+    assert len(lines) == 4 and sorted(durations(lines)) == nodes
