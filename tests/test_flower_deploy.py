@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import time
 from pathlib import Path
 
@@ -173,19 +174,15 @@ def test_flwr_run_against_a_tls_deployment_of_authenticated_supernodes(
     keys = [tmp_path / f"supernode-{client}.key" for client in range(STRATIFY.clients)]
     for key in keys:
         write_node_key(key)
-    stranger = tmp_path / "stranger.key"
-    write_node_key(stranger)
     timeout = exchange_timeout(exchange)
     with LocalDeployment(STRATIFY.clients, tls=tls, node_keys=keys) as deployment:
-        # a SuperNode whose key was never registered (admitted, it would be a second
-        # client 1 and the run would stop)
+        # a SuperNode with no registered key, which would register itself (admitted, it
+        # would be a second client 1 and the run would stop)
         refused = deployment.start(
             "stranger",
             "flower-supernode",
             "--root-certificates",
             str(tls.ca),
-            "--auth-supernode-private-key",
-            str(stranger),
             "--superlink",
             f"127.0.0.1:{deployment.port}",
             "--port",
@@ -196,6 +193,30 @@ def test_flwr_run_against_a_tls_deployment_of_authenticated_supernodes(
         deployment.submit(APP, STRATIFY, tmp_path / "out", timeout=timeout, retries=1)
         exchanges = 2 + in_process(STRATIFY)[1].steps
         result = deployment.wait(tmp_path / "out", job_wait(exchange, exchanges, timeout, 1))
-        assert refused.wait(exchange_timeout(exchange)) != 0
-        assert "Failed to activate SuperNode" in (deployment.folder / "stranger.log").read_text()
+        assert refused.wait(exchange_timeout(exchange)) != 0, "an unregistered node joined"
     check_weights(tmp_path / "out", result, STRATIFY)
+
+
+def test_a_server_app_of_ones_own_runs_stratify_through_run_on_grid(tmp_path: Path) -> None:
+    # a user's app folder: Stratify's client app, their own server app
+    app = tmp_path / "app"
+    app.mkdir()
+    for name in ("stratify_app.py", "own_server_app.py"):
+        (app / name).write_text((APP / name).read_text())
+    project = (APP / "pyproject.toml").read_text()
+    assert 'serverapp = "stratify_app:server"' in project
+    (app / "pyproject.toml").write_text(
+        project.replace('serverapp = "stratify_app:server"', 'serverapp = "own_server_app:app"')
+    )
+    out = tmp_path / "out"
+    with LocalDeployment(STRATIFY.clients, simulation=True) as simulation:
+        simulation.submit(app, STRATIFY, out, timeout=FIRST_EXCHANGE_WAIT)
+        deadline = time.monotonic() + FIRST_JOB_WAIT
+        while not (out / "accuracy.txt").exists():  # the app's last file
+            assert time.monotonic() < deadline, "the server app wrote no accuracy.txt"
+            assert not (out / "result.json").exists(), "Stratify's own server app ran"
+            time.sleep(0.5)
+    weights = torch.load(io.BytesIO((out / "weights.pt").read_bytes()), weights_only=True)
+    state, _ = in_process(STRATIFY)
+    assert max(float((state[key] - weights[key]).abs().max()) for key in state) < TOLERANCE
+    assert re.fullmatch(r"1 [01]\.\d{4}\n", (out / "accuracy.txt").read_text())

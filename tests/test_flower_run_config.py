@@ -206,3 +206,16 @@ def test_the_app_declares_every_key_and_its_job_is_the_documented_one() -> None:
         apps.RUN_DEFAULTS["retries"],
         apps.RUN_DEFAULTS["on-lost"],
     )
+
+
+def test_a_refusal_only_the_grid_shows_is_written_and_fails_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def two_nodes_one_client(*args: object, **kwargs: object) -> None:
+        raise ConfigError("two nodes are client 1: give each its partition-id")
+
+    monkeypatch.setattr(apps, "run_on_grid", two_nodes_one_client)
+    with pytest.raises(ConfigError, match="two nodes are client 1"):
+        apps.server_main(SilentGrid(), context({**CONFIG, "result-dir": str(tmp_path)}))  # type: ignore[arg-type]
+    failure = json.loads((tmp_path / "failure.json").read_text())
+    assert failure["error"].startswith("two nodes are client 1")

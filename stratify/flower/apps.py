@@ -248,7 +248,8 @@ def server_main(grid: Grid, context: Context) -> None:
     A run configuration :func:`check_run_config` refuses sends no message: its one line
     goes to the log and to ``failure.json`` (when ``result-dir`` itself is usable), and
     the :class:`~stratify.errors.ConfigError` is raised, so Flower ends the run as failed
-    with that line and ``flwr-serverapp`` exits non-zero.
+    with that line and ``flwr-serverapp`` exits non-zero; so is a refusal only the grid
+    shows (two nodes claiming one client), after the messages that found it.
 
     Parameters
     ----------
@@ -282,6 +283,10 @@ def server_main(grid: Grid, context: Context) -> None:
         log.error("stratify: the run stopped: %s", lost)
         write_failure(checked.result_dir, lost)
         return
+    except ConfigError as refused:  # what only the grid shows, e.g. two nodes one client
+        log.error("stratify: the run stopped: %s", refused)
+        write_failure(checked.result_dir, refused)
+        raise
     save_run(run, checked.result_dir)
 
 
