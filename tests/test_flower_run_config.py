@@ -70,6 +70,8 @@ REFUSED = {
     "option of the method refused": ({"stratify.batch-labels": 0}, "--batch-labels"),
     "mlp-hidden not widths": ({"mlp-hidden": "wide"}, "mlp-hidden must be widths"),
     "dataset-options not pairs": ({"dataset-options": "noequals"}, "KEY=VALUE pairs"),
+    "dataset-options unknown": ({"dataset-options": "a=b"}, "digits has no option 'a'"),
+    "partition unknown": ({"partition": "stripes:2"}, "stripes"),
     "key unknown": ({"timout": 5.0}, "has no key 'timout' \\(did you mean 'timeout'\\?\\)"),
     "key of the one-JSON form": ({"config": "{}"}, "has no key 'config'"),
     "option of no method": ({"stratify.nosuch": 1}, "has no key 'stratify.nosuch'"),

@@ -19,7 +19,7 @@ from typing import Any
 
 from stratify.algorithms import strategy_class
 from stratify.config import TrainConfig
-from stratify.errors import ConfigError
+from stratify.errors import ConfigError, DatasetError, PartitionError
 from stratify.flower.messages import flower_methods
 
 #: the value of a key left at the setting's default (the app's pyproject declares every key)
@@ -124,6 +124,8 @@ def train_config_of(settings: Mapping[str, Any]) -> TrainConfig:
         return TrainConfig(**values)
     except TypeError as error:  # a value of a type the field's check did not expect
         raise ConfigError(f"the run configuration's settings were refused: {error}") from None
+    except (DatasetError, PartitionError) as error:  # a loader's option, a split's spec
+        raise ConfigError(str(error)) from None
 
 
 def _value(value: Any) -> Any:
