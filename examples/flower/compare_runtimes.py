@@ -72,7 +72,7 @@ def main() -> None:
     if config.norm != "sumbn":
         with tempfile.TemporaryDirectory() as folder, LocalDeployment(config.clients) as deployment:
             deployment.submit(APP, config, Path(folder), timeout=120.0)
-            result = deployment.wait(Path(folder), 600.0)
+            result = deployment.wait(Path(folder), 1800.0)
             weights = torch.load(Path(folder) / "weights.pt", weights_only=True)
         deployed = [epoch["seconds"] for epoch in result["epochs"]]
         rows.append(("Flower deployment", deployed, largest_difference(reference, weights)))
