@@ -56,6 +56,7 @@ from stratify.flower.messages import (  # noqa: E402
     flower_methods,
     read_indices,
 )
+from stratify.flower.run_config import run_config_of  # noqa: E402
 from stratify.flower.server import (  # noqa: E402
     FlowerRun,
     RemoteTrainer,
@@ -725,7 +726,7 @@ def test_a_deployed_server_app_reports_a_refused_registration(
         raise RegistryError("client 2 brings unique label number 11, more than the bound")
 
     monkeypatch.setattr(apps, "run_on_grid", refused)
-    settings = {"config": config_json(config("stratify-secure")), "result-dir": str(tmp_path)}
+    settings = {**run_config_of(config("stratify-secure")), "result-dir": str(tmp_path)}
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=settings)
     apps.server_main(None, context)  # type: ignore[arg-type]
     failure = json.loads((tmp_path / "failure.json").read_text())

@@ -31,7 +31,7 @@ from stratify.flower import node  # noqa: E402
 from stratify.flower.apps import check_run_config, run_summary  # noqa: E402
 from stratify.flower.dp_attack import sum_label_attack  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
-from stratify.flower.messages import config_json  # noqa: E402
+from stratify.flower.run_config import run_config_of  # noqa: E402
 from stratify.flower.secagg_cost import job as secagg_job  # noqa: E402
 from stratify.flower.secure_sum import SecAggSettings  # noqa: E402
 from stratify.flower.server import FlowerRun, RemoteTrainer  # noqa: E402
@@ -245,7 +245,7 @@ def test_the_label_attack_on_secagg_sums_with_and_without_dp(secure_runs):
 
 def test_a_deployed_run_takes_dp_and_reports_its_epsilon(tmp_path):
     config = job(dp_epsilon=3.0, dp_seed=None)
-    checked = check_run_config({"config": config_json(config), "result-dir": str(tmp_path)})
+    checked = check_run_config({**run_config_of(config), "result-dir": str(tmp_path)})
     assert checked.config.dp_epsilon == 3.0
     run = FlowerRun(config, {}, privacy={"epsilon": 2.99, "delta": 1e-5})
     assert run_summary(run)["privacy"] == {"epsilon": 2.99, "delta": 1e-5}

@@ -35,7 +35,7 @@ from stratify.experiment import build_experiment, partition_clients  # noqa: E40
 from stratify.flower import node  # noqa: E402
 from stratify.flower.apps import check_run_config  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
-from stratify.flower.messages import config_json  # noqa: E402
+from stratify.flower.run_config import run_config_of  # noqa: E402
 from stratify.flower.secagg_cost import job as secagg_job  # noqa: E402
 from stratify.flower.secure_sum import (  # noqa: E402
     SecAggSettings,
@@ -124,30 +124,37 @@ def test_what_secagg_does_not_cover_is_refused_in_one_line(config, settings, lin
 
 
 def run_config(**extra):
-    return {"config": config_json(job(options={"batch_labels": 64})), "result-dir": "r", **extra}
+    return {**run_config_of(job(options={"batch_labels": 64})), "result-dir": "r", **extra}
 
 
 def test_the_run_configuration_turns_secagg_and_min_share_on():
     checked = check_run_config(run_config(secagg=True, **{"secagg-clipping-range": 4.0}))
     assert checked.secagg == SecAggSettings(clipping_range=4.0)
     assert check_run_config(run_config()).secagg is None
-    assert check_run_config(run_config(**{"min-share": 8})).config.options["min_share"] == 8
+    min_share = {"stratify.min-share": 8}
+    assert check_run_config(run_config(**min_share)).config.options["min_share"] == 8
     # the app's pyproject.toml declares every key (flwr run refuses an undeclared one): its
-    # defaults leave both off
+    # values leave both off
     app = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    defaults = {key: value for key, value in app.items() if key not in ("config", "result-dir")}
-    checked = check_run_config(run_config(**defaults))
+    declared = {key: value for key, value in app.items() if not isinstance(value, dict)}
+    declared.update(
+        (f"{method}.{key}", value)
+        for method, table in app.items()
+        if isinstance(table, dict)
+        for key, value in table.items()
+    )
+    checked = check_run_config(declared)
     assert checked.secagg is None and "min_share" not in checked.config.options
-    assert check_run_config(run_config(**{**defaults, "secagg": True})).secagg == SecAggSettings()
+    assert check_run_config({**declared, "secagg": True}).secagg == SecAggSettings()
 
 
 @pytest.mark.parametrize(
     ("extra", "line"),
     [
-        ({"min-share": -1}, "min-share"),
+        ({"stratify.min-share": -1}, "min-share"),
         ({"secagg": "yes"}, "secagg must be true or false"),
         ({"secagg": True, "on-lost": "drop"}, "secagg stops on a lost client"),
-        ({"min-share": 65}, "--min-share 65 exceeds --batch-labels 64"),
+        ({"stratify.min-share": 65}, "--min-share 65 exceeds --batch-labels 64"),
         ({"secagg": True, "secagg-quantization-range": 1.5}, "must be a whole number"),
     ],
 )

@@ -3,17 +3,19 @@ server app leaves: ``result.json`` and ``weights.pt`` after a run, ``failure.jso
 client was lost (docs/flower.md, "Deployed").
 
 The run is set by the app's run configuration (``[tool.flwr.app.config]`` of its
-``pyproject.toml``, overridden by ``flwr run --run-config``): ``config``, the JSON of the
-:class:`~stratify.config.TrainConfig` values; ``timeout`` and ``retries`` of every
-exchange; ``on-lost`` (``stop``, or ``drop``: Stratify's batch mode goes on without a
-lost client, and ``result.json`` says which, when and why); ``result-dir``, where the
-files go. :func:`check_run_config` checks all of it before any message is sent; a value
-refused is one line in the log and in ``failure.json``, and the run fails.
+``pyproject.toml``, overridden by ``flwr run --run-config``): one key per setting
+(:mod:`stratify.flower.run_config`: ``epochs``, ``lr``, ``stratify.batch-labels``, …);
+``timeout`` and ``retries`` of every exchange; ``on-lost`` (``stop``, or ``drop``:
+Stratify's batch mode goes on without a lost client, and ``result.json`` says which, when
+and why); ``result-dir``, where the files go. :func:`check_run_config` checks all of it
+before any message is sent; a value refused is one line in the log and in
+``failure.json``, and the run fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import io
 import json
 import logging
@@ -29,16 +31,17 @@ from flwr.serverapp import Grid, ServerApp
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, RegistryError, StratifyError
 from stratify.flower.link import ClientLostError
-from stratify.flower.messages import check_flower_config, config_from_json, config_json
+from stratify.flower.messages import check_flower_config
 from stratify.flower.node import client_app
+from stratify.flower.run_config import train_config_of, train_keys
 from stratify.flower.secure_sum import SecAggSettings
 from stratify.flower.server import ON_LOST, FlowerRun, check_secagg, run_on_grid
 from stratify.runfolder import write_file
 
 log = logging.getLogger("stratify.flower")
 
-#: the run configuration's keys (examples/flower/pyproject.toml) and their defaults;
-#: ``config`` and ``result-dir`` have none
+#: the keys of how the run is carried out (examples/flower/pyproject.toml) and their
+#: defaults (docs/flower.md, "A client that does not answer"); ``result-dir`` has none
 RUN_DEFAULTS: dict[str, Any] = {"timeout": 120.0, "retries": 1, "on-lost": "stop"}
 #: secure aggregation of batch shares (docs/flower.md, "Secure aggregation"): off unless
 #: ``secagg = true``; its parameters default to :class:`SecAggSettings`'s
@@ -48,7 +51,8 @@ SECAGG_KEYS = {
     "secagg-clipping-range": ("clipping_range", float),
     "secagg-quantization-range": ("quantization_range", int),
 }
-RUN_KEYS = ("config", "result-dir", *RUN_DEFAULTS, "secagg", *SECAGG_KEYS, "min-share")
+#: every key of the run configuration: the run's settings, then how it is carried out
+RUN_KEYS = (*train_keys(), "result-dir", *RUN_DEFAULTS, "secagg", *SECAGG_KEYS)
 #: seconds one exchange may wait at most: a day, so a silent node ends a run (``inf``
 #: waited for ever) while the slowest exchange (a node's local epochs) has room
 MAX_TIMEOUT = 86_400.0
@@ -128,12 +132,13 @@ def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
     Parameters
     ----------
     settings : mapping
-        ``context.run_config``: ``config`` (the JSON of :class:`TrainConfig` values),
-        ``result-dir``, and optionally ``timeout`` (seconds, finite, in (0,
+        ``context.run_config``: the run's settings, one key each
+        (:func:`~stratify.flower.run_config.train_config_of`), ``result-dir``, and
+        optionally ``timeout`` (seconds, finite, in (0,
         :data:`MAX_TIMEOUT`]), ``retries`` (0 to :data:`MAX_RETRIES`) and ``on-lost``
         (``stop`` or ``drop``; ``drop`` in Stratify's batch mode only), ``secagg``
         (true: SecAgg+ of every global batch's shares) with its ``secagg-*``
-        parameters, and ``min-share`` (Stratify's ``--min-share``).
+        parameters.
 
     Returns
     -------
@@ -147,8 +152,11 @@ def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
     """
     unknown = sorted(set(settings) - set(RUN_KEYS))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], RUN_KEYS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"the run configuration has no key {unknown[0]!r}; its keys: {', '.join(RUN_KEYS)}"
+            f"the run configuration has no key {unknown[0]!r}{hint}; docs/flower.md "
+            "(Run configuration) lists its keys"
         )
     result_dir = check_result_dir(settings.get("result-dir"))
     values = {**RUN_DEFAULTS, **settings}
@@ -163,13 +171,7 @@ def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
     on_lost = values["on-lost"]
     if on_lost not in ON_LOST:
         raise ConfigError(f"on-lost must be one of {', '.join(ON_LOST)}, not {on_lost!r}")
-    if "config" not in settings:
-        raise ConfigError("the run configuration has no config: give the run's settings as JSON")
-    if not isinstance(settings["config"], str):
-        raise ConfigError(f"config must be JSON text, got {settings['config']!r}")
-    config = config_from_json(settings["config"])
-    if "min-share" in settings:
-        config = with_min_share(config, settings["min-share"])
+    config = train_config_of(settings)
     check_flower_config(config)
     if on_lost == "drop" and (config.algorithm != "stratify" or config.mode != "batch"):
         raise ConfigError(
@@ -180,20 +182,6 @@ def check_run_config(settings: Mapping[str, Any]) -> RunSettings:
     if secagg is not None:
         check_secagg(config, secagg, on_lost)
     return RunSettings(config, result_dir, timeout, retries, on_lost, secagg)
-
-
-def with_min_share(config: TrainConfig, value: Any) -> TrainConfig:
-    """``config`` with the run configuration's ``min-share`` as its ``--min-share``
-    (Stratify's batch mode; refused in one line where the option is); 0 is none (the
-    app's ``pyproject.toml`` declares every key, so a default must mean "not set")."""
-    number = int(_number(value, "min-share", int))
-    if number == 0:
-        return config
-    if "min_share" in config.options:
-        raise ConfigError("give min-share once: in the run configuration or in config, not both")
-    values = json.loads(config_json(config))
-    values["options"] = {**values.get("options", {}), "min_share": number}
-    return config_from_json(json.dumps(values))
 
 
 def secagg_settings(settings: Mapping[str, Any]) -> SecAggSettings | None:
@@ -260,7 +248,8 @@ def server_main(grid: Grid, context: Context) -> None:
     A run configuration :func:`check_run_config` refuses sends no message: its one line
     goes to the log and to ``failure.json`` (when ``result-dir`` itself is usable), and
     the :class:`~stratify.errors.ConfigError` is raised, so Flower ends the run as failed
-    with that line and ``flwr-serverapp`` exits non-zero.
+    with that line and ``flwr-serverapp`` exits non-zero; so is a refusal only the grid
+    shows (two nodes claiming one client), after the messages that found it.
 
     Parameters
     ----------
@@ -294,6 +283,10 @@ def server_main(grid: Grid, context: Context) -> None:
         log.error("stratify: the run stopped: %s", lost)
         write_failure(checked.result_dir, lost)
         return
+    except ConfigError as refused:  # what only the grid shows, e.g. two nodes one client
+        log.error("stratify: the run stopped: %s", refused)
+        write_failure(checked.result_dir, refused)
+        raise
     save_run(run, checked.result_dir)
 
 

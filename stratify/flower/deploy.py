@@ -1,6 +1,8 @@
 """A Flower deployment on this machine: a SuperLink and one SuperNode per client, each a
 separate process (insecure: plain HTTP on 127.0.0.1), and ``flwr run`` to submit the app
-(docs/flower.md, "Deployed"). Every process starts in its own process group and
+(docs/flower.md, "Deployed"); or a SuperLink in simulation mode, whose runs simulate the
+nodes in a Ray cluster (``flwr run`` against a simulation federation, docs/flower.md, "In
+Flower's simulation"). Every process starts in its own process group and
 :meth:`LocalDeployment.close` ends each group, its app processes included.
 """
 
@@ -14,16 +16,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from stratify.config import TrainConfig
 from stratify.errors import ConfigError, TrainingError
-from stratify.flower.messages import config_json
+from stratify.flower.certificates import TlsFiles
+from stratify.flower.run_config import run_config_of
 
 #: seconds a process gets to end after SIGTERM before its group is killed
 STOP_GRACE = 5.0
+#: seconds a ``flwr`` command (a submission, a registration) may take: it builds and sends
+#: the app, or one key, and returns; importing flwr takes seconds on a loaded machine
+FLWR_TIMEOUT = 300.0
 
 
 def node_config(
@@ -68,12 +75,15 @@ def wait_for_port(port: int, timeout: float, process: subprocess.Popen) -> None:
 
 
 class LocalDeployment:
-    """A SuperLink and ``clients`` SuperNodes on free ports of 127.0.0.1.
+    """A SuperLink and ``clients`` SuperNodes on free ports of 127.0.0.1, or a simulation
+    SuperLink whose runs simulate ``clients`` nodes.
 
     Parameters
     ----------
     clients : int
-        SuperNodes to start; node ``k`` is client ``k`` (``--node-config partition-id=k``).
+        SuperNodes to start (node ``k`` is client ``k``: ``--node-config
+        partition-id=k``), or, with ``simulation``, nodes each run simulates (Flower
+        numbers their partitions itself).
     folder : path, optional
         Where the processes' logs and Flower's home go (default: a temporary folder,
         removed by :meth:`close`).
@@ -85,6 +95,19 @@ class LocalDeployment:
     order_keys : path, optional
         A folder where node ``k`` keeps its own order key, ``client-k.json`` (read if
         there, else drawn and written 0600); default: each node draws its own in memory.
+    simulation : bool
+        Start the SuperLink with ``--simulation`` and no SuperNode: every run submitted is
+        simulated with ``clients`` nodes, one CPU each, in a Ray cluster of ``cpus`` CPUs.
+    cpus : int
+        With ``simulation``: the CPUs the Ray cluster may use.
+    tls : TlsFiles, optional
+        Serve TLS with these files (:func:`~stratify.flower.certificates.write_tls_files`)
+        instead of plain HTTP: the SuperNodes and ``flwr`` trust its CA.
+    node_keys : sequence of path, optional
+        One authentication private key per SuperNode
+        (:func:`~stratify.flower.certificates.write_node_key`, its public half at
+        ``PATH.pub``): the SuperLink admits only SuperNodes whose public keys were
+        registered (``--enable-supernode-auth``, ``flwr supernode register``).
     """
 
     def __init__(
@@ -94,7 +117,19 @@ class LocalDeployment:
         start_timeout: float = 60.0,
         registry_keys: str | os.PathLike | None = None,
         order_keys: str | os.PathLike | None = None,
+        simulation: bool = False,
+        cpus: int = 2,
+        tls: TlsFiles | None = None,
+        node_keys: Sequence[str | os.PathLike] | None = None,
     ) -> None:
+        if node_keys is not None and len(node_keys) != clients:
+            raise ConfigError(f"give one SuperNode key per client: {clients}, not {len(node_keys)}")
+        self.clients = clients
+        self.simulation = simulation
+        self.cpus = cpus
+        #: the ``flwr`` command's name of the connection to this SuperLink
+        self.connection = "local-simulation" if simulation else "local-deployment"
+        self.tls = tls
         self.temporary = tempfile.TemporaryDirectory() if folder is None else None
         self.folder = Path(self.temporary.name if self.temporary else str(folder))
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -105,20 +140,35 @@ class LocalDeployment:
         self.processes: dict[str, subprocess.Popen] = {}
         self.port = free_port()
         try:
+            served = (
+                ["--insecure"]
+                if tls is None
+                else ["--ssl-ca-certfile", str(tls.ca), "--ssl-certfile", str(tls.certificate)]
+                + ["--ssl-keyfile", str(tls.key)]
+            )
             superlink = self.start(
                 "superlink",
                 "flower-superlink",
-                "--insecure",
+                *served,
                 "--disable-runtime-dependency-installation",
                 "--port",
                 str(self.port),
+                *(["--simulation"] if simulation else []),
+                *(["--enable-supernode-auth"] if node_keys is not None else []),
             )
             wait_for_port(self.port, start_timeout, superlink)
-            for client in range(clients):
+            self.write_connection()
+            trusted = ["--insecure"] if tls is None else ["--root-certificates", str(tls.ca)]
+            for client in range(0 if simulation else clients):
+                key: list[str] = []
+                if node_keys is not None:
+                    self.register(Path(f"{node_keys[client]}.pub"))
+                    key = ["--auth-supernode-private-key", str(node_keys[client])]
                 self.start(
                     f"supernode-{client}",
                     "flower-supernode",
-                    "--insecure",
+                    *trusted,
+                    *key,
                     "--superlink",
                     f"127.0.0.1:{self.port}",
                     "--port",
@@ -130,7 +180,6 @@ class LocalDeployment:
                         None if order_keys is None else Path(order_keys) / f"client-{client}.json",
                     ),
                 )
-            self.write_connection()
         except BaseException:
             self.close()
             raise
@@ -151,32 +200,59 @@ class LocalDeployment:
         return process
 
     def write_connection(self) -> None:
-        """The ``flwr`` command's connection to this SuperLink, named ``local-deployment``."""
+        """The ``flwr`` command's connection to this SuperLink, named :attr:`connection`."""
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
-            '[superlink]\ndefault = "local-deployment"\n\n'
-            f'[superlink.local-deployment]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            f'[superlink]\ndefault = "{self.connection}"\n\n'
+            f'[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\n'
+            + (
+                "insecure = true\n"
+                if self.tls is None
+                else f"root-certificates = {json.dumps(str(self.tls.ca))}\n"
+            )
         )
+
+    def register(self, public_key: Path) -> None:
+        """Admit the SuperNode whose public key is ``public_key`` (``flwr supernode
+        register``; the SuperLink refuses any other)."""
+        self.flwr("supernode", "register", str(public_key), self.connection)
 
     def submit(
         self, app: str | os.PathLike, config: TrainConfig, result_dir: Path, **settings: Any
     ) -> None:
-        """``flwr run`` the app folder ``app`` with ``config``; the server app writes its
+        """``flwr run`` the app folder ``app`` with ``config`` (every key of its run
+        configuration, :func:`~stratify.flower.run_config.run_config_of`) and ``settings``
+        (``timeout=60.0``: the run configuration's ``timeout``); the server app writes its
         files into ``result_dir`` (:mod:`stratify.flower.apps`)."""
-        values = {"config": config_json(config), "result-dir": str(result_dir), **settings}
+        values = {**run_config_of(config), "result-dir": str(result_dir), **settings}
         overrides = self.folder / f"run-{time.monotonic_ns()}.toml"
         overrides.write_text("".join(f"{key} = {json.dumps(v)}\n" for key, v in values.items()))
+        federation = (
+            # one CPU per simulated node, as stratify.flower.simulation.simulate gives
+            [
+                "--federation-config",
+                f"num-supernodes={self.clients} client-resources-num-cpus=1 "
+                f"init-args-num-cpus={self.cpus}",
+            ]
+            if self.simulation
+            else []
+        )
+        self.flwr("run", str(app), self.connection, "--run-config", str(overrides), *federation)
+
+    def flwr(self, *arguments: str) -> None:
+        """Run the ``flwr`` command with ``arguments`` against this SuperLink; a
+        :class:`~stratify.errors.TrainingError` with its output if it fails."""
         completed = subprocess.run(
-            [str(Path(sys.executable).parent / "flwr"), "run", str(app), "local-deployment"]
-            + ["--run-config", str(overrides)],
+            [str(Path(sys.executable).parent / "flwr"), *arguments],
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=FLWR_TIMEOUT,
         )
         if completed.returncode != 0:
-            raise TrainingError(f"flwr run failed: {(completed.stdout + completed.stderr)[-2000:]}")
+            output = (completed.stdout + completed.stderr)[-2000:]
+            raise TrainingError(f"flwr {arguments[0]} failed: {output}")
 
     @staticmethod
     def wait(result_dir: Path, timeout: float) -> dict[str, Any]:
