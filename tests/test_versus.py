@@ -91,3 +91,17 @@ def test_a_run_s_converged_epoch_is_where_the_plateau_rule_first_holds():
     # still climbing at the cap, or an epoch without a validation accuracy: none
     assert converged_epoch(result([0.3 + 0.02 * k for k in range(30)])) is None
     assert converged_epoch(result([*climbing[:-1], None])) is None
+
+
+def test_the_reference_is_reported_over_each_pair_s_own_seeds():
+    """Where the reference ran more seeds (the sequential design extended another pair),
+    a line's reference figures are those of the seeds the pair shares, the ones its
+    difference subtracts from."""
+    runs = [run("iid", "stratify", "Stratify", seed, 0.98, converged="21") for seed in range(2)]
+    runs += [run("iid", "stratify", "Stratify", 2, 0.90, converged="")]
+    runs += [run("iid", "fedavg", "FedAvg", seed, 0.97, converged="24") for seed in range(2)]
+    (line,) = versus_lines(runs, "stratify")
+    assert line[2] == "98.00 ± 0.00"  # not 95.33, the mean over all three of its seeds
+    assert line[4].startswith("+1.00 ")
+    converged = VERSUS_HEADER.index("converged by the cap (seeds, epoch): reference / other")
+    assert line[converged] == "2/2 (E21) / 2/2 (E24)"

@@ -128,6 +128,11 @@ def versus_lines(
         ours = groups.get((row, reference))
         if column == reference or not ours:
             continue
+        # the reference's figures over this pair's seeds: where the reference ran more
+        # seeds for another pair (the sequential design), its mean would not be the one
+        # the difference subtracts from
+        seeds = {run["seed"] for run in other}
+        ours = [run for run in ours if run["seed"] in seeds]
         difference = seed_difference(ours, other, "last_mean_accuracy")
         lines.append(
             [
