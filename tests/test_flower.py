@@ -26,7 +26,7 @@ from engines import FEATURES, bn_mlp, mlp, tiny_engine
 from scipy import stats as scipy_stats
 
 pytest.importorskip(
-    "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
+    "flwr", reason="the flower extra is not installed (pip install -e '.[flower]' in the checkout)"
 )
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict  # noqa: E402

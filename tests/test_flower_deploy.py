@@ -20,7 +20,7 @@ import pytest
 import torch
 
 pytest.importorskip(
-    "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
+    "flwr", reason="the flower extra is not installed (pip install -e '.[flower]' in the checkout)"
 )
 
 from stratify.config import TrainConfig  # noqa: E402

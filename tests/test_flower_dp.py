@@ -17,7 +17,7 @@ import pytest
 import torch
 
 pytest.importorskip(
-    "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
+    "flwr", reason="the flower extra is not installed (pip install -e '.[flower]' in the checkout)"
 )
 
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip(
-    "flwr", reason="the flower extra is not installed (pip install 'stratify[flower]')"
+    "flwr", reason="the flower extra is not installed (pip install -e '.[flower]' in the checkout)"
 )
 
 from flwr.app import Context, Message, RecordDict  # noqa: E402

@@ -364,7 +364,7 @@ def test_outcomes_and_events_cross_process_boundaries():
 def test_ray_backend_without_ray_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
     backend = make_backend("ray")
-    with pytest.raises(ConfigError, match=r"pip install 'stratify\[ray\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):
         backend.run([RunSpec("a", config(tmp_path / "a"))], lambda item: None)
 
 
