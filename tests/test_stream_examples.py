@@ -52,7 +52,8 @@ def test_streaming_example_ends_with_the_final_accuracy(capsys):
 def test_the_quick_stream_learns_the_accuracy_the_docs_state(capsys):
     stated = [
         re.search(
-            r"`examples/streaming_ingestion\.py --quick`.*?`final_accuracy=([0-9.]+)`",
+            r"`(?:\.venv/bin/python )?examples/streaming_ingestion\.py --quick`.*?"
+            r"`final_accuracy=([0-9.]+)`",
             path.read_text(encoding="utf-8"),
             re.DOTALL,
         )
