@@ -1,6 +1,7 @@
 """`stratify bench stream`: ``stratify stream`` with its defaults against a bare eager
 PyTorch loop doing the same per-event work, on a tabular stream and on digits
-(:mod:`stratify.bench.stream`)."""
+(:mod:`stratify.bench.stream`); with ``--river-suite``, the stream learner beside river's
+models on river's streams (:mod:`stratify.bench.river_suite`)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def stream(
     logistic regression, seconds to the first prediction and peak memory, on a tabular
     stream (EVENTS events, FEATURES features, CLASSES classes, CLIENTS clients) and on
     scikit-learn's digits; and how many of the first 5 and 20 examples of a class that
-    appears late are predicted right (5 tabular streams)."""
+    appears late are predicted right (5 tabular streams). With --river-suite, instead, the
+    stream learner beside river's models on river's streams (docs/streaming.md)."""
     # numpy's generator refuses a negative seed with a bare ValueError ("a bug")
     seed = check_seed(seed)
     if river_suite:
