@@ -1,16 +1,19 @@
 """`stratify bench stream`: ``stratify stream`` with its defaults against a bare eager
 PyTorch loop doing the same per-event work, on a tabular stream and on digits
-(:mod:`stratify.bench.stream`)."""
+(:mod:`stratify.bench.stream`); with ``--river-suite``, the stream learner beside river's
+models on river's streams (:mod:`stratify.bench.river_suite`)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import click
 from rich.table import Table
 
+from stratify.bench.river_suite import results_csv, run_suite
 from stratify.bench.stream import stream_bench
-from stratify.cli.common import JSON_OUTPUT, checked, write_output
+from stratify.cli.common import JSON_OUTPUT, check_output_file, checked, write_output
 from stratify.cli.console import stdout_console
 from stratify.errors import ConfigError
 from stratify.validation import check_positive_int, check_seed
@@ -22,6 +25,7 @@ LIMITS = {
     "--classes": 1_000,
     "--clients": 100,
     "--repeat": 10,
+    "--river-events": 50_000,
 }
 
 
@@ -48,6 +52,27 @@ def check_size(value: object, flag: str) -> int:
     help="How many timing repetitions: the command, the bare loop and river run this many times "
     "per stream, alternating, each keeping its best events/s.",
 )
+@click.option(
+    "--river-suite",
+    is_flag=True,
+    help="Instead: the stream learner beside river's LR, Hoeffding Adaptive Tree and Adaptive "
+    "Random Forest on every stream river ships as a file, Agrawal 0→2 and SINE flip (a change "
+    'at event 3,000) and digits (docs/streaming.md, "Against river").',
+)
+@click.option(
+    "--river-events",
+    default=10_000,
+    show_default=True,
+    type=int,
+    callback=checked(check_size),
+    help="With --river-suite: at most this many events of each stream.",
+)
+@click.option(
+    "--river-csv",
+    type=click.Path(dir_okay=False),
+    callback=checked(check_output_file),
+    help="With --river-suite: write its rows to this CSV file (docs/results/stream-river.csv).",
+)
 @JSON_OUTPUT
 def stream(
     events: int,
@@ -56,6 +81,9 @@ def stream(
     clients: int,
     seed: int,
     repeat: int,
+    river_suite: bool,
+    river_events: int,
+    river_csv: str | None,
     json_path: str | None,
 ) -> None:
     """Events/s of `stratify stream` (defaults) against a bare eager PyTorch loop (parse,
@@ -63,9 +91,15 @@ def stream(
     logistic regression, seconds to the first prediction and peak memory, on a tabular
     stream (EVENTS events, FEATURES features, CLASSES classes, CLIENTS clients) and on
     scikit-learn's digits; and how many of the first 5 and 20 examples of a class that
-    appears late are predicted right (5 tabular streams)."""
+    appears late are predicted right (5 tabular streams). With --river-suite, instead, the
+    stream learner beside river's models on river's streams (docs/streaming.md)."""
     # numpy's generator refuses a negative seed with a bare ValueError ("a bug")
     seed = check_seed(seed)
+    if river_suite:
+        river_suite_tables(river_events, river_csv, json_path)
+        return
+    if river_csv is not None:
+        raise ConfigError("--river-csv goes with --river-suite")
     result = stream_bench(events, features, classes, clients, seed, repeat=repeat)
     # two tables, so each fits 80 columns (a log, a pipe)
     best = f", best of {repeat}" if repeat > 1 else ""
@@ -114,3 +148,44 @@ def stream(
     console.print(f"load average while measured: {load}", markup=False, highlight=False)
     if json_path:
         write_output(json_path, json.dumps(result.as_dict(), indent=2) + "\n")
+
+
+def river_suite_tables(limit: int, csv_path: str | None, json_path: str | None) -> None:
+    """Run the river suite (:func:`~stratify.bench.river_suite.run_suite`), print its
+    table and write its files."""
+    import importlib.util
+
+    if importlib.util.find_spec("river") is None:
+        raise ConfigError("--river-suite needs river: pip install -e '.[river]' in the checkout")
+    start = time.perf_counter()
+    rows, load = run_suite(limit)
+    wall = time.perf_counter() - start
+    table = Table(title=f"the stream learner against river's models (at most {limit:,} events)")
+    columns = ["stream", "learner", "accuracy %", "after drift %", "events/s", "stratify ×"]
+    for column in [*columns, "1st pred. s", "RSS MB"]:
+        table.add_column(column, justify="right")
+    for row in rows:
+        line = row.csv_row()
+        table.add_row(
+            row.stream,
+            row.learner,
+            line["accuracy"],
+            line["after_drift_accuracy"] or "-",
+            line["events_per_s"],
+            line["stratify_ratio"],
+            line["first_prediction_s"],
+            line["peak_rss_mb"],
+        )
+    console = stdout_console()
+    console.print(table)
+    figures = ", ".join(f"{value:.2f}" for value in load)
+    console.print(
+        f"load average after the run: {figures}; wall time {wall:.0f} s",
+        markup=False,
+        highlight=False,
+    )
+    if csv_path:
+        write_output(csv_path, results_csv(rows), flag="--river-csv")
+    if json_path:
+        result = {"rows": [row.csv_row() for row in rows], "load_average": load, "wall_s": wall}
+        write_output(json_path, json.dumps(result, indent=2) + "\n")

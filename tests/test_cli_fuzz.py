@@ -288,6 +288,7 @@ STREAM_OPTIONS = {
     "--files-root": ["{tmp}", "{tmp}/missing", "{tmp}/events.jsonl"],
     "--test": ["{tmp}/test.jsonl", "{tmp}/missing.jsonl", "{tmp}", "{tmp}/events.jsonl"],
     "--source-position": ["replay", "continue", "detect", "sideways"],
+    "--drift": ["off", "adwin", "page-hinkley", ""],
 }
 STREAM_FLAGS = ["--secure", "--resume", "--overwrite"]
 
@@ -582,6 +583,10 @@ HOSTILE = {
         ),
         *(["bench", "stream", "--seed", v] for v in ("x", "-1", "nan", str(2**64))),
         ["bench", "stream", "--json", "{tmp}"],
+        *(["bench", "stream", "--river-events", v] for v in ("x", "-1", "0", "nan", "10**12")),
+        ["bench", "stream", "--river-suite", "--river-events", "1000000000000"],
+        ["bench", "stream", "--river-suite", "--river-csv", "{tmp}"],
+        ["bench", "stream", "--river-csv", "{tmp}/results.csv"],
     ],
     "data download": [
         ["data", "download"],

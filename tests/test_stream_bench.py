@@ -4,6 +4,7 @@ its figures."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import subprocess
@@ -91,15 +92,20 @@ def test_the_late_class_figures_count_its_first_examples_and_see_imprinting():
 
 
 @pytest.mark.slow
-def test_bench_stream_writes_its_figures(tmp_path):
+def test_bench_stream_writes_its_figures(monkeypatch, tmp_path):
+    """The command end to end (each stream's runs in fresh processes, as measured); the
+    late class's streams shortened to 600 events (class 4 from event 300), whose full
+    figures test_the_late_class_figures_are_todays checks."""
+    from stratify.bench import stream as bench
+    from stratify.cli.main import main
+
+    full = bench.late_class_stream
+    monkeypatch.setattr(
+        bench, "late_class_stream", lambda seed: full(seed, events=600, late_from=300)
+    )
     output = tmp_path / "bench.json"
-    done = subprocess.run(
-        [sys.executable, "-c", "from stratify.cli.main import main; main()", "bench", "stream",
-         "--events", "300", "--features", "6", "--classes", "3", "--repeat", "2",
-         "--json", str(output)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    argv = ["bench", "stream", "--events", "300", "--features", "6", "--classes", "3"]
+    main([*argv, "--json", str(output)])
     figures = json.loads(output.read_text())
     assert [row["name"] for row in figures["streams"]] == ["tabular", "digits"]
     for row in figures["streams"]:
@@ -109,7 +115,7 @@ def test_bench_stream_writes_its_figures(tmp_path):
             row["events_per_s"] / row["bare_torch_events_per_s"]
         )
     assert figures["streams"][0]["events"] == 300
-    assert [row["repeats"] for row in figures["streams"]] == [2, 2]
+    assert [row["repeats"] for row in figures["streams"]] == [1, 1]
     river = importlib.util.find_spec("river") is not None
     late = figures["late_class"]
     assert late["seeds"] == 5 and 0 <= late["first_5"] <= 0.8
@@ -121,6 +127,42 @@ def test_bench_stream_writes_its_figures(tmp_path):
             assert row["river_ratio"] == pytest.approx(
                 row["events_per_s"] / row["river_events_per_s"]
             )
+
+
+def test_repeats_alternate_and_keep_each_ones_best(monkeypatch, tmp_path):
+    """``--repeat`` runs the command, the bare loop and river in turn that many times per
+    stream and keeps each one's best events/s (the measurements stand in for the fresh
+    processes the test above runs once)."""
+    from stratify.bench import stream as bench
+    from stratify.cli.main import main
+
+    calls: list[str] = []
+    speeds = iter(range(1, 1000))
+
+    def command(source, folder):
+        calls.append("command")
+        return float(next(speeds)), 0.5, 60.0, 0.9
+
+    def in_process(function, source):
+        calls.append(function)
+        speed = float(next(speeds))
+        return [speed, 0.8] if function == "river_loop" else speed
+
+    monkeypatch.setattr(bench, "run_stream_command", command)
+    monkeypatch.setattr(bench, "run_in_process", in_process)
+    monkeypatch.setattr(bench, "river_installed", lambda: True)
+    monkeypatch.setattr(bench, "late_class", lambda seeds, river: None)
+    monkeypatch.setattr(
+        bench, "digits_events", lambda clients, seed: bench.tabular_events(20, 4, 3, clients, seed)
+    )
+    output = tmp_path / "bench.json"
+    main(["bench", "stream", "--events", "20", "--repeat", "3", "--json", str(output)])
+    assert calls == ["command", "bare_torch_loop", "river_loop"] * 6
+    tabular, digits = json.loads(output.read_text())["streams"]
+    # the speeds were handed out in call order: 1, 2, 3 for the first round of tabular…
+    assert (tabular["events_per_s"], tabular["bare_torch_events_per_s"]) == (7.0, 8.0)
+    assert (tabular["river_events_per_s"], digits["events_per_s"]) == (9.0, 16.0)
+    assert tabular["repeats"] == digits["repeats"] == 3
 
 
 def test_the_peak_memory_is_the_childs_own_not_its_parents():
@@ -143,3 +185,44 @@ def test_the_peak_memory_is_the_childs_own_not_its_parents():
     _, _, usage = os.wait4(child.pid, 0)
     assert peak is not None and peak < 50 < own
     assert usage.ru_maxrss / 1024 > own / 2  # the parent's size, not the child's
+
+
+def test_the_river_suite_measures_each_learner_in_its_own_process(monkeypatch, tmp_path):
+    """A tiny slice of `stratify bench stream --river-suite` (one drifting stream, two
+    learners, 200 events): its rows, their ratios and the after-drift window, and the
+    CSV the command writes, which `stratify tables` renders into docs/streaming.md."""
+    pytest.importorskip("river")
+    from stratify.bench import river_suite
+    from stratify.cli import bench_stream
+    from stratify.cli.main import main
+    from stratify.reproduce.tables import TABLES
+
+    rows, load = river_suite.run_suite(
+        200, ("Agrawal 0→2",), ("stratify", "river LR"), drift_at=60, after_drift=(20, 60)
+    )
+    assert [(row.stream, row.learner) for row in rows] == [
+        ("Agrawal 0→2", "stratify"),
+        ("Agrawal 0→2", "river LR"),
+    ]
+    ours, lr = rows
+    for row in rows:
+        assert row.events == 200 and row.drift_at == 60
+        assert 0 <= row.after_drift_accuracy <= 1 and 0.3 < row.accuracy <= 1
+        assert row.first_prediction_s > 0 and row.peak_rss_mb > 20
+    assert ours.stratify_ratio == 1.0
+    assert lr.stratify_ratio == pytest.approx(ours.events_per_s / lr.events_per_s)
+    assert len(load) == 3
+    # the change is where it is said to be: the events before it are the unchanged
+    # stream's, the ones after it are not
+    events = river_suite.stream_events("Agrawal 0→2", 200, drift_at=60)
+    unchanged = river_suite.stream_events("Agrawal 0→2", 200, drift_at=200)
+    assert events[:60] == unchanged[:60] and events[60:] != unchanged[60:]
+    # the command prints the rows and writes them as the results file the table reads
+    monkeypatch.setattr(bench_stream, "run_suite", lambda limit: (rows, load))
+    csv_path = tmp_path / "stream-river.csv"
+    main(["bench", "stream", "--river-suite", "--river-csv", str(csv_path)])
+    assert csv_path.read_text() == river_suite.results_csv(rows)
+    assert TABLES["stream-river"].columns == river_suite.COLUMNS
+    with csv_path.open(newline="") as handle:
+        table = TABLES["stream-river"].table(list(csv.DictReader(handle)))
+    assert "| Agrawal 0→2 | river LR | 200 | 60 |" in table

@@ -107,3 +107,63 @@ def test_learn_one_after_predict_one_of_the_same_features_predicts_once() -> Non
     model.learn_one({"a": 2.0, "b": 0.0}, True)  # something else learned in between
     model.learn_one(x, False)
     assert len(calls) == 6
+
+
+def test_a_detected_change_to_more_errors_boosts_the_training_rounds() -> None:
+    """After a change to more errors, each of the next ``boost_events`` events trains
+    ``1 + boost_rounds`` rounds (one step each, the default policy): the steps taken are
+    the events plus the boost's extra rounds, no more."""
+    model = StreamClassifier(secure=False)
+    model.learner.drift = DriftAging(boost_events=50, boost_rounds=2)
+    learn(model)
+    drift, stats = model.learner.drift, model.learner.stats
+    assert drift.aged_out > 0  # a change to more errors was detected
+    boosted = stats.steps - stats.events
+    # each such detection (re)starts a boost of 50 events; the last one may run to the end
+    assert boosted > 0 and boosted % 2 == 0 and boosted <= 2 * 50 * drift.detections
+    unboosted = StreamClassifier(secure=False)
+    unboosted.learner.drift = DriftAging(boost_events=0)
+    learn(unboosted)
+    assert unboosted.learner.stats.steps == unboosted.learner.stats.events
+
+
+def test_the_boost_learns_a_flip_sooner_and_a_stationary_stream_never_boosts() -> None:
+    right_boosted = learn(StreamClassifier(secure=False))  # the default boost
+    unboosted = StreamClassifier(secure=False)
+    unboosted.learner.drift = DriftAging(boost_events=0)
+    right_unboosted = learn(unboosted)
+    # events +100 to +250 after the flip are right more often
+    after = slice(CHANGE + 100, CHANGE + 250)
+    assert np.mean(right_boosted[after]) > np.mean(right_unboosted[after])
+    # no change at all: x0 > 0 throughout; nothing boosted
+    steady = StreamClassifier(secure=False)
+    points = np.random.default_rng(1).normal(size=(CHANGE, 2))
+    for number, (a, b) in enumerate(points):
+        x = {"a": float(a), "b": float(b)}
+        steady.predict_one(x)
+        steady.learn_one(x, bool(a > 0), client=number % 10)
+    assert steady.learner.stats.steps == steady.learner.stats.events == CHANGE
+
+
+def test_the_command_lines_drift_option_detects_the_flip(tmp_path) -> None:
+    """``stratify stream --drift adwin`` learns the flipped concept sooner than the
+    default ``--drift off``, which never detects (the option changes the run)."""
+    import json
+
+    from stratify.cli.main import main
+
+    source = tmp_path / "events.jsonl"
+    lines = [
+        json.dumps({"client": f"c{number % 10}", "label": int(y), "x": [x["a"], x["b"]]})
+        for number, (x, y) in enumerate(flipped_stream())
+    ]
+    source.write_text("\n".join(lines) + "\n")
+    accuracies = {}
+    for drift in ("off", "adwin"):
+        out = tmp_path / drift
+        argv = ["stream", "--source", str(source), "--out", str(out), "--no-secure"]
+        main([*argv, "--drift", drift, "--window", str(AFTER - 100)])
+        last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+        accuracies[drift] = last["window_accuracy"]
+    # the last 300 events, +100 to +400 after the flip
+    assert accuracies["adwin"] > 0.8 > 0.5 > accuracies["off"]

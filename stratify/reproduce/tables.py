@@ -419,6 +419,22 @@ DIPS_COLUMNS = ResultsColumns(
     filled=frozenset(DIPS_FIELDS),
 )
 
+#: the columns of `stratify bench stream --river-suite`'s results file
+#: (:data:`stratify.bench.river_suite.COLUMNS`; this layer does not import the benchmarks)
+STREAM_RIVER_COLUMNS = (
+    "stream",
+    "learner",
+    "events",
+    "drift_at",
+    "accuracy",
+    "after_drift_accuracy",
+    "events_per_s",
+    "stratify_ratio",
+    "first_prediction_s",
+    "peak_rss_mb",
+)
+
+
 TABLES: dict[str, Table] = {
     table.name: table
     for table in (
@@ -572,6 +588,13 @@ TABLES: dict[str, Table] = {
             "docs/results/seed-papers-lfd.csv",
             "stratify reproduce seed-papers --out OUT --data-dir DIR --seeds 0,1,2 --methods lfd",
             paired_report,
+        ),
+        Table(
+            "stream-river",
+            "docs/streaming.md",
+            "docs/results/stream-river.csv",
+            "stratify bench stream --river-suite --river-csv docs/results/stream-river.csv",
+            columns=STREAM_RIVER_COLUMNS,
         ),
     )
 }

@@ -57,6 +57,8 @@ FEDAVG_DEFAULTS = {
     "local_momentum": 0.9,
 }
 ON_DIVERGE = ("stop", "skip")
+#: drift detection on the prequential errors (:mod:`stratify.stream.drift`)
+DRIFT_DETECTORS = ("off", "adwin")
 #: bytes a buffered sample's bookkeeping takes besides its features: target (8),
 #: occupied (1), placeholder, uses, arrival and identity (4 × 8)
 SLOT_BYTES = 41
@@ -272,6 +274,13 @@ class StreamConfig(RunSettings):
         "A non-finite loss or weight: stop with one line, the last checkpoint kept (stop), "
         "or undo that event's updates, count them and go on (skip).",
         choices=ON_DIVERGE,
+    )
+    drift: str = option(
+        "off",
+        "Drift detection on the prequential errors: river's ADWIN (adwin; needs river), "
+        "which on a change to more errors evicts the older buffered samples and trains 3 "
+        "more rounds per event for 500 events, or none (off).",
+        choices=DRIFT_DETECTORS,
     )
     window: int = option(
         500,

@@ -38,6 +38,9 @@ IDENTIFIER_LIMIT = 2**63
 MAX_IDENTIFIER_CHARS = 256
 #: most array dimensions a sample may have (an image is 3)
 MAX_SAMPLE_DIMS = 8
+#: the value types of the plain named features :meth:`FeatureSchema.plain_values` takes
+#: without a check per feature (any other, a bool included, is checked one by one)
+PLAIN_TYPES = frozenset({float, int})
 #: bytes read from a source at a time
 READ_CHUNK = 1 << 16
 #: what JSON counts as whitespace: a line of only these is blank (and skipped silently)
@@ -278,7 +281,7 @@ class FeatureSchema:
             values = [x[name] for name in self.names]
         except KeyError:
             return None
-        if not all(type(value) is float or type(value) is int for value in values):
+        if not PLAIN_TYPES.issuperset(map(type, values)):
             return None
         try:
             return np.array(values, dtype=np.float64)

@@ -5,11 +5,10 @@ without changing anything (a refused one raises :class:`~.events.EventError`), t
 its features into a raw row once, at the edge (:mod:`.features`); predicts it
 (test-then-train, :mod:`.prequential`); registers its label and client where they are
 new (:mod:`.class_rows`); adds it to the feature statistics and its client's buffer
-(:mod:`.buffers`); and lets the policy train (:mod:`.policies`), checking that the loss
-and the weights stayed finite. It holds a :class:`~stratify.stream.model.StreamModel`
-and never asks which kind it is (docs/streaming.md, "The model"). ``learn_one``,
-``predict_one`` and ``predict_proba_one`` are the per-event API online-learning users
-know.
+(:mod:`.buffers`); and lets the policy train (:mod:`.policies`; more after a drift,
+:mod:`.drift`), checking that the loss and the weights stayed finite. It holds a
+:class:`~.model.StreamModel` and never asks which kind it is (docs/streaming.md, "The
+model"). ``learn_one``, ``predict_one``, ``predict_proba_one``: river's per-event API.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from stratify.stream.build import (
 )
 from stratify.stream.class_rows import ClassRows
 from stratify.stream.config import StreamConfig, check_buffer_memory
-from stratify.stream.drift import DriftAging
+from stratify.stream.drift import DriftAging, detector_of
 from stratify.stream.events import (
     Event,
     EventError,
@@ -93,7 +92,7 @@ class StreamLearner(LearnerState):
         How to train (default: by ``config.algorithm``,
         :func:`~stratify.stream.build.default_policy`).
     drift : DriftAging, optional
-        Drift detection that ages the buffers out (:mod:`.drift`); default: none.
+        Drift detection that ages the buffers out (:mod:`.drift`); default: ``config.drift``'s.
 
     Examples
     --------
@@ -130,7 +129,7 @@ class StreamLearner(LearnerState):
         self.prequential = Prequential(config.window)
         self.stats = StreamStats()
         self.given_model = model
-        self.drift = drift
+        self.drift = drift if drift is not None else detector_of(config.drift)
         #: the last :meth:`predict`'s (features, prediction) until the next event: the
         #: drift detector's for a ``learn_one`` of the same object (progressive validation)
         self._last_prediction: tuple[object, Prediction] | None = None
@@ -327,7 +326,8 @@ class StreamLearner(LearnerState):
         if self.stats.events % COUNT_ROUND_EVENTS == 0:
             # each registration counts its one sample: the server knows these totals
             self.registry.flush_counts(public=True)
-        self.train(line)
+        for _ in range(1 if self.drift is None else 1 + self.drift.extra_rounds()):
+            self.train(line)
         return correct
 
     def train(self, line: int) -> None:

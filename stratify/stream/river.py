@@ -31,7 +31,6 @@ except ImportError as missing:  # pragma: no cover - the extra is installed in t
 
 from stratify.errors import ConfigError
 from stratify.stream.config import StreamConfig
-from stratify.stream.drift import DriftAging
 from stratify.stream.events import Identifier
 from stratify.stream.learner import StreamLearner
 
@@ -92,11 +91,12 @@ class StreamClassifier(base.Classifier):
         self.options = options
         config = StreamConfig(
             missing="error" if strict else "zero",
+            drift="adwin" if drift else "off",
             max_clients=UNCAPPED_CLIENTS if max_clients is None else max_clients,
             **options,
         )
         #: the learner everything is delegated to
-        self.learner = StreamLearner(config, drift=DriftAging() if drift else None)
+        self.learner = StreamLearner(config)
 
     def learn_one(self, x: dict[Any, Any], y: Any, client: Identifier | None = None) -> None:
         """Learn one sample (the learner's :meth:`~StreamLearner.learn_one`).

@@ -224,8 +224,8 @@ class StreamRun:
             saved = checkpoint.get("config")
             if isinstance(saved, dict):
                 # a checkpoint of an earlier version drew a new class's row at random: it
-                # resumes with --new-class random
-                saved = {"new_class": "random", **saved}
+                # resumes with --new-class random (and detected no drift)
+                saved = {"new_class": "random", "drift": "off", **saved}
             # as the checkpoint stores them (a tuple comes back a list)
             current = json_safe(config.comparable())
             check_same_settings(saved, current, RESUMABLE_STREAM_CHANGES, path)

@@ -24,13 +24,17 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.linalg import blas
 
+from stratify.stream.blas import RankOne
 from stratify.stream.events import as_numpy
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+
+#: the BLAS updates of every step (NumPy's own OpenBLAS, found once at import)
+RANK_ONE = RankOne()
 
 
 #: a diverging model overflows silently, as torch does: the learner's divergence check
@@ -307,9 +311,9 @@ class SingleSampleStep:
         """One SGD step of an MLP on CPU (:attr:`arrays` set) on the flat sample ``x``,
         in NumPy and BLAS over the model's own memory; returns the loss before the step.
 
-        A weight's gradient is never built apart: it is a rank-1 update (BLAS ``sger``)
-        of the weight, or of its velocity, in place (a C-order ``out × in`` array is the
-        Fortran-order ``in × out`` one BLAS updates)."""
+        A weight's gradient is never built apart: it is a rank-1 update (BLAS ``sger``,
+        :class:`~stratify.stream.blas.RankOne`) of the weight, or of its velocity, in
+        place."""
         if self.clip is not None:
             return self.private_step_array(x, target)
         arrays = self.arrays
@@ -319,7 +323,7 @@ class SingleSampleStep:
             loss, factors = arrays.backward(x, target)
             if momentum == 0:
                 for layer, (delta, inputs) in enumerate(factors):
-                    blas.sger(-lr, inputs, delta, a=arrays.weights[layer].T, overwrite_a=True)
+                    RANK_ONE.add_outer(arrays.weights[layer], -lr, delta, inputs)
                     arrays.biases[layer] -= lr * delta
                 return loss
             if self.velocity is None:
@@ -329,10 +333,10 @@ class SingleSampleStep:
             for layer, (delta, inputs) in enumerate(factors):
                 weight_velocity, bias_velocity = velocity[2 * layer], velocity[2 * layer + 1]
                 weight_velocity *= momentum
-                blas.sger(1.0, inputs, delta, a=weight_velocity.T, overwrite_a=True)
+                RANK_ONE.add_outer(weight_velocity, 1.0, delta, inputs)
                 bias_velocity *= momentum
                 bias_velocity += delta
-                blas.saxpy(weight_velocity.reshape(-1), arrays.weights[layer].reshape(-1), a=-lr)
+                RANK_ONE.add_scaled(arrays.weights[layer], -lr, weight_velocity)
                 arrays.biases[layer] -= lr * bias_velocity
         return loss
 
