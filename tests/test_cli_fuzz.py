@@ -128,10 +128,39 @@ def options(table, max_size):
     )
 
 
+#: calibration.json of the dry runs of ``reproduce``, by their command line less ``--out``
+#: and the flags: a later dry run of the same grid and options into a folder without one
+#: finds it there, as after a first dry run, instead of training every kind of a paper grid
+#: again (three epochs each, most of this module's time). The first of each calibrates; a
+#: kind the file lacks is calibrated (tests/test_calibration_file.py checks the reuse).
+#: Kept out of the test's body: hypothesis derives its derandomised examples from it
+CALIBRATED: dict[tuple[str, ...], bytes] = {}
+
+
+def dry_run_calibration(argv: list[str]) -> tuple[tuple[str, ...], Path] | None:
+    """A ``reproduce --dry-run`` command line's key in :data:`CALIBRATED` and the path of
+    its calibration, or ``None`` for other command lines and an empty ``--out``."""
+    if argv[:1] != ["reproduce"] or "--dry-run" not in argv or "--out" not in argv:
+        return None
+    at = argv.index("--out")
+    if not argv[at + 1]:
+        return None
+    key = tuple(arg for arg in argv[:at] + argv[at + 2 :] if arg not in REPRODUCE_FLAGS)
+    return key, Path(argv[at + 1]) / "calibration.json"
+
+
 def run(argv, tmp):
     """``stratify ARGV`` in this process, in folder ``tmp`` (what a relative or empty path
-    would write lands there): ``(exit code, stderr lines)``."""
+    would write lands there): ``(exit code, stderr lines)``. A ``reproduce`` dry run into a
+    folder without a calibration starts from the last one a dry run of its command line
+    left (:data:`CALIBRATED`)."""
     argv = [argument.replace("{tmp}", tmp) for argument in argv]
+    calibration = dry_run_calibration(argv)
+    fresh = calibration is not None and not os.path.lexists(calibration[1])
+    fresh = fresh and not calibration[1].parent.is_file()
+    if fresh and calibration[0] in CALIBRATED:
+        calibration[1].parent.mkdir(exist_ok=True)
+        calibration[1].write_bytes(CALIBRATED[calibration[0]])
     code = 0
     stdout, stderr = io.StringIO(), io.StringIO()
     here = os.getcwd()
@@ -144,6 +173,8 @@ def run(argv, tmp):
                 code = exit_.code
     finally:
         os.chdir(here)
+    if calibration is not None and code == 0 and calibration[1].is_file():
+        CALIBRATED[calibration[0]] = calibration[1].read_bytes()
     return code, stderr.getvalue().splitlines()
 
 

@@ -67,12 +67,14 @@ def share_of_movement(ours, theirs, start) -> float:
 
 
 METHODS = [("stratify", {}), ("fedavg", {}), ("scaffold", {})]
+#: two seeds give every group two lanes or more, as many as a lane mix-up needs to show
+SEEDS = (0, 1)
 
 
 def test_a_vectorised_run_equals_the_run_alone(tmp_path):
-    """Three seeds of three methods, stepped together (two groups: plain SGD for Stratify
-    and FedAvg, SCAFFOLD's offset), against each run alone: the same accuracies and
-    counts, the losses and weights within float rounding."""
+    """Two seeds of three methods, stepped together (two groups: plain SGD for Stratify
+    and FedAvg, SCAFFOLD's offset; each of two lanes or more), against each run alone:
+    the same accuracies and counts, the losses and weights within float rounding."""
 
     def specs(where: str) -> list[RunSpec]:
         return [
@@ -81,16 +83,16 @@ def test_a_vectorised_run_equals_the_run_alone(tmp_path):
                 config(tmp_path / where / f"{method}-{seed}", method, seed, options=options),
             )
             for method, options in METHODS
-            for seed in (0, 1, 2)
+            for seed in SEEDS
         ]
 
     notes: list[str] = []
     alone = run_specs(specs("alone"), LocalBackend(1))
     together = run_specs(specs("together"), LocalBackend(1), vectorize=16, on_note=notes.append)
-    assert [o.status for o in alone + together] == ["finished"] * 18
-    assert notes == ["--vectorize 16: 9 runs step in 2 group(s) of 6/3"]
+    assert [o.status for o in alone + together] == ["finished"] * 12
+    assert notes == ["--vectorize 16: 6 runs step in 2 group(s) of 4/2"]
     for method, _ in METHODS:
-        for seed in (0, 1, 2):
+        for seed in SEEDS:
             name = f"{method}-{seed}"
             ours, theirs = tmp_path / "together" / name, tmp_path / "alone" / name
             for mine, reference in zip(records(ours), records(theirs), strict=True):
