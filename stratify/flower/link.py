@@ -9,6 +9,7 @@ messages (:mod:`.registry`) both send through it without importing each other.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +30,10 @@ PULL_INTERVAL = 0.1
 
 
 def send_and_receive(
-    grid: Grid, messages: Sequence[Message], timeout: float, interval: float = PULL_INTERVAL
+    grid: Grid,
+    messages: Sequence[Message],
+    timeout: float | None,
+    interval: float = PULL_INTERVAL,
 ) -> list[Message]:
     """Push ``messages`` through ``grid`` and pull their replies every ``interval`` seconds
     until every one has answered or ``timeout`` seconds have passed (the loop of Flower's
@@ -41,8 +45,8 @@ def send_and_receive(
         Flower's grid of the run.
     messages : sequence of flwr.app.Message
         The requests, each to its node.
-    timeout : float
-        Seconds to wait for the replies.
+    timeout : float or None
+        Seconds to wait for the replies; ``None``: until every one has answered.
     interval : float
         Seconds between two pulls.
 
@@ -52,7 +56,7 @@ def send_and_receive(
         The replies received in time, in the order they arrived.
     """
     waiting = set(grid.push_messages(messages))
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     replies: list[Message] = []
     while waiting:
         pulled = list(grid.pull_messages(waiting))
