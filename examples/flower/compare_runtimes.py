@@ -65,6 +65,7 @@ def main() -> None:
         seconds.append(time.perf_counter() - start)
     reference = experiment.model.state_dict()
     rows = [("in-process", seconds, 0.0)]
+    exchanges: list[int] = []
     (simulated,) = simulate([config])
     rows.append(
         ("Flower simulation", simulated.seconds, largest_difference(reference, simulated.state))
@@ -75,6 +76,8 @@ def main() -> None:
             result = deployment.wait(Path(folder), 1800.0)
             weights = torch.load(Path(folder) / "weights.pt", weights_only=True)
         deployed = [epoch["seconds"] for epoch in result["epochs"]]
+        # Stratify's batch mode sends one exchange per global batch (one step each)
+        exchanges.extend(epoch["steps"] for epoch in result["epochs"])
         rows.append(("Flower deployment", deployed, largest_difference(reference, weights)))
     print(f"{algorithm}, {rounds} rounds, digits, 3 clients")
     print("| run | s/round (median) | rounds | max |w - w_in-process| |")
@@ -85,6 +88,12 @@ def main() -> None:
         # the deployment's cost against the simulation's, per round (docs/flower.md)
         ratio = statistics.median(rows[2][1]) / statistics.median(rows[1][1])
         print(f"deployed / simulated seconds per round: {ratio:.0f}x")
+        if config.algorithm == "stratify":
+            per_exchange = statistics.median(t / n for t, n in zip(rows[2][1], exchanges))
+            print(
+                f"deployed: {statistics.median(exchanges):g} exchanges per epoch (one per global "
+                f"batch), {per_exchange:.2f} s per exchange"
+            )
 
 
 if __name__ == "__main__":

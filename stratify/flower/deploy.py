@@ -31,6 +31,11 @@ STOP_GRACE = 5.0
 #: seconds a ``flwr`` command (a submission, a registration) may take: it builds and sends
 #: the app, or one key, and returns; importing flwr takes seconds on a loaded machine
 FLWR_TIMEOUT = 300.0
+#: seconds between a SuperExec's looks for a task to start (Flower 1.42 reads them from
+#: ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, default 1 s, at least 0.01 s): each message a
+#: SuperNode receives waits that long, on average half, before its ``flwr-clientapp``
+#: starts (docs/flower.md, "Wall time")
+TASK_POLL_INTERVAL = 0.1
 
 
 def node_config(
@@ -108,6 +113,9 @@ class LocalDeployment:
         (:func:`~stratify.flower.certificates.write_node_key`, its public half at
         ``PATH.pub``): the SuperLink admits only SuperNodes whose public keys were
         registered (``--enable-supernode-auth``, ``flwr supernode register``).
+    task_poll_interval : float
+        Seconds between the SuperExecs' looks for a task to start (the SuperLink's server
+        app, each SuperNode's client apps): ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``.
     """
 
     def __init__(
@@ -121,6 +129,7 @@ class LocalDeployment:
         cpus: int = 2,
         tls: TlsFiles | None = None,
         node_keys: Sequence[str | os.PathLike] | None = None,
+        task_poll_interval: float = TASK_POLL_INTERVAL,
     ) -> None:
         if node_keys is not None and len(node_keys) != clients:
             raise ConfigError(f"give one SuperNode key per client: {clients}, not {len(node_keys)}")
@@ -137,6 +146,7 @@ class LocalDeployment:
         # the SuperLink and SuperNodes start flwr-serverapp / flwr-clientapp by name
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env["FLWR_HOME"] = str(self.folder / "flwr-home")
+        self.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{task_poll_interval:g}"
         self.processes: dict[str, subprocess.Popen] = {}
         self.port = free_port()
         try:

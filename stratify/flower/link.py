@@ -9,6 +9,7 @@ messages (:mod:`.registry`) both send through it without importing each other.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,50 @@ from stratify.errors import ConfigError, TrainingError
 from stratify.flower.messages import HELLO, config_record
 
 log = logging.getLogger("stratify.flower")
+
+#: seconds between two looks for replies: Flower 1.42's in-memory (simulation) grid's own
+#: pull interval; its deployed grid's ``send_and_receive`` looks every 3 s, which a reply
+#: waits for on average 1.5 s per exchange (docs/flower.md, "Wall time")
+PULL_INTERVAL = 0.1
+
+
+def send_and_receive(
+    grid: Grid,
+    messages: Sequence[Message],
+    timeout: float | None,
+    interval: float = PULL_INTERVAL,
+) -> list[Message]:
+    """Push ``messages`` through ``grid`` and pull their replies every ``interval`` seconds
+    until every one has answered or ``timeout`` seconds have passed (the loop of Flower's
+    ``Grid.send_and_receive``, on its public ``push_messages`` and ``pull_messages``).
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        Flower's grid of the run.
+    messages : sequence of flwr.app.Message
+        The requests, each to its node.
+    timeout : float or None
+        Seconds to wait for the replies; ``None``: until every one has answered.
+    interval : float
+        Seconds between two pulls.
+
+    Returns
+    -------
+    list of flwr.app.Message
+        The replies received in time, in the order they arrived.
+    """
+    waiting = set(grid.push_messages(messages))
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+    replies: list[Message] = []
+    while waiting:
+        pulled = list(grid.pull_messages(waiting))
+        replies.extend(pulled)
+        waiting.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    return replies
 
 
 class ClientLostError(TrainingError):
@@ -94,7 +139,8 @@ class NodeLink:
         deadline = time.monotonic() + self.timeout
         while len(answers) < self.config.clients:
             waiting = [node for node in self.grid.get_node_ids() if node not in self.nodes.values()]
-            replies = self.grid.send_and_receive(
+            replies = send_and_receive(
+                self.grid,
                 [self.message(node, HELLO, RecordDict()) for node in waiting],
                 timeout=max(1.0, deadline - time.monotonic()),
             )
@@ -153,7 +199,7 @@ class NodeLink:
             for index in pending:
                 client, kind, content = requests[index]
                 messages.append(self.message(self.nodes[client], kind, RecordDict(dict(content))))
-            for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
+            for reply in send_and_receive(self.grid, messages, timeout=self.timeout):
                 answered = by_node.get(reply.metadata.src_node_id)
                 if answered is None:
                     continue

@@ -39,7 +39,7 @@ from stratify.data.datasets import Dataset, load_dataset
 from stratify.errors import ConfigError
 from stratify.experiment import build_experiment
 from stratify.federation import Federation
-from stratify.flower.link import ClientLostError, NodeLink, Traffic
+from stratify.flower.link import ClientLostError, NodeLink, Traffic, send_and_receive
 from stratify.flower.messages import (
     GRADIENT,
     HOP,
@@ -596,7 +596,8 @@ class FlowerRun:
 
 class LinkedGrid:
     """``grid`` with every message SecAgg+'s workflow sends and receives kept and counted
-    by ``link`` (the workflow talks to the grid itself, not through the link)."""
+    by ``link`` (the workflow talks to the grid itself, not through the link), its replies
+    pulled as the link pulls them (:func:`~stratify.flower.link.send_and_receive`)."""
 
     def __init__(self, grid: Grid, link: NodeLink) -> None:
         self.grid = grid
@@ -610,7 +611,7 @@ class LinkedGrid:
         for message in messages:
             self.link.traffic.messages += 1
             self.link.keep("sent", message.metadata.message_type, message.content)
-        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        replies = send_and_receive(self.grid, messages, timeout)
         for reply in replies:
             if not reply.has_error():
                 self.link.keep("received", reply.metadata.message_type, reply.content)
