@@ -76,20 +76,27 @@ class SingleThreadBlas:
         self._depth = 0
 
 
+def openblas_symbols(library: Any, *names: str) -> tuple[Any, ...] | None:
+    """The C functions ``names`` of a ``threadpoolctl`` OpenBLAS controller's library, with
+    the build's symbol prefix and suffix (``scipy_``, ``64_``), or ``None`` where one is
+    missing."""
+    prefix = getattr(library, "_symbol_prefix", "")
+    suffix = getattr(library, "_symbol_suffix", "")
+    try:
+        return tuple(getattr(library.dynlib, f"{prefix}{name}{suffix}") for name in names)
+    except AttributeError:
+        return None
+
+
 def thread_calls(library: Any) -> tuple[Callable[[], int], Callable[[int], Any]]:
     """The get and set of a ``threadpoolctl`` library controller's thread count: an
     OpenBLAS's own C functions (``threadpoolctl``'s methods look their symbols up on
     every call, about 4 µs each, twice per event of river's per-sample API), else the
     controller's methods."""
     if getattr(library, "internal_api", None) == "openblas":
-        prefix = getattr(library, "_symbol_prefix", "")
-        suffix = getattr(library, "_symbol_suffix", "")
-        try:
-            get = getattr(library.dynlib, f"{prefix}openblas_get_num_threads{suffix}")
-            set_threads = getattr(library.dynlib, f"{prefix}openblas_set_num_threads{suffix}")
-        except AttributeError:
-            pass
-        else:
+        found = openblas_symbols(library, "openblas_get_num_threads", "openblas_set_num_threads")
+        if found is not None:
+            get, set_threads = found
             get.restype = ctypes.c_int
             get.argtypes = []
             set_threads.restype = None
@@ -134,15 +141,13 @@ class RankOne:
         for library in ThreadpoolController().select(internal_api="openblas").lib_controllers:
             if "numpy" not in str(library.filepath):
                 continue
-            prefix = getattr(library, "_symbol_prefix", "")
-            suffix = getattr(library, "_symbol_suffix", "")
-            try:
-                ger = getattr(library.dynlib, f"{prefix}cblas_sger{suffix}")
-                axpy = getattr(library.dynlib, f"{prefix}cblas_saxpy{suffix}")
-            except AttributeError:
+            found = openblas_symbols(library, "cblas_sger", "cblas_saxpy")
+            if found is None:
                 return
+            ger, axpy = found
             # an ILP64 build (suffix "64_") takes 64-bit integers
-            integer = ctypes.c_int64 if suffix.startswith("64") else ctypes.c_int32
+            ilp64 = getattr(library, "_symbol_suffix", "").startswith("64")
+            integer = ctypes.c_int64 if ilp64 else ctypes.c_int32
             pointer, single = ctypes.c_void_p, ctypes.c_float
             ger.argtypes = [ctypes.c_int, integer, integer, single, pointer, integer]
             ger.argtypes += [pointer, integer, pointer, integer]
