@@ -1,5 +1,7 @@
 """Verdict words and the plateau budget of paired comparisons, on hand-computed cases."""
 
+import statistics
+
 import pytest
 
 from stratify.errors import ConfigError
@@ -110,10 +112,11 @@ def test_a_swinging_curve_that_climbs_goes_on():
 
 def test_one_round_dip_stops_nothing_and_one_lucky_round_keeps_a_run_going():
     # flat at 95% with a dip to 30% in round 20: the best of rounds 11-20 is that of
-    # rounds 1-10 and their median is 95 -> converged at round 20
+    # rounds 1-10 and their median is 95, but the dip is in the 3 last rounds a table
+    # reports (mean 73.3) until round 23 -> converged at round 23
     flat = [0.95] * 30
     flat[19] = 0.30
-    assert plateau_budget(flat, PlateauRule(20, 50)) == PlateauBudget(20, "plateau", 20, 50)
+    assert plateau_budget(flat, PlateauRule(20, 50)) == PlateauBudget(23, "plateau", 20, 50)
     # a peak to 99% in round 15: from round 25 on no new best, but the median sits 4
     # points below the best (more than the 2-point margin): on to the cap
     peak = [0.95] * 60
@@ -124,6 +127,24 @@ def test_one_round_dip_stops_nothing_and_one_lucky_round_keeps_a_run_going():
     # the chance level
     assert plateau_budget([0.1] * 25, PlateauRule(5, 50)) == PlateauBudget(20, "plateau", 5, 50)
     assert plateau_budget([0.1] * 25, PlateauRule(5, 50, chance=0.1)) is None
+
+
+def test_a_swing_in_the_reported_last_rounds_is_not_converged():
+    # flat at 95% for 30 rounds, then rounds 28-30 at 60%: the median of the last 10
+    # rounds (seven at 95%) is the best, but the last 3 rounds a table reports average 60%,
+    # 35 points below it; the median alone stopped such a run at round 30. It goes on
+    # until the swing has left the reported rounds: round 34, whose last ceil(3.4) = 4
+    # rounds (31-34) are back at 95% (round 33's last 4 still hold round 30)
+    swing = [0.95] * 40
+    swing[27:30] = [0.6, 0.6, 0.6]
+    assert not PlateauRule(20, 50).converged(swing[:30])
+    assert statistics.median(swing[20:30]) == 0.95
+    assert plateau_budget(swing, PlateauRule(30, 50)) == PlateauBudget(34, "plateau", 30, 50)
+    # one reported round 5 points down: mean 3.3 below -> not converged at 2 points, at 4 it is
+    dip = [0.95] * 30
+    dip[29] = 0.85
+    assert not PlateauRule(30, 50).converged(dip)
+    assert PlateauRule(30, 50, margin_points=4.0).converged(dip)
 
 
 def test_a_run_that_has_not_left_chance_has_not_converged():
