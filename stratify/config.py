@@ -113,11 +113,11 @@ class TrainConfig(RunSettings):
     )
     stop_on_plateau: int | None = option(
         None,
-        "Stop once the validation accuracy has plateaued: after at least this many epochs, "
-        "when its median over the last 10% of the epochs run (at least 10) is less than 0.5 "
-        "points above its median over as many epochs before and over 5 points above chance "
-        "(--epochs is the cap; needs "
-        "--validation). Default: run every epoch.",
+        "Stop once the validation accuracy has converged: after at least this many epochs, "
+        "when the last 10% of the epochs run (at least 10) set no best more than 0.5 points "
+        "above the best before them, their median and the mean of the last 10% (at least 3) "
+        "are within 2 points of the best, and the median is over 5 points above chance "
+        "(--epochs is the cap; needs --validation). Default: run every epoch.",
         check=check_positive_int,
         cli_type=int,
     )
