@@ -10,9 +10,15 @@ from rich.console import Console
 UNBOUNDED_WIDTH = 10_000
 
 
-def stdout_console() -> Console:
-    """A console on standard output for a command's tables: the terminal's width on a
-    terminal, else as wide as each table needs, so a table piped or written to a file
-    stays whole."""
-    console = Console()
-    return console if console.is_terminal else Console(width=UNBOUNDED_WIDTH)
+def stdout_console(stderr: bool = False) -> Console:
+    """A console for a command's tables: the terminal's width on a terminal, else as wide
+    as each table needs, so a table piped or written to a file stays whole.
+
+    Parameters
+    ----------
+    stderr : bool, default False
+        On standard error (a grid's board of runs, which a log file catches) rather than
+        standard output. Not for a progress bar, which would stretch to that width.
+    """
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=UNBOUNDED_WIDTH)

@@ -382,7 +382,7 @@ def train_seeds(
     policy = "continue" if resume else "overwrite" if overwrite else "new"
     specs = seed_specs(config, seeds, policy)
     check_specs(specs)  # before the display: a refused folder is one line
-    console = Console(stderr=True)
+    console = stdout_console(stderr=True)
     title = f"{config.algorithm} on {config.dataset} · {len(seeds)} seeds"
     board = RunBoard(console, title, [(spec.name, config.epochs) for spec in specs])
     notes: list[str] = []

@@ -193,6 +193,19 @@ def test_a_piped_training_table_keeps_its_headers_whole(tmp_path, capsys, monkey
     assert "run folder" in summary
 
 
+def test_a_grid_logged_to_a_file_keeps_its_lines_whole(tmp_path, capsys, monkeypatch):
+    """A grid's standard error (its board of runs, its notes) caught by a log file is not
+    a terminal either: at 80 columns rich cut the board's run names
+    ("dirichlet-0-5/fedavg-matched-2047…") and wrapped its notes."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    flags = ["--dataset", "digits", "--seeds", "0", "--plateau", "40", "--epochs", "100"]
+    main(["reproduce", "paired", "--out", str(tmp_path / "grid"), *flags, "--dry-run"])
+    err = capsys.readouterr().err
+    note = next(line for line in err.splitlines() if line.startswith("note: FedTAN"))
+    assert len(note) > 80 and note.endswith("(give the grid --model resnet20)"), note
+    assert "…" not in err
+
+
 # ---- bench privacy: no empty column ----------------------------------------------------
 
 
