@@ -250,31 +250,3 @@ def test_the_readme_s_privacy_bench_prints_no_empty_column(capsys):
     assert [len(line.split()) for line in rows] == [9, 9]
     assert rows[0].split()[-1] == "–"  # packed: no unblinded protocol to compare it with
     assert rows[1].split()[-1].endswith("x")
-
-
-# ---- the epoch a client is dropped in counts what was sent -----------------------------
-
-
-def test_the_epoch_a_client_is_dropped_in_counts_the_transfers_sent(monkeypatch):
-    """Client 2 stops answering in its 4th global batch of epoch 1 (on-lost drop): its
-    shares of the rest of the epoch are never sent, so the epoch's count is the messages',
-    not the plan's (the plan still held client 2)."""
-    pytest.importorskip("flwr", reason="the flower extra is not installed")
-    from flwr.supercore.task_identity import TaskIdentity
-    from test_flower import DyingLink, config
-
-    from stratify.flower import node
-    from stratify.flower.apps import run_summary
-    from stratify.flower.server import run_over_link
-
-    for name in ("_run_id", "_task_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
-    monkeypatch.setattr(node, "_NODES", {})
-    link = DyingLink(config("stratify"), dies=2, answers=3)
-    run = run_over_link(link, config("stratify"), "drop")
-    assert list(run.dropped) == [2] and run.dropped[2]["epoch"] == 1
-    # result.json's epochs add up to the traffic the messages carried (50 against 42
-    # before: epoch 1 counted client 2's planned shares after it was lost)
-    epochs = run_summary(run)["epochs"]
-    assert sum(epoch["transfers"] for epoch in epochs) == run.traffic.transfers > 0
-    assert sum(epoch["uploads"] for epoch in epochs) == run.traffic.uploads

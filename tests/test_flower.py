@@ -38,6 +38,7 @@ from stratify.config import TrainConfig  # noqa: E402
 from stratify.errors import ConfigError, RegistryError  # noqa: E402
 from stratify.experiment import Experiment, build_experiment  # noqa: E402
 from stratify.flower import apps, node  # noqa: E402
+from stratify.flower.apps import run_summary  # noqa: E402
 from stratify.flower.deploy import node_config  # noqa: E402
 from stratify.flower.keys import (  # noqa: E402
     FederationKeys,
@@ -642,6 +643,11 @@ def test_a_client_lost_in_a_global_batch_stops_the_run_or_leaves_the_pools(
     # epoch 2's schedule skips the entries of placeholders only client 2 held, which
     # epoch 1 could still draw from its pools
     assert run.epochs[1].skipped > run.epochs[0].skipped
+    # result.json's epochs add up to the traffic the messages carried (50 against 42
+    # before: epoch 1 counted client 2's planned shares after it was lost)
+    epochs = run_summary(run)["epochs"]
+    assert sum(epoch["transfers"] for epoch in epochs) == run.traffic.transfers > 0
+    assert sum(epoch["uploads"] for epoch in epochs) == run.traffic.uploads
 
 
 def test_a_client_lost_amid_the_batchnorm_exchanges_leaves_the_batch_to_the_others(
