@@ -14,7 +14,11 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install -e '.[flower]' in the checkout)"
 )
 
-from stratify.flower.link import send_and_receive  # noqa: E402
+from flwr.app import Message, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from stratify.config import TrainConfig  # noqa: E402
+from stratify.flower.link import ClientLostError, NodeLink, send_and_receive  # noqa: E402
 
 
 def message(**metadata: object) -> SimpleNamespace:
@@ -70,3 +74,64 @@ def test_a_silent_node_ends_the_wait_at_the_timeout_with_the_others_replies() ->
     replies = send_and_receive(grid, requests([1, 2]), timeout=0.3, interval=0.01)  # type: ignore[arg-type]
     assert answered(replies) == ["m0"]
     assert len(grid.pulls) > 2 and grid.pulls[-1] == {"m1"}
+
+
+class OfflineGrid(ScriptedGrid):
+    """A grid whose nodes answer at once, but for a node in ``offline``, whose requests the
+    SuperLink answers itself, as Flower's does for a node that stopped sending heartbeats:
+    an error reply from the SuperLink's node id 0, naming the request it answers."""
+
+    def __init__(self, offline: set[int]) -> None:
+        super().__init__({})
+        self.offline = offline
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:  # type: ignore[override]
+        ids = []
+        for message in messages:
+            number = f"m{len(self.pushed)}"
+            message.metadata.__dict__["_message_id"] = number  # as Flower's grids set it
+            self.pushed[number] = message
+            ids.append(number)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[SimpleNamespace]:
+        replies = []
+        for message_id in sorted(message_ids):
+            node = self.pushed[message_id].metadata.dst_node_id
+            offline = node in self.offline
+            replies.append(
+                SimpleNamespace(
+                    metadata=SimpleNamespace(
+                        reply_to_message_id=message_id, src_node_id=0 if offline else node
+                    ),
+                    content=RecordDict(),
+                    error=SimpleNamespace(reason=NODE_UNAVAILABLE if offline else None),
+                    has_error=lambda offline=offline: offline,
+                )
+            )
+        return replies
+
+
+NODE_UNAVAILABLE = "Error: Node Unavailable — The destination node failed to report a heartbeat"
+
+
+def test_the_superlinks_error_for_an_offline_node_is_that_clients_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Flower's SuperLink answers a request to a node it counts as offline with an error
+    of its own (sender: the SuperLink, node 0); the exchange reads it as that client's
+    answer, retries, and names the reason, rather than dropping the reply as from no
+    client and reporting a silence it did not wait for."""
+    for name in ("_run_id", "_task_id", "_node_id"):  # a message is made inside a task
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    grid = OfflineGrid(offline={12})
+    link = NodeLink(grid, TrainConfig(dataset="digits", clients=2), timeout=60.0, retries=1)  # type: ignore[arg-type]
+    link.nodes = {0: 11, 1: 12}
+    with pytest.raises(
+        ClientLostError, match="client 1 \\(node 12\\): Error: Node Unavailable"
+    ) as lost:
+        link.exchange([(0, "train", RecordDict()), (1, "train", RecordDict())])
+    assert lost.value.clients == (1,) and "sent 2 times" in str(lost.value)
+    assert "no reply within" not in str(lost.value)
+    # the first try asked both nodes, the retry only the offline one
+    assert [grid.pushed[m].metadata.dst_node_id for m in sorted(grid.pushed)] == [11, 12, 12]

@@ -179,8 +179,7 @@ class NodeLink:
         the replies' contents in the requests' order. A request unanswered within
         :attr:`timeout` (or answered with an error) is sent again up to :attr:`retries`
         times; then :class:`ClientLostError` names the client and what was done."""
-        by_node = {self.nodes[client]: index for index, (client, _, _) in enumerate(requests)}
-        if len(by_node) != len(requests):
+        if len({client for client, _, _ in requests}) != len(requests):
             raise AssertionError("an exchange sends one message per node")
         answers: dict[int, RecordDict] = {}
         errors: dict[int, str] = {}
@@ -199,8 +198,15 @@ class NodeLink:
             for index in pending:
                 client, kind, content = requests[index]
                 messages.append(self.message(self.nodes[client], kind, RecordDict(dict(content))))
-            for reply in send_and_receive(self.grid, messages, timeout=self.timeout):
-                answered = by_node.get(reply.metadata.src_node_id)
+            replies = send_and_receive(self.grid, messages, timeout=self.timeout)
+            # a reply is matched to its request by the request's id (which pushing it set),
+            # not by its sender: the error the SuperLink answers for a node it counts as
+            # offline comes from the SuperLink itself
+            asked = {
+                message.metadata.message_id: index for message, index in zip(messages, pending)
+            }
+            for reply in replies:
+                answered = asked.get(reply.metadata.reply_to_message_id)
                 if answered is None:
                     continue
                 if reply.has_error():
