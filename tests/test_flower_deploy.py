@@ -136,17 +136,17 @@ def test_a_deployed_stratify_run_ends_with_the_in_process_weights(
 
 
 def test_a_node_lost_mid_run_is_reported_and_the_run_stops(tmp_path: Path, exchange: float) -> None:
-    """Node 1 stops between two rounds, its first round's reply sent: the SuperLink counts
-    it offline and answers the next request to it with an error of its own, which the
-    server reads as client 1's answer, asks once more, and stops naming the reason."""
+    """Node 1 stops between two rounds, its first round's reply sent: the server asks it
+    twice in the next round and stops naming client 1 (what Flower answers in between,
+    silence, its Node Unavailable error or a refused push, depends on how far the node's
+    shutdown got: tests/test_flower_link.py checks each)."""
     job = dataclasses.replace(FEDAVG, epochs=20)
     timeout = exchange_timeout(exchange)
     with LocalDeployment(2) as deployment:
         log = deployment.folder / "supernode-1.log"
         deployment.submit(APP, job, tmp_path, timeout=timeout, retries=1)
         # node 1 trains in the first round's second exchange, after the hello and node 0's;
-        # stopped once its reply is sent (stopped while sending, the reply may arrive
-        # without its arrays, and the server waits out a timeout instead)
+        # it is stopped once its reply is sent, between two rounds
         deadline = time.monotonic() + job_wait(exchange, 3, timeout, 0)
         while not re.search(
             r"Sending: train message.*\n(.*\n)*?.*Sent successfully", log.read_text()
@@ -155,11 +155,10 @@ def test_a_node_lost_mid_run_is_reported_and_the_run_stops(tmp_path: Path, excha
             assert not (tmp_path / "failure.json").exists(), (tmp_path / "failure.json").read_text()
             time.sleep(0.2)
         deployment.stop("supernode-1")
-        # node 0's next round, then node 1's request and its retry answered by the SuperLink
+        # node 0's next round, then node 1's request and its retry
         result = deployment.wait(tmp_path, job_wait(exchange, 1, timeout, 2))
     assert result["file"] == "failure.json", result
     assert "client 1" in result["error"] and "sent 2 times" in result["error"], result
-    assert "Node Unavailable" in result["error"], result
     assert all(process.poll() is not None for process in deployment.processes.values())
 
 

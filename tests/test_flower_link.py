@@ -95,8 +95,9 @@ class OfflineGrid(ScriptedGrid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[SimpleNamespace]:
+        self.pulls.append(set(message_ids))
         replies = []
-        for message_id in sorted(message_ids):
+        for message_id in sorted(self.pulls[-1]):
             node = self.pushed[message_id].metadata.dst_node_id
             offline = node in self.offline
             replies.append(
@@ -135,3 +136,37 @@ def test_the_superlinks_error_for_an_offline_node_is_that_clients_answer(
     assert "no reply within" not in str(lost.value)
     # the first try asked both nodes, the retry only the offline one
     assert [grid.pushed[m].metadata.dst_node_id for m in sorted(grid.pushed)] == [11, 12, 12]
+
+
+class UnregisteredGrid(OfflineGrid):
+    """A grid on which node ``gone`` has left the federation: Flower's grid gives a message
+    to it the id ``None`` (the SuperLink refused it) and nothing answers it."""
+
+    def __init__(self, gone: int) -> None:
+        super().__init__(offline=set())
+        self.gone = gone
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str | None]:  # type: ignore[override]
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        return [None if m.metadata.dst_node_id == self.gone else i for m, i in zip(messages, ids)]
+
+
+def test_a_message_the_superlink_refuses_is_that_clients_answer_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that left the federation (stopped, unregistered): the push of its request is
+    refused, which the exchange reads as the client's answer rather than waiting out its
+    timeout for a message that was never queued."""
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    grid = UnregisteredGrid(gone=12)
+    link = NodeLink(grid, TrainConfig(dataset="digits", clients=2), timeout=3600.0, retries=1)  # type: ignore[arg-type]
+    link.nodes = {0: 11, 1: 12}
+    with pytest.raises(
+        ClientLostError, match="client 1 \\(node 12\\): the SuperLink refused"
+    ) as lost:
+        link.exchange([(0, "train", RecordDict()), (1, "train", RecordDict())])
+    assert lost.value.clients == (1,) and "sent 2 times" in str(lost.value)
+    # no pull ever asked for a refused message (it has no id to ask with)
+    assert grid.pulls == [{"m0"}]  # node 11's reply, then the retry pushed only node 12's

@@ -34,6 +34,7 @@ def send_and_receive(
     messages: Sequence[Message],
     timeout: float | None,
     interval: float = PULL_INTERVAL,
+    refused: list[Message] | None = None,
 ) -> list[Message]:
     """Push ``messages`` through ``grid`` and pull their replies every ``interval`` seconds
     until every one has answered or ``timeout`` seconds have passed (the loop of Flower's
@@ -49,13 +50,20 @@ def send_and_receive(
         Seconds to wait for the replies; ``None``: until every one has answered.
     interval : float
         Seconds between two pulls.
+    refused : list, optional
+        Where to add the messages the grid refused to push (Flower's grid gives them the
+        id ``None``: the SuperLink knows no such node, one that left the federation);
+        none of them is waited for.
 
     Returns
     -------
     list of flwr.app.Message
         The replies received in time, in the order they arrived.
     """
-    waiting = set(grid.push_messages(messages))
+    pushed = list(grid.push_messages(messages))
+    if refused is not None:
+        refused.extend(m for m, pushed_id in zip(messages, pushed) if pushed_id is None)
+    waiting = {pushed_id for pushed_id in pushed if pushed_id is not None}
     deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     replies: list[Message] = []
     while waiting:
@@ -198,13 +206,18 @@ class NodeLink:
             for index in pending:
                 client, kind, content = requests[index]
                 messages.append(self.message(self.nodes[client], kind, RecordDict(dict(content))))
-            replies = send_and_receive(self.grid, messages, timeout=self.timeout)
+            refused: list[Message] = []
+            replies = send_and_receive(self.grid, messages, self.timeout, refused=refused)
             # a reply is matched to its request by the request's id (which pushing it set),
             # not by its sender: the error the SuperLink answers for a node it counts as
             # offline comes from the SuperLink itself
             asked = {
                 message.metadata.message_id: index for message, index in zip(messages, pending)
             }
+            for message in refused:
+                errors[asked[message.metadata.message_id]] = (
+                    "the SuperLink refused the message (the node left the federation)"
+                )
             for reply in replies:
                 answered = asked.get(reply.metadata.reply_to_message_id)
                 if answered is None:
