@@ -113,6 +113,20 @@ class OfflineGrid(ScriptedGrid):
         return replies
 
 
+def client_1_lost(grid: OfflineGrid, monkeypatch: pytest.MonkeyPatch) -> ClientLostError:
+    """The error of an exchange asking clients 0 and 1 (nodes 11 and 12) over ``grid``,
+    one retry, in which client 1 must be the one lost."""
+    for name in ("_run_id", "_task_id", "_node_id"):  # a message is made inside a task
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    link = NodeLink(grid, TrainConfig(dataset="digits", clients=2), timeout=3600.0, retries=1)  # type: ignore[arg-type]
+    link.nodes = {0: 11, 1: 12}
+    with pytest.raises(ClientLostError) as lost:
+        link.exchange([(0, "train", RecordDict()), (1, "train", RecordDict())])
+    assert lost.value.clients == (1,) and "sent 2 times" in str(lost.value)
+    assert "no reply within" not in str(lost.value)
+    return lost.value
+
+
 NODE_UNAVAILABLE = "Error: Node Unavailable — The destination node failed to report a heartbeat"
 
 
@@ -123,17 +137,9 @@ def test_the_superlinks_error_for_an_offline_node_is_that_clients_answer(
     of its own (sender: the SuperLink, node 0); the exchange reads it as that client's
     answer, retries, and names the reason, rather than dropping the reply as from no
     client and reporting a silence it did not wait for."""
-    for name in ("_run_id", "_task_id", "_node_id"):  # a message is made inside a task
-        monkeypatch.setattr(TaskIdentity, name, 1)
     grid = OfflineGrid(offline={12})
-    link = NodeLink(grid, TrainConfig(dataset="digits", clients=2), timeout=60.0, retries=1)  # type: ignore[arg-type]
-    link.nodes = {0: 11, 1: 12}
-    with pytest.raises(
-        ClientLostError, match="client 1 \\(node 12\\): Error: Node Unavailable"
-    ) as lost:
-        link.exchange([(0, "train", RecordDict()), (1, "train", RecordDict())])
-    assert lost.value.clients == (1,) and "sent 2 times" in str(lost.value)
-    assert "no reply within" not in str(lost.value)
+    lost = client_1_lost(grid, monkeypatch)
+    assert "client 1 (node 12): Error: Node Unavailable" in str(lost)
     # the first try asked both nodes, the retry only the offline one
     assert [grid.pushed[m].metadata.dst_node_id for m in sorted(grid.pushed)] == [11, 12, 12]
 
@@ -158,15 +164,9 @@ def test_a_message_the_superlink_refuses_is_that_clients_answer_at_once(
     """A node that left the federation (stopped, unregistered): the push of its request is
     refused, which the exchange reads as the client's answer rather than waiting out its
     timeout for a message that was never queued."""
-    for name in ("_run_id", "_task_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
     grid = UnregisteredGrid(gone=12)
-    link = NodeLink(grid, TrainConfig(dataset="digits", clients=2), timeout=3600.0, retries=1)  # type: ignore[arg-type]
-    link.nodes = {0: 11, 1: 12}
-    with pytest.raises(
-        ClientLostError, match="client 1 \\(node 12\\): the SuperLink refused"
-    ) as lost:
-        link.exchange([(0, "train", RecordDict()), (1, "train", RecordDict())])
-    assert lost.value.clients == (1,) and "sent 2 times" in str(lost.value)
-    # no pull ever asked for a refused message (it has no id to ask with)
-    assert grid.pulls == [{"m0"}]  # node 11's reply, then the retry pushed only node 12's
+    lost = client_1_lost(grid, monkeypatch)
+    assert "client 1 (node 12): the SuperLink refused" in str(lost)
+    # no pull asked for a refused message (it has no id to ask with): one pull, for node
+    # 11's reply; the retry pushed only node 12's, refused again
+    assert grid.pulls == [{"m0"}]
