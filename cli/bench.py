@@ -31,7 +31,7 @@ from stratify.cli.common import (
     parse_options,
     write_output,
 )
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.cli.flags import Choice
 from stratify.compiled import COMPILE_MODES
 from stratify.config import TrainConfig
@@ -172,7 +172,7 @@ def transfers(dataset, data_dir, spec, clients, chunks, seeds, selection, hops, 
             f"{row['transfers']:.1f}",
             f"{-100 * row['reduction']:+.1f}%",
         )
-    stdout_console().print(table)
+    table_console().print(table)
     if json_path:
         write_output(json_path, json.dumps(result.to_json(), indent=2) + "\n")
 
@@ -267,7 +267,7 @@ def steps(
             f"{loop.max_difference:.1e}" if compared else "reference",
             f"{loop.worst_share:.1e}" if compared else "",
         )
-    console = stdout_console()
+    console = table_console()
     console.print(table)
     console.print(f"weights compared with the reference loop's every {check_every} steps")
     for loop in (tuned, engine_loop):
@@ -397,7 +397,7 @@ def plan(
             f"{row['plan_rss_mb']:,.0f}",
             f"{row['peak_rss_mb']:,.0f}",
         )
-    console = stdout_console()
+    console = table_console()
     console.print(table)
     measured = result.measured
     if measured:
@@ -493,7 +493,7 @@ def batch(
             f"{figures['samples'] / seconds:,.0f}",
             f"{seconds / figures['plain_s']:.3f}×",
         )
-    console = stdout_console()
+    console = table_console()
     console.print(table)
     console.print(
         f"weights {'match' if result.weights_match else 'DO NOT MATCH'}: max |Δw| "
@@ -552,7 +552,7 @@ def rounds(
             f"{entry.round_s / first:.2f}×",
             ", ".join(f"{value:.2f}" for value in entry.rounds_s),
         )
-    stdout_console().print(table)
+    table_console().print(table)
     if json_path:
         write_output(json_path, json.dumps(result.to_json(), indent=2) + "\n")
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from stratify.bench.local import bench_local
 from stratify.bench.steps import MATCH_TOLERANCE
 from stratify.cli.common import DATA_DIR, JSON_OUTPUT, write_output
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 
 
 @click.command("local")
@@ -53,7 +53,7 @@ def local(dataset, data_dir, spec, clients, algorithm, rounds, json_path) -> Non
             ", ".join(f"{value:.2f}" for value in values),
             f"{figures['eager_round_s'] / median:.2f}×",
         )
-    console = stdout_console()
+    console = table_console()
     console.print(table)
     console.print(
         f"weights {'match' if result.weights_match else 'DO NOT MATCH'}: every client's local "

@@ -17,7 +17,7 @@ from stratify.cli.common import (
     parse_int_list,
     write_output,
 )
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.validation import check_repeats, check_seed
 
 
@@ -149,7 +149,7 @@ def privacy(
     class_counts = parse_int_list(classes_text, "--classes")
     client_counts = parse_int_list(clients_text, "--clients")
     protocols = parse_protocols(protocol_text)
-    console = stdout_console()
+    console = table_console()
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -14,7 +14,7 @@ from rich.table import Table
 from stratify.bench.river_suite import results_csv, run_suite
 from stratify.bench.stream import stream_bench
 from stratify.cli.common import JSON_OUTPUT, check_output_file, checked, write_output
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.errors import ConfigError
 from stratify.validation import check_positive_int, check_seed
 
@@ -129,7 +129,7 @@ def stream(
                 f"{row.river_ratio:.2f}×",
                 f"{row.river_prequential_accuracy:.4f}",
             )
-    console = stdout_console()
+    console = table_console()
     console.print(table)
     if river.row_count:
         console.print(river)
@@ -176,7 +176,7 @@ def river_suite_tables(limit: int, csv_path: str | None, json_path: str | None) 
             line["first_prediction_s"],
             line["peak_rss_mb"],
         )
-    console = stdout_console()
+    console = table_console()
     console.print(table)
     figures = ", ".join(f"{value:.2f}" for value in load)
     console.print(

@@ -10,7 +10,7 @@ from rich.console import Console
 UNBOUNDED_WIDTH = 10_000
 
 
-def stdout_console(stderr: bool = False) -> Console:
+def table_console(stderr: bool = False) -> Console:
     """A console for a command's tables: the terminal's width on a terminal, else as wide
     as each table needs, so a table piped or written to a file stays whole.
 

@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from rich.table import Table
 
 from stratify.cli.common import DATA_DIR
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.cli.partition_stats import partition_stats
 from stratify.data.sources import (
     check_data_folder,
@@ -47,7 +47,7 @@ def list_command(data_dir: str | None) -> None:
         given = click.get_current_context().get_parameter_source("data_dir")
         origin = "STRATIFY_DATA_DIR" if given == ParameterSource.ENVIRONMENT else "--data-dir"
         where = f"{root} (from {origin})"
-    console = stdout_console()
+    console = table_console()
     table = Table(title=f"datasets · data folder: {where}")
     for column in ("dataset", "status", "files (under the data folder)", "get them"):
         table.add_column(column, no_wrap=column in ("dataset", "status"))

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.card import UNTUNED
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.config import TrainConfig
 from stratify.options import flag
 from stratify.validation import check_choice
@@ -147,7 +147,7 @@ def methods(name: str | None, markdown: bool) -> None:
     """List the available methods (`--method NAME` of `stratify train`); with NAME, that
     method's own options with their defaults and help."""
     if name is not None:
-        stdout_console().print(method_help(check_choice(name, "method", tuple(ALGORITHMS))))
+        table_console().print(method_help(check_choice(name, "method", tuple(ALGORITHMS))))
         return
     if markdown:
         click.echo(markdown_table(), nl=False)
@@ -159,4 +159,4 @@ def methods(name: str | None, markdown: bool) -> None:
     table.add_column("options (defaults)")
     for name in ALGORITHMS:
         table.add_row(name, *describe(name))
-    stdout_console().print(table)
+    table_console().print(table)

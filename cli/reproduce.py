@@ -15,7 +15,7 @@ from rich.console import Console
 from stratify.backend import DEVICES
 from stratify.cli.board import RunBoard
 from stratify.cli.common import DATA_DIR, DATASET_OPTION, VECTORIZE_OPTION, parse_options
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.errors import ConfigError, StratifyError
 from stratify.parallel import (
     RayBackend,
@@ -333,7 +333,7 @@ def reproduce_command(
     count = None if workers is None else check_positive_int(workers, "--workers")
     group = None if vectorize is None else check_positive_int(vectorize, "--vectorize")
     runner = make_backend(backend, count, address)
-    console = stdout_console(stderr=True)
+    console = table_console(stderr=True)
     if isinstance(runner, RayBackend) and not dry_run:
         runner.check()  # a dead address: one line now, before anything is written
     if dry_run:

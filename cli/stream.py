@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.cli.flags import config_option
 from stratify.stream.config import StreamConfig
 from stratify.stream.learner import DivergenceError
@@ -138,7 +138,7 @@ def stream(
             err=True,
         )
         sys.exit(128 + number)
-    print_results(stdout_console(), run, summary)
+    print_results(table_console(), run, summary)
 
 
 def resume_command(config: StreamConfig) -> str:

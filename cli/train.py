@@ -28,7 +28,7 @@ from rich.table import Table
 from stratify.algorithms import ALGORITHMS, strategy_class
 from stratify.cli.board import RunBoard
 from stratify.cli.common import DATASET_OPTION, VECTORIZE_OPTION, parse_options
-from stratify.cli.console import stdout_console
+from stratify.cli.console import table_console
 from stratify.cli.flags import FLAG_NAMES, config_option, metavar
 from stratify.cli.methods import option_rows
 from stratify.config import TrainConfig, dp_settings
@@ -234,7 +234,7 @@ def train(
             )
         with display.live(run.start_epoch):
             summary = run.train()
-        print_results(stdout_console(), run, summary)
+        print_results(table_console(), run, summary)
     finally:
         if client_secrets is not None:
             release_input(client_secrets)
@@ -382,7 +382,7 @@ def train_seeds(
     policy = "continue" if resume else "overwrite" if overwrite else "new"
     specs = seed_specs(config, seeds, policy)
     check_specs(specs)  # before the display: a refused folder is one line
-    console = stdout_console(stderr=True)
+    console = table_console(stderr=True)
     title = f"{config.algorithm} on {config.dataset} · {len(seeds)} seeds"
     board = RunBoard(console, title, [(spec.name, config.epochs) for spec in specs])
     notes: list[str] = []
@@ -402,7 +402,7 @@ def train_seeds(
         sys.exit(128 + signal.Signals[stop.signal].value)
     for note in notes:
         console.print(f"note: {note}")
-    print_seed_results(stdout_console(), specs, outcomes)
+    print_seed_results(table_console(), specs, outcomes)
     unfinished = [outcome for outcome in outcomes if outcome.status not in COMPLETE]
     if unfinished:
         raise StratifyError(
