@@ -27,10 +27,11 @@ venv: $(STAMP)
 
 # the whole suite (CI's), recording every test's seconds: tests/tiers.py derives the slow
 # list that test-fast leaves out from that record (docs/development.md, "Tests").
-# pytest-xdist runs it on WORKERS processes (auto: one per core; WORKERS=0 runs it in this
-# one process), each test file whole on one worker, as its module fixtures expect
+# pytest-xdist runs it on WORKERS processes (default: one more than the cores, since many
+# tests wait on processes they start; WORKERS=0 runs it in this one process), each test
+# file whole on one worker, as its module fixtures expect
 DURATIONS := build/test-durations.txt
-WORKERS ?= auto
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests -n $(WORKERS) --dist loadfile --durations-file $(DURATIONS)

@@ -1,5 +1,6 @@
 """Stratify on a real Flower deployment on this machine: a SuperLink and two SuperNodes
-as separate processes (insecure, free ports of 127.0.0.1), every node loading its own
+as separate processes (free ports of 127.0.0.1; TLS and registered node keys for the
+FedAvg and Stratify jobs, plain HTTP for the lost node), every node loading its own
 client's digits; each job is submitted with ``flwr run`` (docs/flower.md, "Deployed"), as
 one is to a SuperLink in simulation mode (a simulation federation).
 
@@ -85,8 +86,16 @@ def job_wait(exchange: float, exchanges: int, timeout: float, retries: int) -> f
 
 
 @pytest.fixture(scope="module")
-def deployment():
-    with LocalDeployment(2) as started:
+def deployment(tmp_path_factory: pytest.TempPathFactory):
+    """The SuperLink over TLS and two SuperNodes that authenticate with registered keys
+    (certificates and keys drawn here: a CA, the SuperLink's certificate, a key per node),
+    to which the FedAvg and Stratify jobs are submitted."""
+    folder = tmp_path_factory.mktemp("tls")
+    tls = write_tls_files(folder / "tls")
+    keys = [folder / f"supernode-{client}.key" for client in range(STRATIFY.clients)]
+    for key in keys:
+        write_node_key(key)
+    with LocalDeployment(STRATIFY.clients, tls=tls, node_keys=keys) as started:
         yield started
     for process in started.processes.values():
         assert process.poll() is not None, "every process started is stopped"
@@ -124,14 +133,30 @@ def test_a_deployed_fedavg_run_ends_with_the_in_process_weights(
     check_weights(*fedavg_run, FEDAVG)
 
 
-def test_a_deployed_stratify_run_ends_with_the_in_process_weights(
+def test_a_deployed_stratify_run_ends_with_the_in_process_weights_and_admits_no_stranger(
     deployment: LocalDeployment, tmp_path: Path, exchange: float
 ) -> None:
     timeout = exchange_timeout(exchange)
+    # a SuperNode with no registered key, which would register itself (admitted, it would
+    # be a second client 1 and the run would stop)
+    assert deployment.tls is not None
+    refused = deployment.start(
+        "stranger",
+        "flower-supernode",
+        "--root-certificates",
+        str(deployment.tls.ca),
+        "--superlink",
+        f"127.0.0.1:{deployment.port}",
+        "--port",
+        str(free_port()),
+        "--node-config",
+        "partition-id=1",
+    )
     deployment.submit(APP, STRATIFY, tmp_path, timeout=timeout, retries=1)
     # the hello, the plain registry's placeholders, then one exchange per global batch
     exchanges = 2 + in_process(STRATIFY)[1].steps
     result = deployment.wait(tmp_path, job_wait(exchange, exchanges, timeout, 1))
+    assert refused.wait(exchange_timeout(exchange)) != 0, "an unregistered node joined"
     check_weights(tmp_path, result, STRATIFY)
 
 
@@ -171,37 +196,6 @@ def test_flwr_run_against_a_simulation_federation_ends_with_the_in_process_weigh
         result = simulation.wait(tmp_path, FIRST_JOB_WAIT)
         assert not any(name.startswith("supernode") for name in simulation.processes)
     check_weights(tmp_path, result, STRATIFY)
-
-
-def test_flwr_run_against_a_tls_deployment_of_authenticated_supernodes(
-    tmp_path: Path, exchange: float
-) -> None:
-    # certificates and keys drawn here: a CA, the SuperLink's certificate, a key per node
-    tls = write_tls_files(tmp_path / "tls")
-    keys = [tmp_path / f"supernode-{client}.key" for client in range(STRATIFY.clients)]
-    for key in keys:
-        write_node_key(key)
-    timeout = exchange_timeout(exchange)
-    with LocalDeployment(STRATIFY.clients, tls=tls, node_keys=keys) as deployment:
-        # a SuperNode with no registered key, which would register itself (admitted, it
-        # would be a second client 1 and the run would stop)
-        refused = deployment.start(
-            "stranger",
-            "flower-supernode",
-            "--root-certificates",
-            str(tls.ca),
-            "--superlink",
-            f"127.0.0.1:{deployment.port}",
-            "--port",
-            str(free_port()),
-            "--node-config",
-            "partition-id=1",
-        )
-        deployment.submit(APP, STRATIFY, tmp_path / "out", timeout=timeout, retries=1)
-        exchanges = 2 + in_process(STRATIFY)[1].steps
-        result = deployment.wait(tmp_path / "out", job_wait(exchange, exchanges, timeout, 1))
-        assert refused.wait(exchange_timeout(exchange)) != 0, "an unregistered node joined"
-    check_weights(tmp_path / "out", result, STRATIFY)
 
 
 def test_a_server_app_of_ones_own_runs_stratify_through_run_on_grid(tmp_path: Path) -> None:
