@@ -2,7 +2,7 @@
 its own rate, with whether each run converged (stratify.reproduce.versus)."""
 
 from stratify.reproduce.results import CSV_FIELDS
-from stratify.reproduce.tables import table1_report
+from stratify.reproduce.tables import schedule_report, table1_report
 from stratify.reproduce.versus import VERSUS_HEADER, versus_counts, versus_lines
 
 
@@ -70,6 +70,17 @@ def test_the_table1_report_names_stratify_and_counts_the_verdicts():
     assert "Verdicts: 1 ahead, 0 behind, 1 level, 0 inconclusive, 1 diverged." in report
     # the paper's figure beside ours, from the grid's own table of them
     assert "98.80%, E4 / 18.71%, E10" in report
+
+
+def test_a_grid_without_the_paper_s_figures_shows_no_paper_column():
+    report = schedule_report(rows())
+    header = next(line for line in report.splitlines() if line.startswith("| split |"))
+    assert "paper" not in header and "| verdict |" in header
+    line = next(line for line in report.splitlines() if line.startswith("| #C=1 | FedAvg |"))
+    # every line has the header's cells: split, against, ..., transfers
+    assert line.count("|") == header.count("|")
+    assert "– / –" not in line
+    assert "Verdicts: 1 ahead, 0 behind, 1 level, 0 inconclusive, 1 diverged." in report
 
 
 def test_a_run_s_converged_epoch_is_where_the_plateau_rule_first_holds():

@@ -182,6 +182,10 @@ def versus_markdown(
     lines = versus_lines(runs, reference, paper)
     label = next((run["column"] for run in runs if column_key(run) == reference), reference)
     header = [name.replace("reference", label) for name in VERSUS_HEADER]
+    if not paper:  # a grid without the paper's figures shows no column of dashes
+        column = VERSUS_HEADER.index("paper: reference / other")
+        header.pop(column)
+        lines = [line[:column] + line[column + 1 :] for line in lines]
     return (
         f"{label} − each other column, paired by seed, each method at its own rate (the "
         f"difference of the last-rounds means with its 95% t-interval over the seeds, "
