@@ -484,7 +484,7 @@ TABLES: dict[str, Table] = {
         ),
         Table(
             "feature-skew",
-            "docs/reproducing.md",
+            "docs/results.md",
             "docs/results/feature-skew.csv",
             "stratify reproduce feature-skew --out OUT --data-dir DIR --seeds 0,1,2,3,4 "
             "--seeds-until-verdict 10 --workers 2 --vectorize",
