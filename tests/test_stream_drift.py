@@ -109,6 +109,41 @@ def test_learn_one_after_predict_one_of_the_same_features_predicts_once() -> Non
     assert len(calls) == 6
 
 
+def test_learn_one_reads_a_predicted_dictionary_once_and_anything_else_again() -> None:
+    """The row predict_one read from a dictionary is the one learn_one of the same object
+    learns; a dictionary whose new names the prediction left out, and an array (a caller
+    may refill it in between), are read again."""
+    model = StreamClassifier(secure=False)
+    model.learn_one({"a": 1.0, "b": 0.0}, True)
+    learner = model.learner
+    read = learner.features.vector
+    reads: list[object] = []
+
+    def counting(x: object, *args: object, **kwargs: object) -> object:
+        reads.append(x)
+        return read(x, *args, **kwargs)
+
+    learner.features.vector = counting  # type: ignore[method-assign]
+    x = {"a": -1.0, "b": 0.5}
+    model.predict_one(x)
+    model.learn_one(x, False)
+    assert len(reads) == 1
+    assert learner.buffers.x_array[learner.buffers.occupied][-1].tolist() == [-1.0, 0.5]
+    wider = {"a": 2.0, "b": 1.0, "c": 4.0}
+    model.predict_one(wider)  # "c" is new: left out of the prediction
+    with pytest.warns(UserWarning, match="new feature"):
+        model.learn_one(wider, True)
+    assert len(reads) == 3 and learner.features.input_shape == (3,)
+    assert learner.buffers.x_array[learner.buffers.occupied][-1].tolist() == [2.0, 1.0, 4.0]
+    plain = StreamLearner(StreamConfig(secure=False))
+    plain.learn_one(np.array([1.0, 0.0]), "p")
+    sample = np.array([0.5, 0.5])  # float64: the learner reads a float32 copy
+    plain.predict_one(sample)
+    sample[:] = [3.0, -2.0]  # refilled with the next event before it is learned
+    plain.learn_one(sample, "q")
+    assert plain.buffers.x_array[plain.buffers.occupied][-1].tolist() == [3.0, -2.0]
+
+
 def test_a_detected_change_to_more_errors_boosts_the_training_rounds() -> None:
     """After a change to more errors, each of the next ``boost_events`` events trains
     ``1 + boost_rounds`` rounds (one step each, the default policy): the steps taken are

@@ -242,8 +242,10 @@ class ClientBuffers:
             self.occupied[region] & (self.placeholder[region] == placeholder)
         )
         slots = region.start + candidates
-        order = np.lexsort((self.arrival[slots], self.uses[slots]))
-        return int(slots[order[0]])
+        # least uses first, then earliest arrival: arrivals are distinct and below
+        # ``arrivals``, so one key orders both (an argmin instead of a sort)
+        keys = self.uses[slots] * (self.arrivals + 1) + self.arrival[slots]
+        return int(slots[np.argmin(keys)])
 
     def target(self, slot: int) -> int:
         """The class target (classifier row) of the sample in ``slot``."""

@@ -68,6 +68,10 @@ class StreamFeatures:
         self.scaler: RunningScaler | None = None
         #: named features already warned about as missing (``--missing zero``)
         self.warned_missing: set[FeatureName] = set()
+        #: whether learning may reuse the last :meth:`vector`'s row of the same object: a
+        #: dictionary's (river's events, a fresh one each; an array may be refilled in
+        #: between) when every feature was read (a prediction leaves new names out)
+        self.reusable = False
 
     def fix(self, input_shape: tuple[int, ...]) -> None:
         """Fix the sample shape, with running statistics for it (``--scale running``)."""
@@ -103,6 +107,7 @@ class StreamFeatures:
         """
         if isinstance(x, Event):
             raise EventError("give the event's features (event.x), or call ingest(event)")
+        self.reusable = isinstance(x, Mapping)
         if isinstance(x, Mapping):
             if self.schema is None and self.input_shape is not None:
                 raise EventError("the stream's features are a list, not named (an object)")
@@ -153,6 +158,7 @@ class StreamFeatures:
             if name not in index or not (type(name) is str or is_feature_name(name))
         ]
         if new and not learning:
+            self.reusable = False
             return {name: value for name, value in x.items() if name in index}
         if new:
             self.add_names(new)

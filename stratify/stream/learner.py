@@ -130,9 +130,9 @@ class StreamLearner(LearnerState):
         self.stats = StreamStats()
         self.given_model = model
         self.drift = drift if drift is not None else detector_of(config.drift)
-        #: the last :meth:`predict`'s (features, prediction) until the next event: the
-        #: drift detector's for a ``learn_one`` of the same object (progressive validation)
-        self._last_prediction: tuple[object, Prediction] | None = None
+        #: the last :meth:`predict`'s (features, row or None, prediction), for a ``learn_one``
+        #: of the same object (progressive validation; docs/streaming.md, "river")
+        self._last_prediction: tuple[object, Any, Prediction] | None = None
         self.model: StreamModel = None  # type: ignore[assignment]  # set by start()
         self.buffers: ClientBuffers = None  # type: ignore[assignment]  # set by start()
         self._context: StreamContext | None = None
@@ -256,7 +256,7 @@ class StreamLearner(LearnerState):
             return None
         with self.blas:
             prediction = self._predict(raw)
-        self._last_prediction = (x, prediction)
+        self._last_prediction = (x, raw if self.features.reusable else None, prediction)
         return prediction
 
     def predict_one(self, x: object) -> Identifier | None:
@@ -292,21 +292,21 @@ class StreamLearner(LearnerState):
     ) -> bool:
         self.check_learning()
         last, self._last_prediction = self._last_prediction, None
+        last = last if last is not None and last[0] is x else None
         label = check_label(label)
         client_id = check_identifier(client_id, "client")
-        raw = self.features.row(x, checked=checked)
+        raw = last[1] if last and last[1] is not None else self.features.row(x, checked=checked)
         rows = self.class_rows
         client = rows.client_index(client_id)
         row = rows.class_index(label)
-        if not test and self.drift is not None and last is not None and last[0] is x:
-            prediction = last[1]  # nothing was learned since it was made
+        if not test and self.drift is not None and last is not None:
+            prediction = last[2]  # nothing was learned since it was made
         if (test or self.drift is not None) and prediction is None and self.classes:
             prediction = self._predict(raw)
         # everything is checked once the label is registered (or refused)
         placeholder = rows.admit(client_id, client, label, row, self.buffers)
         new_class = row is None
-        if row is None:
-            row = self.add_class(label)
+        row = self.add_class(label) if row is None else row
         correct = prediction is not None and prediction.row == row
         if test:
             self.prequential.record(
