@@ -162,7 +162,7 @@ def river_suite_tables(limit: int, csv_path: str | None, json_path: str | None) 
     wall = time.perf_counter() - start
     table = Table(title=f"the stream learner against river's models (at most {limit:,} events)")
     columns = ["stream", "learner", "accuracy %", "after drift %", "events/s", "stratify ×"]
-    for column in [*columns, "1st pred. s", "RSS MB"]:
+    for column in [*columns, "1st pred. s", "RSS MB", "model %"]:
         table.add_column(column, justify="right")
     for row in rows:
         line = row.csv_row()
@@ -175,6 +175,7 @@ def river_suite_tables(limit: int, csv_path: str | None, json_path: str | None) 
             line["stratify_ratio"],
             line["first_prediction_s"],
             line["peak_rss_mb"],
+            line["model_share"] or "-",
         )
     console = table_console()
     console.print(table)

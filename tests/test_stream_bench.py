@@ -210,6 +210,7 @@ def test_the_river_suite_measures_each_learner_in_its_own_process(monkeypatch, t
         assert 0 <= row.after_drift_accuracy <= 1 and 0.3 < row.accuracy <= 1
         assert row.first_prediction_s > 0 and row.peak_rss_mb > 20
     assert ours.stratify_ratio == 1.0
+    assert 0 < ours.model_share < 1 and lr.model_share is None  # river's model is all it does
     assert lr.stratify_ratio == pytest.approx(ours.events_per_s / lr.events_per_s)
     assert len(load) == 3
     # the change is where it is said to be: the events before it are the unchanged

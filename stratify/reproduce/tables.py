@@ -438,6 +438,7 @@ STREAM_RIVER_COLUMNS = (
     "stratify_ratio",
     "first_prediction_s",
     "peak_rss_mb",
+    "model_share",
 )
 
 
