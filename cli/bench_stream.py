@@ -49,8 +49,8 @@ def check_size(value: object, flag: str) -> int:
     show_default=True,
     type=int,
     callback=checked(check_size),
-    help="How many timing repetitions: the command, the bare loop and river run this many times "
-    "per stream, alternating, each keeping its best events/s.",
+    help="How many timing repetitions: the command, the bare loop and river (with --river-suite, "
+    "every learner) run this many times per stream, alternating, each keeping its best events/s.",
 )
 @click.option(
     "--river-suite",
@@ -96,7 +96,7 @@ def stream(
     # numpy's generator refuses a negative seed with a bare ValueError ("a bug")
     seed = check_seed(seed)
     if river_suite:
-        river_suite_tables(river_events, river_csv, json_path)
+        river_suite_tables(river_events, river_csv, json_path, repeat)
         return
     if river_csv is not None:
         raise ConfigError("--river-csv goes with --river-suite")
@@ -150,7 +150,9 @@ def stream(
         write_output(json_path, json.dumps(result.as_dict(), indent=2) + "\n")
 
 
-def river_suite_tables(limit: int, csv_path: str | None, json_path: str | None) -> None:
+def river_suite_tables(
+    limit: int, csv_path: str | None, json_path: str | None, repeat: int = 1
+) -> None:
     """Run the river suite (:func:`~stratify.bench.river_suite.run_suite`), print its
     table and write its files."""
     import importlib.util
@@ -158,9 +160,12 @@ def river_suite_tables(limit: int, csv_path: str | None, json_path: str | None) 
     if importlib.util.find_spec("river") is None:
         raise ConfigError("--river-suite needs river: pip install -e '.[river]' in the checkout")
     start = time.perf_counter()
-    rows, load = run_suite(limit)
+    rows, load = run_suite(limit, repeat=repeat)
     wall = time.perf_counter() - start
-    table = Table(title=f"the stream learner against river's models (at most {limit:,} events)")
+    best = f", best of {repeat}" if repeat > 1 else ""
+    table = Table(
+        title=f"the stream learner against river's models (at most {limit:,} events{best})"
+    )
     columns = ["stream", "learner", "accuracy %", "after drift %", "events/s", "stratify ×"]
     for column in [*columns, "1st pred. s", "RSS MB", "model %"]:
         table.add_column(column, justify="right")

@@ -219,7 +219,7 @@ def test_the_river_suite_measures_each_learner_in_its_own_process(monkeypatch, t
     unchanged = river_suite.stream_events("Agrawal 0→2", 200, drift_at=200)
     assert events[:60] == unchanged[:60] and events[60:] != unchanged[60:]
     # the command prints the rows and writes them as the results file the table reads
-    monkeypatch.setattr(bench_stream, "run_suite", lambda limit: (rows, load))
+    monkeypatch.setattr(bench_stream, "run_suite", lambda limit, repeat: (rows, load))
     csv_path = tmp_path / "stream-river.csv"
     main(["bench", "stream", "--river-suite", "--river-csv", str(csv_path)])
     assert csv_path.read_text() == river_suite.results_csv(rows)
@@ -227,3 +227,20 @@ def test_the_river_suite_measures_each_learner_in_its_own_process(monkeypatch, t
     with csv_path.open(newline="") as handle:
         table = TABLES["stream-river"].table(list(csv.DictReader(handle)))
     assert "| Agrawal 0→2 | river LR | 200 | 60 |" in table
+
+
+def test_the_river_suite_keeps_each_learners_fastest_replay():
+    """Repeated replays become one: the fastest loop with its model share, the fastest
+    first prediction, the largest peak memory; replays that predicted differently are an
+    error (the learners are deterministic)."""
+    from stratify.bench.river_suite import fastest
+
+    def replay(seconds, first, peak, share, right=(True, False)):
+        return dict(right=list(right), seconds=seconds, first=first, peak=peak, model_share=share)
+
+    kept = fastest(
+        [replay(2.0, 0.5, 140, 0.4), replay(1.5, 0.9, 150, 0.6), replay(3.0, 0.7, 145, 0.5)]
+    )
+    assert kept == replay(1.5, 0.5, 150, 0.6)
+    with pytest.raises(RuntimeError, match="predicted differently"):
+        fastest([replay(1.0, 1.0, 1, 0.5), replay(1.0, 1.0, 1, 0.5, right=(True, True))])

@@ -600,7 +600,8 @@ TABLES: dict[str, Table] = {
             "stream-river",
             "docs/streaming.md",
             "docs/results/stream-river.csv",
-            "stratify bench stream --river-suite --river-csv docs/results/stream-river.csv",
+            "stratify bench stream --river-suite --repeat 3 "
+            "--river-csv docs/results/stream-river.csv",
             columns=STREAM_RIVER_COLUMNS,
         ),
     )
