@@ -278,7 +278,12 @@ def model_share(events: list[tuple[Any, Any]]) -> float:
 
 
 def measure(learner: str, events_file: Path) -> dict[str, Any]:
-    """:func:`replay` in a fresh process; its result."""
+    """:func:`replay` in a fresh process; its result.
+
+    The process's string hashing is seeded (``PYTHONHASHSEED=0``): river's Hoeffding
+    trees go through sets of feature names, whose order follows it, and on ImageSegments
+    HAT predicted 1,794 or 1,795 events right from one process to the next without it.
+    """
     code = "import json, sys; from stratify.bench.river_suite import replay; "
     code += "print(json.dumps(replay(sys.argv[1], sys.argv[2])))"
     done = subprocess.run(
@@ -286,6 +291,7 @@ def measure(learner: str, events_file: Path) -> dict[str, Any]:
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
     )
     if done.returncode != 0:
         raise RuntimeError(f"{learner} failed: {done.stderr[-2000:]}")
