@@ -91,9 +91,7 @@ def print_plan(
         corrupt = [(spec, state) for spec, state in zip(specs, states) if state.kind == "corrupt"]
         left = len(specs) - finished - (len(corrupt) if keep_corrupt else 0)
         epochs_left = sum(
-            spec.config.epochs
-            if state.kind == "corrupt"
-            else spec.config.epochs - state.epochs_done
+            spec.config.epochs - state.epochs_kept
             for spec, state in zip(specs, states)
             if state.kind != "finished" and not (keep_corrupt and state.kind == "corrupt")
         )

@@ -774,6 +774,32 @@ def test_a_folder_of_another_grid_setting_is_refused(tiny, tmp_path):
         reproduce("tiny", tmp_path, Settings(seeds=(0,), epochs=1, clients=5))
 
 
+def test_a_grid_copied_without_checkpoints_continues_to_the_same_results(tiny, tmp_path, capsys):
+    """A finished run needs no checkpoint; a stopped one without its checkpoint is run
+    again from epoch 1, and the dry run counts its epochs as left."""
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    arguments = ["reproduce", "tiny", "--seeds", "0", "--workers", "1"]
+    main([*arguments, "--out", str(first)])
+    shutil.copytree(first, moved, ignore=shutil.ignore_patterns("checkpoint.pt"))
+    stopped = moved / "cells" / "classes-2" / "stratify" / "seed-0"
+    (stopped / "summary.json").unlink()
+    lines = (stopped / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (stopped / "metrics.jsonl").write_text(lines[0])  # it stopped after epoch 1 of 2
+    capsys.readouterr()
+    main([*arguments, "--out", str(moved), "--dry-run"])
+    assert "cells: 2 runs, 1 finished, 1 to run, 2 epochs left" in capsys.readouterr().err
+    main([*arguments, "--out", str(moved)])
+    assert len((stopped / "metrics.jsonl").read_text().splitlines()) == 2
+
+    def figures(out):
+        return [
+            {key: row[key] for key in ("column", "seed", "epochs", "final_accuracy")}
+            for row in csv.DictReader(open(out / "results.csv"))
+        ]
+
+    assert figures(moved) == figures(first)
+
+
 def test_reproduce_command(tiny, tmp_path, capsys):
     out = tmp_path / "grid"
     main(

@@ -34,6 +34,13 @@ class FolderState:
     differences: tuple[str, ...] = ()
     reason: str = ""
 
+    @property
+    def epochs_kept(self) -> int:
+        """The epochs a continued run keeps: all of a finished run's, a resumable one's up
+        to its checkpoint, none of a partial or corrupt folder's (run again from epoch 1),
+        so a folder copied without its checkpoints counts its finished runs only."""
+        return self.epochs_done if self.kind in ("finished", "resumable") else 0
+
 
 def config_differences(saved: dict[str, Any], config: TrainConfig) -> tuple[str, ...]:
     """``"key: saved vs asked"`` for each setting a resumed run must share (as JSON).

@@ -251,7 +251,7 @@ def cell_work(cells: Sequence[Cell], sizes: dict[str, int]) -> list[Work]:
     work = []
     for cell in cells:
         state = folder_state(cell.config)
-        done = cell.config.epochs if state.kind == "finished" else state.epochs_done
+        done = cell.config.epochs if state.kind == "finished" else state.epochs_kept
         if done < cell.config.epochs:
             work.append(
                 Work("cells", kind_of(cell), 1, done, cell.config.epochs, sizes[kind_of(cell)])
@@ -282,7 +282,7 @@ def tuning_work(
         else:
             for lr in rates:
                 state = folder_state(tuning_config(cell, lr, tuning, epochs, out))
-                done = epochs if state.kind == "finished" else state.epochs_done
+                done = epochs if state.kind == "finished" else state.epochs_kept
                 if done < epochs:
                     work.append(Work("tuning", kind, 1, done, epochs, size))
         if tuning.widen:
