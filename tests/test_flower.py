@@ -64,7 +64,7 @@ from stratify.flower.server import (  # noqa: E402
     register_over_flower,
     run_over_link,
 )
-from stratify.flower.simulation import simulate  # noqa: E402
+from stratify.flower.simulation import ray_init_args, simulate  # noqa: E402
 from stratify.method import EpochStats  # noqa: E402
 from stratify.nn.models import build_model  # noqa: E402
 from stratify.registry import OrderKey, RegistrySecrets, make_registry  # noqa: E402
@@ -224,6 +224,28 @@ def test_every_method_whose_card_claims_flower_is_compared_with_its_in_process_r
     claimed = set(flower_methods())
     assert claimed == {"stratify", "fedavg", "fedprox", "scaffold"}
     assert claimed <= {settings["algorithm"] for settings in CASES.values()}
+
+
+@pytest.mark.slow
+def test_simulated_nodes_run_at_the_simulating_process_priority() -> None:
+    """Ray renices its workers by +15 unless told otherwise: beside two busy processes on
+    two cores a node then got a few percent of a core and the suite's SecAgg+ runs timed
+    out at their first exchange. A worker of the cluster ``simulate`` starts keeps ours."""
+    import os
+
+    import ray
+
+    assert not ray.is_initialized()
+    ray.init(**ray_init_args(1))
+    try:
+
+        @ray.remote(num_cpus=1)
+        def niceness() -> int:
+            return os.nice(0)
+
+        assert ray.get(niceness.remote(), timeout=600) == os.nice(0)
+    finally:
+        ray.shutdown()
 
 
 def test_a_flower_run_refuses_what_it_cannot_carry() -> None:

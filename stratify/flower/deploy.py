@@ -147,6 +147,9 @@ class LocalDeployment:
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env["FLWR_HOME"] = str(self.folder / "flwr-home")
         self.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{task_poll_interval:g}"
+        # a simulation federation's Ray workers keep this process's priority instead of
+        # Ray's +15, which starved them on a busy machine (stratify.flower.simulation)
+        self.env["RAY_worker_niceness"] = "0"
         self.processes: dict[str, subprocess.Popen] = {}
         self.port = free_port()
         try:

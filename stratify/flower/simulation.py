@@ -20,6 +20,25 @@ from stratify.flower.secure_sum import SecAggSettings
 from stratify.flower.server import FlowerRun, check_secagg, run_on_grid
 
 
+def ray_init_args(cpus: int) -> dict[str, Any]:
+    """The arguments the simulation's Ray cluster starts with (``ray.init``).
+
+    Parameters
+    ----------
+    cpus : int
+        CPUs the cluster may use.
+    """
+    return {
+        "num_cpus": cpus,
+        "logging_level": logging.ERROR,
+        "log_to_driver": False,
+        # Ray renices its workers by +15: beside two busy processes on two cores a node
+        # got a few percent of a core and a run's first exchange timed out after 300 s
+        # (docs/flower.md, "In Flower's simulation"); the nodes keep this process's priority
+        "_system_config": {"worker_niceness": 0},
+    }
+
+
 def simulate(
     configs: Sequence[TrainConfig],
     *,
@@ -100,7 +119,7 @@ def simulate(
 
     backend: dict[str, Any] = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-        "init_args": {"num_cpus": cpus, "logging_level": logging.ERROR, "log_to_driver": False},
+        "init_args": ray_init_args(cpus),
     }
     run_simulation(
         server,
