@@ -295,7 +295,7 @@ def fresh_start_advice(folder: Path) -> str:
     return "start a new run with --overwrite"
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The checkpoint in ``path``: an array checkpoint (:func:`array_checkpoint_bytes`,
     read without torch, its arrays as NumPy arrays) or ``torch.save``'s (read with
     ``weights_only``: tensors, numbers, strings and containers only). Neither can run
@@ -303,7 +303,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
     Parameters
     ----------
-    path : Path
+    path : str or path-like
         The checkpoint file.
 
     Raises
@@ -312,6 +312,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         One line: the file is not a regular file, cannot be read, or does not hold a
         dictionary.
     """
+    path = Path(path)
     advice = fresh_start_advice(path.parent)
     try:
         data = read_file(path)

@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stratify import runfolder
@@ -489,3 +490,11 @@ def test_a_parent_folder_made_meanwhile_by_another_worker_is_taken_not_refused(
         assert seen and lock.held and lock.created_parents == []
     finally:
         lock.release()
+
+
+def test_read_checkpoint_takes_a_path_as_a_string(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(runfolder.array_checkpoint_bytes({"w": np.arange(3.0), "epoch": 2}))
+    from_string = runfolder.read_checkpoint(str(path))
+    assert from_string["epoch"] == 2 and np.array_equal(from_string["w"], np.arange(3.0))
+    assert np.array_equal(runfolder.read_checkpoint(path)["w"], from_string["w"])
