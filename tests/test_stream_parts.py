@@ -3,6 +3,7 @@ growing classifier, prequential accuracy and event parsing."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -252,6 +253,49 @@ def test_the_lean_step_is_torch_sgd(model_name, momentum):
     assert (restored.velocity is None) == (momentum == 0)
     for mine, theirs in zip(step.velocity or [], restored.velocity or []):
         torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn"])
+def test_a_seeded_private_step_resumes_to_the_noise_an_uninterrupted_one_draws(model_name):
+    """With --dp-seed, the step's state carries its noise generators: a step restored
+    after 5 steps takes the next 5 as the uninterrupted one does. With an entropy seed it
+    carries none: the restored step draws fresh noise, never the noise already used."""
+    shape = (1, 8, 8) if model_name == "cnn" else (6,)
+    generator = torch.Generator().manual_seed(1)
+    samples = [(torch.randn(1, *shape, generator=generator), n % 3) for n in range(10)]
+
+    def run(seed: int | None) -> tuple[nn.Module, SingleSampleStep, nn.Module, dict]:
+        torch.manual_seed(0)
+        model = build_model(model_name, shape, 3)
+        step = SingleSampleStep(model, 0.05, 0.9, clip=1.0, noise_multiplier=1.0, seed=seed)
+        for x, target in samples[:5]:
+            step.step(x, target)
+        saved = copy.deepcopy(model)
+        state = copy.deepcopy(step.state_dict())
+        for x, target in samples[5:]:
+            step.step(x, target)
+        return model, step, saved, state
+
+    def resumed(saved: nn.Module, state: dict, seed: int | None) -> nn.Module:
+        step = SingleSampleStep(saved, 0.05, 0.9, clip=1.0, noise_multiplier=1.0, seed=seed)
+        step.load_state_dict(state)
+        for x, target in samples[5:]:
+            step.step(x, target)
+        return saved
+
+    model, _, saved, state = run(seed=3)
+    assert "noise" in state
+    again = resumed(saved, state, seed=3)
+    for mine, theirs in zip(model.parameters(), again.parameters()):
+        assert torch.equal(mine, theirs)
+    with pytest.raises(ValueError, match="another --dp-seed"):
+        SingleSampleStep(saved, 0.05, 0.9, clip=1.0, noise_multiplier=1.0, seed=4).load_state_dict(
+            state
+        )
+    model, _, saved, state = run(seed=None)
+    assert "noise" not in state
+    fresh = resumed(saved, state, seed=None)
+    assert not torch.equal(next(model.parameters()), next(fresh.parameters()))
 
 
 # -- the NumPy MLP -------------------------------------------------------------------------

@@ -279,6 +279,37 @@ def test_train_loss_after_resume_equals_an_uninterrupted_run(tmp_path):
     assert resumed == expected
 
 
+def test_a_private_stream_with_a_dp_seed_resumes_as_an_uninterrupted_one(tmp_path):
+    """--dp-seed (simulations only): a stream killed after its checkpoint at event 210
+    and resumed ends with the weights and metrics of one never stopped; its noise went on
+    from the checkpoint instead of starting its sequence again (which drew, on other
+    samples, noise already used)."""
+    lines = event_lines(330, seed=5)
+    source = tmp_path / "events.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    private = {"dp_noise": 1.0, "dp_clip": 1.0, "dp_seed": 7, "new_class": "random"}
+    settings = {**private, "scale": "none", "checkpoint_every": 70}
+    reference = StreamRun(stream_config(source, tmp_path / "reference", **settings))
+    reference.run()
+    crashing = StreamRun(stream_config(source, tmp_path / "crashed", **settings))
+    ingest = crashing.learner.ingest
+
+    def ingest_until_killed(event, prediction=None):
+        if event.line == 250:
+            raise KeyboardInterrupt  # after the checkpoint at 210
+        return ingest(event, prediction)
+
+    crashing.learner.ingest = ingest_until_killed  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        crashing.run()
+    resumed = StreamRun(stream_config(source, tmp_path / "crashed", **settings), resume=True)
+    resumed.run()
+    expected = reference.learner.model.state_dict()
+    for name, value in resumed.learner.model.state_dict().items():
+        assert np.array_equal(value, expected[name]), name
+    assert metrics_of(tmp_path / "crashed") == metrics_of(tmp_path / "reference")
+
+
 def test_a_partial_last_line_is_consumed_only_once_complete(tmp_path):
     """A writer still writing the last line: it is not consumed, and a resume after the
     writer finished learns it (issue 31, item 8)."""

@@ -164,7 +164,11 @@ class SingleSampleStep:
     noise_multiplier : float
         ``σ`` of the noise (with ``clip``).
     seed : int, optional
-        Seeds the noise; ``None``: a seed from the operating system's entropy.
+        Seeds the noise; ``None``: a seed from the operating system's entropy. A given
+        seed's generators are in :meth:`state_dict`, so a resumed stream draws the noise
+        an uninterrupted one would; an entropy seed's are not, so a resumed stream draws
+        fresh noise, never noise already used (docs/architecture.md, "Differential
+        privacy").
     """
 
     def __init__(
@@ -181,6 +185,7 @@ class SingleSampleStep:
         self.clip = clip
         self.noise_multiplier = noise_multiplier
         self.noise_seed = secrets.randbits(62) if seed is None else int(seed)
+        self.seeded = seed is not None
         #: the NumPy path's noise (the torch path makes its generator on first use)
         self.noise = np.random.default_rng(self.noise_seed)
         self.torch_noise: Any = None
@@ -376,13 +381,39 @@ class SingleSampleStep:
             "momentum": self.momentum,
             "params": list(range(len(self.parameters))),
         }
-        return {"state": state, "param_groups": [group]}
+        saved: dict[str, Any] = {"state": state, "param_groups": [group]}
+        if self.clip is not None and self.seeded:
+            saved["noise"] = self.noise_state()
+        return saved
+
+    def noise_state(self) -> dict[str, Any]:
+        """Where a given seed's noise generators are: the seed, the NumPy generator's
+        state and, once the torch path drew, the torch generator's (bytes as an array)."""
+        state: dict[str, Any] = {"seed": self.noise_seed, "numpy": self.noise.bit_generator.state}
+        if self.torch_noise is not None:
+            state["torch"] = self.torch_noise.get_state().numpy().copy()
+        return state
+
+    def load_noise_state(self, state: dict[str, Any]) -> None:
+        """Put back :meth:`noise_state`: the next draws are those that would have come."""
+        if int(state["seed"]) != self.noise_seed:
+            raise ValueError("a noise state of another --dp-seed")
+        self.noise = np.random.default_rng(self.noise_seed)
+        self.noise.bit_generator.state = state["numpy"]
+        self.torch_noise = None
+        if "torch" in state:
+            import torch
+
+            self.torch_noise = torch.Generator(device=self.parameters[0].device)
+            self.torch_noise.set_state(torch.as_tensor(np.asarray(state["torch"], np.uint8)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (or an SGD optimizer's) over the same parameters."""
         buffers = [entry.get("momentum_buffer") for entry in state["state"].values()]
         if len(state["param_groups"][0]["params"]) != len(self.parameters):
             raise ValueError("a step state over other parameters")
+        if "noise" in state and self.clip is not None and self.seeded:
+            self.load_noise_state(state["noise"])
         if not buffers or any(b is None for b in buffers):
             self.velocity = None
             return
