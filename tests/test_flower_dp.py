@@ -20,7 +20,8 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install -e '.[flower]' in the checkout)"
 )
 
-from flwr.app import ConfigRecord, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from stratify.client import LocalTrainer, PrivateTrainer  # noqa: E402
 from stratify.config import TrainConfig  # noqa: E402
@@ -102,6 +103,69 @@ def test_a_nodes_share_gradient_is_clipped_and_noised_with_dp(dp):
         assert abs(spread - 1.0) < 0.1
     else:
         assert torch.equal(first, other)
+
+
+def floor_context(floor: object | None) -> Context:
+    config = {"partition-id": 0} if floor is None else {"partition-id": 0, "dp-min-noise": floor}
+    return Context(0, 0, config, RecordDict(), {})
+
+
+def test_a_node_reads_its_own_noise_floor():
+    assert node.noise_floor(floor_context(None)) is None
+    assert node.noise_floor(floor_context(1.5)) == 1.5
+    assert node.noise_floor(floor_context("0.8")) == 0.8
+    for bad in (0, -1.0, "many", float("inf")):
+        with pytest.raises(ConfigError, match="dp-min-noise must be a number above 0"):
+            node.noise_floor(floor_context(bad))
+
+
+def test_a_server_sending_less_noise_gets_the_clipped_gradient_unless_the_node_has_a_floor():
+    """The attack of a server that chooses σ: it sends σ = 0 (or a run without DP) and
+    reads the share's clipped gradient exactly; at two noise seeds the node's answers
+    are then the same. A node with --node-config dp-min-noise refuses both messages, and
+    trains at σ at or above its floor."""
+
+    def share(seed: int, sigma: float, floor: float | None = None) -> torch.Tensor:
+        data = private_node(job(dp_noise=1.0, dp_clip=1.0, dp_seed=seed))
+        record = ConfigRecord({"noise": sigma, "epoch": 1, "draw": 0})
+        node.message_noise(data, RecordDict({"dp": record}), floor)
+        grads, _ = node.share_sum(data, data.model, np.arange(4))
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    # without a floor the server's σ = 0 is taken: the noise seeds no longer matter
+    assert torch.equal(share(0, 0.0), share(1, 0.0))
+    with pytest.raises(ConfigError, match="σ ≥ 1 .*asks for σ = 0"):
+        share(0, 0.0, floor=1.0)
+    with pytest.raises(ConfigError, match="σ ≥ 1 .*the run has no DP"):
+        node.message_noise(private_node(job()), RecordDict(), 1.0)
+    # at or above the floor the node trains, noised
+    assert not torch.equal(share(0, 1.0, floor=1.0), share(1, 1.0, floor=1.0))
+
+
+@pytest.mark.parametrize(
+    "kind", ["train", "train.gradient", "train.hop", "train.norm", "train.secagg"]
+)
+@pytest.mark.parametrize("floor", [1.0, None])
+def test_every_handler_that_sends_an_update_keeps_the_nodes_floor(kind, floor, monkeypatch):
+    # a run without DP: with a floor every update-sending handler refuses before it reads
+    # the message's model; without one it goes on (and here fails on the empty message)
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    monkeypatch.setattr(node, "node_data", lambda content, context: private_node(job()))
+    # SecAgg+'s share request, read: the plain run's, without σ
+    request = dataclasses.make_dataclass("Request", ["run", "noise", "epoch", "draw"])
+    monkeypatch.setattr(node, "read_request", lambda content: request("{}", None, 1, 0))
+    handler = {
+        "train": node.train,
+        "train.gradient": node.gradient,
+        "train.hop": node.hop,
+        "train.norm": node.norm,
+        "train.secagg": node.secure_share,
+    }[kind]
+    message = Message(RecordDict(), dst_node_id=0, message_type=kind)
+    with pytest.raises(Exception) as refused:
+        handler(message, floor_context(floor))
+    assert ("dp-min-noise" in str(refused.value)) is (floor is not None)
 
 
 class Link:

@@ -152,10 +152,34 @@ def node_trainer(
     )
 
 
-def set_noise(node: NodeData, noise: float | None, epoch: int, draw: int = 0) -> None:
+def noise_floor(context: Context) -> float | None:
+    """The smallest σ this node trains with (``--node-config dp-min-noise=SIGMA``), set
+    by the node's operator, not the server; ``None``: the server's σ is taken as sent.
+
+    Raises
+    ------
+    ConfigError
+        One line: the setting is not a positive number.
+    """
+    value = context.node_config.get("dp-min-noise")
+    if value is None:
+        return None
+    try:
+        floor = float(cast(float, value))
+    except (TypeError, ValueError):
+        floor = math.nan
+    if not math.isfinite(floor) or floor <= 0:
+        raise ConfigError(f"--node-config dp-min-noise must be a number above 0, not {value!r}")
+    return floor
+
+
+def set_noise(
+    node: NodeData, noise: float | None, epoch: int, draw: int = 0, floor: float | None = None
+) -> None:
     """Give a private node's trainer the σ, epoch and first noise draw a training message
     carries; refuse (one line) a message without them, so that no update leaves a DP
-    run's node un-noised. A node of a run without DP ignores them.
+    run's node un-noised. A node of a run without DP ignores them, unless it has a
+    ``floor``: then it refuses to train for a run without DP, or with a smaller σ.
 
     Parameters
     ----------
@@ -168,13 +192,26 @@ def set_noise(node: NodeData, noise: float | None, epoch: int, draw: int = 0) ->
     draw : int
         The client's noise draws in this epoch before this message's (the server counts
         them), so that the noise does not depend on which process serves the node.
+    floor : float, optional
+        The node's own smallest σ (:func:`noise_floor`): the server chooses the run's
+        settings and σ, and a server that sent less noise, or none, is refused.
     """
     trainer = node.trainer
     if not isinstance(trainer, PrivateTrainer):
+        if floor is not None:
+            raise ConfigError(
+                f"this node trains only with DP noise σ ≥ {floor:g} (--node-config "
+                "dp-min-noise); the run has no DP"
+            )
         return
     if noise is None or not math.isfinite(noise) or noise < 0:
         raise ConfigError(
             "this run trains with DP: a training message must carry the noise σ (dp record)"
+        )
+    if floor is not None and noise < floor:
+        raise ConfigError(
+            f"this node trains only with DP noise σ ≥ {floor:g} (--node-config "
+            f"dp-min-noise); the message asks for σ = {noise:g}"
         )
     trainer.noise_multiplier = float(noise)
     if epoch != trainer.epoch:
@@ -182,17 +219,19 @@ def set_noise(node: NodeData, noise: float | None, epoch: int, draw: int = 0) ->
     trainer.draws = {node.client: int(draw)}
 
 
-def message_noise(node: NodeData, content: RecordDict) -> None:
-    """:func:`set_noise` from a training message's ``dp`` record."""
+def message_noise(node: NodeData, content: RecordDict, floor: float | None = None) -> None:
+    """:func:`set_noise` from a training message's ``dp`` record, with the node's
+    ``floor``."""
     record = content.config_records.get("dp")
     if record is None:
-        set_noise(node, None, 0)
+        set_noise(node, None, 0, floor=floor)
         return
     set_noise(
         node,
         float(cast(float, record["noise"])),
         int(cast(int, record["epoch"])),
         int(cast(int, record["draw"])),
+        floor,
     )
 
 
@@ -350,7 +389,7 @@ def placeholders(message: Message, context: Context) -> Message:
 def train(message: Message, context: Context) -> Message:
     """Local SGD on a copy of the global model, over the epoch orders the server drew."""
     node = node_data(message.content, context)
-    message_noise(node, message.content)
+    message_noise(node, message.content, noise_floor(context))
     model = received_model(node, message.content)
     job = message.content.config_records["job"]
     orders = message.content.array_records["orders"]
@@ -382,7 +421,7 @@ def train(message: Message, context: Context) -> Message:
 def gradient(message: Message, context: Context) -> Message:
     """The gradient of the summed loss over the node's share of a global batch."""
     node = node_data(message.content, context)
-    message_noise(node, message.content)
+    message_noise(node, message.content, noise_floor(context))
     model = received_model(node, message.content)
     share = read_indices(message.content.array_records["share"], "positions")
     model.zero_grad(set_to_none=True)
@@ -415,7 +454,7 @@ def secure_share(message: Message, context: Context) -> Message:
     :func:`flwr.client.mod.secaggplus_mod` masks before it leaves the node."""
     request = read_request(message.content)
     node = node_data(RecordDict({"run": ConfigRecord({"config": request.run})}), context)
-    set_noise(node, request.noise, request.epoch, request.draw)
+    set_noise(node, request.noise, request.epoch, request.draw, noise_floor(context))
     state = dict(zip(node.model.state_dict(), request.model))
     load_into(node.model, {key: torch.as_tensor(value) for key, value in state.items()})
     node.model.train()
@@ -470,6 +509,12 @@ def norm(message: Message, context: Context) -> Message:
     node = node_data(message.content, context)
     if isinstance(node.trainer, PrivateTrainer):
         raise ConfigError("a DP run's node does not send per-share BatchNorm sums")
+    floor = noise_floor(context)
+    if floor is not None:
+        raise ConfigError(
+            f"this node trains only with DP noise σ ≥ {floor:g} (--node-config dp-min-noise); "
+            "per-share BatchNorm sums are never noised"
+        )
     model = received_model(node, message.content)
     share = torch.as_tensor(read_indices(message.content.array_records["share"], "positions"))
     party = Party(model, node.trainer.x_train[share], node.trainer.y_train[share])
@@ -491,7 +536,7 @@ def hop(message: Message, context: Context) -> Message:
     """The travelling model's steps on this node: one plain SGD step per sample, in the
     order the server's plan gives (Stratify's single-sample mode)."""
     node = node_data(message.content, context)
-    message_noise(node, message.content)
+    message_noise(node, message.content, noise_floor(context))
     model = received_model(node, message.content)
     steps = read_indices(message.content.array_records["steps"], "positions")
     lr = float(message.content.config_records["hop"]["lr"])  # type: ignore[arg-type]
