@@ -173,6 +173,13 @@ def noise_floor(context: Context) -> float | None:
     return floor
 
 
+def below_floor(floor: float, why: str) -> ConfigError:
+    """The one-line refusal of a node whose :func:`noise_floor` a request does not meet."""
+    return ConfigError(
+        f"this node trains only with DP noise σ ≥ {floor:g} (--node-config dp-min-noise); {why}"
+    )
+
+
 def set_noise(
     node: NodeData, noise: float | None, epoch: int, draw: int = 0, floor: float | None = None
 ) -> None:
@@ -199,20 +206,14 @@ def set_noise(
     trainer = node.trainer
     if not isinstance(trainer, PrivateTrainer):
         if floor is not None:
-            raise ConfigError(
-                f"this node trains only with DP noise σ ≥ {floor:g} (--node-config "
-                "dp-min-noise); the run has no DP"
-            )
+            raise below_floor(floor, "the run has no DP")
         return
     if noise is None or not math.isfinite(noise) or noise < 0:
         raise ConfigError(
             "this run trains with DP: a training message must carry the noise σ (dp record)"
         )
     if floor is not None and noise < floor:
-        raise ConfigError(
-            f"this node trains only with DP noise σ ≥ {floor:g} (--node-config "
-            f"dp-min-noise); the message asks for σ = {noise:g}"
-        )
+        raise below_floor(floor, f"the message asks for σ = {noise:g}")
     trainer.noise_multiplier = float(noise)
     if epoch != trainer.epoch:
         trainer.start_epoch(epoch)
@@ -511,10 +512,7 @@ def norm(message: Message, context: Context) -> Message:
         raise ConfigError("a DP run's node does not send per-share BatchNorm sums")
     floor = noise_floor(context)
     if floor is not None:
-        raise ConfigError(
-            f"this node trains only with DP noise σ ≥ {floor:g} (--node-config dp-min-noise); "
-            "per-share BatchNorm sums are never noised"
-        )
+        raise below_floor(floor, "per-share BatchNorm sums are never noised")
     model = received_model(node, message.content)
     share = torch.as_tensor(read_indices(message.content.array_records["share"], "positions"))
     party = Party(model, node.trainer.x_train[share], node.trainer.y_train[share])

@@ -398,7 +398,6 @@ class SingleSampleStep:
         """Put back :meth:`noise_state`: the next draws are those that would have come."""
         if int(state["seed"]) != self.noise_seed:
             raise ValueError("a noise state of another --dp-seed")
-        self.noise = np.random.default_rng(self.noise_seed)
         self.noise.bit_generator.state = state["numpy"]
         self.torch_noise = None
         if "torch" in state:
