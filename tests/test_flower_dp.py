@@ -10,6 +10,7 @@ on the SecAgg+ sums the server holds is measured with and without DP.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -32,13 +33,15 @@ from stratify.flower import node  # noqa: E402
 from stratify.flower.apps import check_run_config, run_summary  # noqa: E402
 from stratify.flower.dp_attack import sum_label_attack  # noqa: E402
 from stratify.flower.link import Traffic  # noqa: E402
+from stratify.flower.messages import index_record, state_record  # noqa: E402
 from stratify.flower.run_config import run_config_of  # noqa: E402
 from stratify.flower.secagg_cost import job as secagg_job  # noqa: E402
-from stratify.flower.secure_sum import SecAggSettings  # noqa: E402
+from stratify.flower.secure_sum import SecAggSettings, ShareRequest  # noqa: E402
 from stratify.flower.server import FlowerRun, RemoteTrainer  # noqa: E402
 from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.nn.models import build_model  # noqa: E402
-from stratify.privacy.accounting import epsilon_spent  # noqa: E402
+from stratify.privacy.accounting import calibrate_noise, epsilon_spent  # noqa: E402
+from stratify.privacy.ledger import run_key  # noqa: E402
 
 #: float32 sums in another order (one per-sample pass per client's share)
 TOLERANCE = 1e-5
@@ -142,13 +145,22 @@ def test_a_server_sending_less_noise_gets_the_clipped_gradient_unless_the_node_h
     assert not torch.equal(share(0, 1.0, floor=1.0), share(1, 1.0, floor=1.0))
 
 
+#: a node's own settings that refuse a run without DP: its floor, its ε budget
+OWN_SETTINGS = {
+    "dp-min-noise": {"dp-min-noise": 1.0},
+    "dp-max-epsilon": {"dp-max-epsilon": 3.0, "dp-ledger": "unused.json"},
+    None: {},
+}
+
+
 @pytest.mark.parametrize(
     "kind", ["train", "train.gradient", "train.hop", "train.norm", "train.secagg"]
 )
-@pytest.mark.parametrize("floor", [1.0, None])
-def test_every_handler_that_sends_an_update_keeps_the_nodes_floor(kind, floor, monkeypatch):
-    # a run without DP: with a floor every update-sending handler refuses before it reads
-    # the message's model; without one it goes on (and here fails on the empty message)
+@pytest.mark.parametrize("setting", list(OWN_SETTINGS))
+def test_every_handler_that_sends_an_update_keeps_the_nodes_settings(kind, setting, monkeypatch):
+    # a run without DP: with a floor or a budget every update-sending handler refuses
+    # before it reads the message's model; without one it goes on (and here fails on the
+    # empty message)
     for name in ("_run_id", "_task_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, name, 1)
     monkeypatch.setattr(node, "node_data", lambda content, context: private_node(job()))
@@ -163,9 +175,122 @@ def test_every_handler_that_sends_an_update_keeps_the_nodes_floor(kind, floor, m
         "train.secagg": node.secure_share,
     }[kind]
     message = Message(RecordDict(), dst_node_id=0, message_type=kind)
+    context = Context(0, 0, {"partition-id": 0, **OWN_SETTINGS[setting]}, RecordDict(), {})
     with pytest.raises(Exception) as refused:
-        handler(message, floor_context(floor))
-    assert ("dp-min-noise" in str(refused.value)) is (floor is not None)
+        handler(message, context)
+    for name in ("dp-min-noise", "dp-max-epsilon"):
+        assert (name in str(refused.value)) is (name == setting)
+
+
+def budget_context(settings: dict) -> Context:
+    return Context(0, 0, {"partition-id": 0, **settings}, RecordDict(), {})
+
+
+def test_a_node_reads_its_own_budget(tmp_path):
+    assert node.node_budget(budget_context({})) is None
+    path = str(tmp_path / "ledger.json")
+    ledger = node.node_budget(budget_context({"dp-max-epsilon": "2.5", "dp-ledger": path}))
+    assert (ledger.budget, ledger.delta, str(ledger.path)) == (2.5, 1e-5, path)
+    settings = {"dp-max-epsilon": 2.5, "dp-ledger": path, "dp-budget-delta": 1e-6}
+    assert node.node_budget(budget_context(settings)).delta == 1e-6
+    for bad, message in [
+        ({"dp-max-epsilon": 2.5}, "needs dp-ledger=PATH"),
+        ({"dp-ledger": path}, "dp-ledger goes with dp-max-epsilon"),
+        ({"dp-max-epsilon": 0, "dp-ledger": path}, "dp-max-epsilon takes a finite ε > 0"),
+        ({"dp-max-epsilon": 1, "dp-ledger": path, "dp-budget-delta": 2}, "takes a δ in"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            node.node_budget(budget_context(bad))
+
+
+def hop_message(data: node.NodeData, sigma: float, epoch: int, steps: list[int]) -> Message:
+    """A single-sample hop over the node's ``steps``, as the server app sends it."""
+    content = RecordDict(
+        {
+            "run": ConfigRecord({"config": "the run's settings"}),
+            "dp": ConfigRecord({"noise": sigma, "epoch": epoch, "draw": 0}),
+            "model": state_record(data.model.state_dict()),
+            "steps": index_record(positions=np.array(steps)),
+            "hop": ConfigRecord({"lr": 0.1}),
+        }
+    )
+    return Message(content, dst_node_id=0, message_type="train.hop")
+
+
+def update_message(data: node.NodeData, kind: str) -> Message:
+    """A message of ``kind`` that uses the node's samples 0, 1, 1 and 4 (a local training:
+    two epochs over 0, 1 and 4, 1); a SecAgg+ share's request is read by
+    :func:`node.read_request`, patched in the test."""
+    records = {
+        "run": ConfigRecord({"config": "the run's settings"}),
+        "dp": ConfigRecord({"noise": 1.0, "epoch": 1, "draw": 0}),
+        "model": state_record(data.model.state_dict()),
+    }
+    if kind == "train":
+        records["orders"] = index_record(**{"0": np.array([0, 1, 4]), "1": np.array([1])})
+        job = {"term": "none", "batch_size": 2, "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}
+        records["job"] = ConfigRecord(job)
+    elif kind == "train.gradient":
+        records["share"] = index_record(positions=np.array([0, 1, 1, 4]))
+    elif kind == "train.hop":
+        records["steps"] = index_record(positions=np.array([0, 1, 1, 4]))
+        records["hop"] = ConfigRecord({"lr": 0.1})
+    return Message(RecordDict(records), dst_node_id=0, message_type=kind)
+
+
+@pytest.mark.parametrize("kind", ["train", "train.gradient", "train.hop", "train.secagg"])
+def test_every_handler_counts_the_uses_its_update_holds(kind, tmp_path, monkeypatch):
+    # one use of a sample per noised step it is in: a local mini-batch step, a share's
+    # sum, a one-sample step
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    data = private_node(job(dp_noise=1.0, dp_seed=0))
+    monkeypatch.setattr(node, "node_data", lambda content, context: data)
+    model = [value.numpy() for value in data.model.state_dict().values()]
+    request = ShareRequest("the run's settings", np.array([0, 1, 1, 4]), 1, 1e3, model, 1.0, 1)
+    monkeypatch.setattr(node, "read_request", lambda content: request)
+    handler = {
+        "train": node.train,
+        "train.gradient": node.gradient,
+        "train.hop": node.hop,
+        "train.secagg": node.secure_share,
+    }[kind]
+    path = tmp_path / "ledger.json"
+    handler(update_message(data, kind), budget_context({"dp-max-epsilon": 50, "dp-ledger": path}))
+    runs = json.loads(path.read_text())["runs"]
+    assert runs == {run_key(1, "the run's settings"): {"1.0": [1, 2, 0, 0, 1, 0]}}
+
+
+@pytest.mark.parametrize("budget", [True, False])
+def test_a_server_spending_more_than_it_planned_is_stopped_by_the_nodes_budget(
+    budget, tmp_path, monkeypatch
+):
+    """The attack of a server that calibrates σ for three uses of each sample (ε = 3)
+    and then asks for a fourth: without a budget the node answers and its samples have
+    spent more than ε = 3; with ``dp-max-epsilon=3`` the three planned hops are answered
+    and the fourth is refused before the model leaves."""
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    data = private_node(job(dp_noise=1.0, dp_seed=0))
+    monkeypatch.setattr(node, "node_data", lambda content, context: data)
+    sigma = calibrate_noise(3.0, 1e-5, 3)
+    ledger = tmp_path / "ledger.json"
+    settings = {"dp-max-epsilon": 3.0, "dp-ledger": str(ledger)} if budget else {}
+    context = budget_context(settings)
+    for epoch in (1, 2, 3):  # the planned uses: every sample once per epoch
+        answer = node.hop(hop_message(data, sigma, epoch, list(range(data.size))), context)
+        assert "model" in answer.content.array_records
+    fourth = hop_message(data, sigma, 4, [2])
+    if not budget:
+        assert "model" in node.hop(fourth, context).content.array_records
+        assert epsilon_spent(sigma, 1e-5, 4) > 3.0  # what sample 2 has now spent
+        return
+    spent = node.node_budget(context).epsilon()
+    assert spent == pytest.approx(epsilon_spent(sigma, 1e-5, 3), rel=1e-12)
+    assert spent <= 3.0
+    with pytest.raises(ConfigError, match="at most ε = 3 .*would take it to"):
+        node.hop(fourth, context)
+    assert node.node_budget(context).epsilon() == spent
 
 
 class Link:

@@ -53,6 +53,8 @@ from stratify.flower.registry import KEY_HOLDER, ClientRegistration, values_reco
 from stratify.flower.secure_sum import contribution, contribution_reply, read_request
 from stratify.nn.models import build_model, default_model
 from stratify.nn.norm_exchange import Party
+from stratify.privacy.accounting import DEFAULT_DELTA, check_delta, check_epsilon
+from stratify.privacy.ledger import Ledger, run_key
 from stratify.registry.client_secrets import node_order_key
 from stratify.state import load_into
 
@@ -88,11 +90,16 @@ def partition_id(context: Context) -> int:
     return int(context.node_config["partition-id"])
 
 
+def run_text(content: RecordDict) -> str:
+    """The run's settings as a message carries them: the key of a node's data and count."""
+    return str(content.config_records["run"]["config"])
+
+
 def node_data(content: RecordDict, context: Context) -> NodeData:
     """This node's data for the run in ``content``: loaded, partitioned as the in-process
     run partitions, and cut to its own client, once per run."""
     client = partition_id(context)
-    key = (client, str(content.config_records["run"]["config"]))
+    key = (client, run_text(content))
     if key not in _NODES:
         config = read_config(content)
         data_dir = context.node_config.get("data-dir") or config.data_dir
@@ -173,6 +180,59 @@ def noise_floor(context: Context) -> float | None:
     return floor
 
 
+def node_budget(context: Context) -> Ledger | None:
+    """The node's own ε budget (``--node-config "dp-max-epsilon=EPS dp-ledger=PATH"``,
+    at ``dp-budget-delta``, default 1e-5), set by the node's operator, counted in the
+    ledger file ``PATH`` (:class:`~stratify.privacy.ledger.Ledger`); ``None``: the node
+    counts nothing of its own.
+
+    Raises
+    ------
+    ConfigError
+        One line: a setting is not a number in range, or the budget names no ledger (a
+        deployed node serves each message in a fresh process: a count in memory would
+        start again at every message).
+    """
+    settings = context.node_config
+    if "dp-max-epsilon" not in settings:
+        for key in ("dp-ledger", "dp-budget-delta"):
+            if key in settings:
+                raise ConfigError(f"--node-config {key} goes with dp-max-epsilon")
+        return None
+    budget = check_epsilon(settings["dp-max-epsilon"], "--node-config dp-max-epsilon")
+    delta = check_delta(
+        settings.get("dp-budget-delta", DEFAULT_DELTA), "--node-config dp-budget-delta"
+    )
+    path = settings.get("dp-ledger")
+    if not path:
+        raise ConfigError(
+            "--node-config dp-max-epsilon needs dp-ledger=PATH, the file that counts the "
+            "node's uses across the processes serving its messages"
+        )
+    return Ledger(str(path), budget, delta)
+
+
+def unbudgeted(why: str) -> ConfigError:
+    """The one-line refusal, by a node with a :func:`node_budget`, of an update its
+    budget cannot count: one without DP noise."""
+    return ConfigError(
+        f"this node spends its samples only with DP (--node-config dp-max-epsilon); {why}"
+    )
+
+
+def charge(node: NodeData, run: str, positions: np.ndarray, budget: Ledger | None) -> None:
+    """Count the noised uses of the node's samples at ``positions`` (a position twice:
+    two uses) that a message asks for in ``run`` (its settings' text), before the update
+    leaves, and refuse (one line) the message that would take the node above its
+    ``budget``. Nothing to count for a node without a budget."""
+    if budget is None:
+        return
+    trainer = node.trainer
+    if not isinstance(trainer, PrivateTrainer):  # refused by set_noise already
+        raise unbudgeted("the run has no DP")
+    budget.charge(run_key(node.client, run), trainer.noise_multiplier, positions, node.size)
+
+
 def below_floor(floor: float, why: str) -> ConfigError:
     """The one-line refusal of a node whose :func:`noise_floor` a request does not meet."""
     return ConfigError(
@@ -181,7 +241,12 @@ def below_floor(floor: float, why: str) -> ConfigError:
 
 
 def set_noise(
-    node: NodeData, noise: float | None, epoch: int, draw: int = 0, floor: float | None = None
+    node: NodeData,
+    noise: float | None,
+    epoch: int,
+    draw: int = 0,
+    floor: float | None = None,
+    budget: Ledger | None = None,
 ) -> None:
     """Give a private node's trainer the σ, epoch and first noise draw a training message
     carries; refuse (one line) a message without them, so that no update leaves a DP
@@ -202,11 +267,16 @@ def set_noise(
     floor : float, optional
         The node's own smallest σ (:func:`noise_floor`): the server chooses the run's
         settings and σ, and a server that sent less noise, or none, is refused.
+    budget : Ledger, optional
+        The node's own ε budget (:func:`node_budget`): a run without DP is refused; the
+        uses are counted by :func:`charge`, once the message's samples are known.
     """
     trainer = node.trainer
     if not isinstance(trainer, PrivateTrainer):
         if floor is not None:
             raise below_floor(floor, "the run has no DP")
+        if budget is not None:
+            raise unbudgeted("the run has no DP")
         return
     if noise is None or not math.isfinite(noise) or noise < 0:
         raise ConfigError(
@@ -220,12 +290,14 @@ def set_noise(
     trainer.draws = {node.client: int(draw)}
 
 
-def message_noise(node: NodeData, content: RecordDict, floor: float | None = None) -> None:
+def message_noise(
+    node: NodeData, content: RecordDict, floor: float | None = None, budget: Ledger | None = None
+) -> None:
     """:func:`set_noise` from a training message's ``dp`` record, with the node's
-    ``floor``."""
+    ``floor`` and ``budget``."""
     record = content.config_records.get("dp")
     if record is None:
-        set_noise(node, None, 0, floor=floor)
+        set_noise(node, None, 0, floor=floor, budget=budget)
         return
     set_noise(
         node,
@@ -233,6 +305,7 @@ def message_noise(node: NodeData, content: RecordDict, floor: float | None = Non
         int(cast(int, record["epoch"])),
         int(cast(int, record["draw"])),
         floor,
+        budget,
     )
 
 
@@ -390,10 +463,15 @@ def placeholders(message: Message, context: Context) -> Message:
 def train(message: Message, context: Context) -> Message:
     """Local SGD on a copy of the global model, over the epoch orders the server drew."""
     node = node_data(message.content, context)
-    message_noise(node, message.content, noise_floor(context))
-    model = received_model(node, message.content)
+    budget = node_budget(context)
+    message_noise(node, message.content, noise_floor(context), budget)
     job = message.content.config_records["job"]
     orders = message.content.array_records["orders"]
+    epoch_orders = [read_indices(orders, str(epoch)) for epoch in range(len(orders))]
+    # each mini-batch step uses each of its samples once
+    used = np.concatenate(epoch_orders) if epoch_orders else np.zeros(0, dtype=np.int64)
+    charge(node, run_text(message.content), used, budget)
+    model = received_model(node, message.content)
     hook: GradientHook | None = None
     if job["term"] == "proximal":
         anchor = [parameter.detach().clone() for parameter in model.parameters()]
@@ -403,7 +481,7 @@ def train(message: Message, context: Context) -> Message:
         hook = GradientOffset(list(offsets.values()))
     result = node.trainer.train_eager(
         model,
-        [read_indices(orders, str(epoch)) for epoch in range(len(orders))],
+        epoch_orders,
         int(job["batch_size"]),  # type: ignore[arg-type]
         float(job["lr"]),  # type: ignore[arg-type]
         float(job["momentum"]),  # type: ignore[arg-type]
@@ -422,9 +500,11 @@ def train(message: Message, context: Context) -> Message:
 def gradient(message: Message, context: Context) -> Message:
     """The gradient of the summed loss over the node's share of a global batch."""
     node = node_data(message.content, context)
-    message_noise(node, message.content, noise_floor(context))
-    model = received_model(node, message.content)
+    budget = node_budget(context)
+    message_noise(node, message.content, noise_floor(context), budget)
     share = read_indices(message.content.array_records["share"], "positions")
+    charge(node, run_text(message.content), share, budget)
+    model = received_model(node, message.content)
     model.zero_grad(set_to_none=True)
     loss = node.trainer.batch_gradient(
         model, share, np.zeros(len(share), dtype=np.int64), divisor=1
@@ -455,7 +535,9 @@ def secure_share(message: Message, context: Context) -> Message:
     :func:`flwr.client.mod.secaggplus_mod` masks before it leaves the node."""
     request = read_request(message.content)
     node = node_data(RecordDict({"run": ConfigRecord({"config": request.run})}), context)
-    set_noise(node, request.noise, request.epoch, request.draw, noise_floor(context))
+    budget = node_budget(context)
+    set_noise(node, request.noise, request.epoch, request.draw, noise_floor(context), budget)
+    charge(node, request.run, request.positions, budget)
     state = dict(zip(node.model.state_dict(), request.model))
     load_into(node.model, {key: torch.as_tensor(value) for key, value in state.items()})
     node.model.train()
@@ -513,6 +595,8 @@ def norm(message: Message, context: Context) -> Message:
     floor = noise_floor(context)
     if floor is not None:
         raise below_floor(floor, "per-share BatchNorm sums are never noised")
+    if node_budget(context) is not None:
+        raise unbudgeted("per-share BatchNorm sums are never noised")
     model = received_model(node, message.content)
     share = torch.as_tensor(read_indices(message.content.array_records["share"], "positions"))
     party = Party(model, node.trainer.x_train[share], node.trainer.y_train[share])
@@ -534,9 +618,11 @@ def hop(message: Message, context: Context) -> Message:
     """The travelling model's steps on this node: one plain SGD step per sample, in the
     order the server's plan gives (Stratify's single-sample mode)."""
     node = node_data(message.content, context)
-    message_noise(node, message.content, noise_floor(context))
-    model = received_model(node, message.content)
+    budget = node_budget(context)
+    message_noise(node, message.content, noise_floor(context), budget)
     steps = read_indices(message.content.array_records["steps"], "positions")
+    charge(node, run_text(message.content), steps, budget)
+    model = received_model(node, message.content)
     lr = float(message.content.config_records["hop"]["lr"])  # type: ignore[arg-type]
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = node.trainer.single_sample_steps(model, optimizer, steps.tolist(), lr)
