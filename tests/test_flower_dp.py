@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ pytest.importorskip(
 )
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.common.config import parse_config_args  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from stratify.client import LocalTrainer, PrivateTrainer  # noqa: E402
@@ -42,6 +44,8 @@ from stratify.flower.simulation import simulate  # noqa: E402
 from stratify.nn.models import build_model  # noqa: E402
 from stratify.privacy.accounting import calibrate_noise, epsilon_spent  # noqa: E402
 from stratify.privacy.ledger import run_key  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: float32 sums in another order (one per-sample pass per client's share)
 TOLERANCE = 1e-5
@@ -188,6 +192,11 @@ def budget_context(settings: dict) -> Context:
 
 def test_a_node_reads_its_own_budget(tmp_path):
     assert node.node_budget(budget_context({})) is None
+    # the setting as docs/flower.md writes it, parsed as flower-supernode parses it
+    documented = 'partition-id=0 dp-max-epsilon=3 dp-ledger="/var/lib/node0/dp-ledger.json"'
+    assert documented in " ".join((ROOT / "docs" / "flower.md").read_text().split())
+    parsed = node.node_budget(Context(0, 0, parse_config_args([documented]), RecordDict(), {}))
+    assert (parsed.budget, str(parsed.path)) == (3.0, "/var/lib/node0/dp-ledger.json")
     path = str(tmp_path / "ledger.json")
     ledger = node.node_budget(budget_context({"dp-max-epsilon": "2.5", "dp-ledger": path}))
     assert (ledger.budget, ledger.delta, str(ledger.path)) == (2.5, 1e-5, path)
