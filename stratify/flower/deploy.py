@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,25 +38,39 @@ FLWR_TIMEOUT = 300.0
 TASK_POLL_INTERVAL = 0.1
 
 
+#: a value of a SuperNode's own setting (``--node-config``)
+NodeSetting = str | int | float | bool
+
+
 def node_config(
     client: int,
     registry_keys: str | os.PathLike | None = None,
     order_key: str | os.PathLike | None = None,
+    settings: Mapping[str, NodeSetting | os.PathLike] | None = None,
 ) -> str:
     """A SuperNode's ``--node-config``: its client number and, for secure runs, the
     federation key file it loads (:mod:`stratify.flower.keys`) and, optionally, its own
-    order-key file (read, or drawn and written 0600), a TOML string."""
-    text = f"partition-id={client}"
+    order-key file (read, or drawn and written 0600), then any other ``settings`` of the
+    node's own (``dp-min-noise``, ``dp-max-epsilon``, ``dp-ledger``, ...), a TOML string."""
+    entries: dict[str, NodeSetting | os.PathLike] = {"partition-id": client}
     for option, path in (("registry-keys", registry_keys), ("order-key", order_key)):
-        if path is None:
-            continue
-        if '"' in str(path) or "\\" in str(path):
-            # Flower reads the node configuration's strings between quotes, unescaped
-            raise ConfigError(
-                f"a key file's path for --node-config has no quote or backslash: {path}"
-            )
-        text += f' {option}="{path}"'
-    return text
+        if path is not None:
+            entries[option] = path
+    entries.update(settings or {})
+    return " ".join(f"{key}={setting_text(key, value)}" for key, value in entries.items())
+
+
+def setting_text(key: str, value: NodeSetting | os.PathLike) -> str:
+    """``value`` as Flower reads a node setting: a bool ``true``/``false``, a number as
+    written, anything else a string between quotes."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    if '"' in str(value) or "\\" in str(value):
+        # Flower reads the node configuration's strings between quotes, unescaped
+        raise ConfigError(f"--node-config {key}: a value has no quote or backslash: {value}")
+    return f'"{value}"'
 
 
 def free_port() -> int:
@@ -116,6 +130,9 @@ class LocalDeployment:
     task_poll_interval : float
         Seconds between the SuperExecs' looks for a task to start (the SuperLink's server
         app, each SuperNode's client apps): ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``.
+    node_settings : sequence of mapping, optional
+        One mapping per SuperNode of its own further ``--node-config`` settings (a DP
+        floor or budget: docs/flower.md, "Differential privacy").
     """
 
     def __init__(
@@ -130,9 +147,14 @@ class LocalDeployment:
         tls: TlsFiles | None = None,
         node_keys: Sequence[str | os.PathLike] | None = None,
         task_poll_interval: float = TASK_POLL_INTERVAL,
+        node_settings: Sequence[Mapping[str, NodeSetting | os.PathLike]] | None = None,
     ) -> None:
         if node_keys is not None and len(node_keys) != clients:
             raise ConfigError(f"give one SuperNode key per client: {clients}, not {len(node_keys)}")
+        if node_settings is not None and len(node_settings) != clients:
+            raise ConfigError(
+                f"give one mapping of node settings per client: {clients}, not {len(node_settings)}"
+            )
         self.clients = clients
         self.simulation = simulation
         self.cpus = cpus
@@ -191,6 +213,7 @@ class LocalDeployment:
                         client,
                         registry_keys,
                         None if order_keys is None else Path(order_keys) / f"client-{client}.json",
+                        None if node_settings is None else node_settings[client],
                     ),
                 )
         except BaseException:
