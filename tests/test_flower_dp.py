@@ -212,11 +212,13 @@ def test_a_node_reads_its_own_budget(tmp_path):
             node.node_budget(budget_context(bad))
 
 
-def hop_message(data: node.NodeData, sigma: float, epoch: int, steps: list[int]) -> Message:
+def hop_message(
+    data: node.NodeData, sigma: float, epoch: int, steps: list[int], run: str = "the run's settings"
+) -> Message:
     """A single-sample hop over the node's ``steps``, as the server app sends it."""
     content = RecordDict(
         {
-            "run": ConfigRecord({"config": "the run's settings"}),
+            "run": ConfigRecord({"config": run}),
             "dp": ConfigRecord({"noise": sigma, "epoch": epoch, "draw": 0}),
             "model": state_record(data.model.state_dict()),
             "steps": index_record(positions=np.array(steps)),
@@ -277,7 +279,8 @@ def test_a_server_spending_more_than_it_planned_is_stopped_by_the_nodes_budget(
     """The attack of a server that calibrates σ for three uses of each sample (ε = 3)
     and then asks for a fourth: without a budget the node answers and its samples have
     spent more than ε = 3; with ``dp-max-epsilon=3`` the three planned hops are answered
-    and the fourth is refused before the model leaves."""
+    and the fourth is refused before the model leaves, under the run's settings or
+    others."""
     for name in ("_run_id", "_task_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, name, 1)
     data = private_node(job(dp_noise=1.0, dp_seed=0))
@@ -299,6 +302,11 @@ def test_a_server_spending_more_than_it_planned_is_stopped_by_the_nodes_budget(
     assert spent <= 3.0
     with pytest.raises(ConfigError, match="at most ε = 3 .*would take it to"):
         node.hop(fourth, context)
+    # nor does a run under other settings start a fresh count: the node cannot tell
+    # whether its samples are the same ones, so it counts them as the same
+    renamed = hop_message(data, sigma, 1, [2], run="the run's settings, renamed")
+    with pytest.raises(ConfigError, match="at most ε = 3 .*would take it to"):
+        node.hop(renamed, context)
     assert node.node_budget(context).epsilon() == spent
 
 
