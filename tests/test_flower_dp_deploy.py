@@ -52,13 +52,27 @@ def test_a_nodes_own_settings_reach_it_as_flower_parses_them(tmp_path: Path) -> 
         node_config(0, settings={"dp-ledger": 'a"b.json'})
 
 
-@pytest.mark.slow
-def test_deployed_nodes_spend_no_more_than_their_budget(tmp_path: Path) -> None:
-    # σ as the server calibrates it for the planned single use; the budget lies between
-    # the ε of one use and that of two
+def budget_between_one_use_and_two() -> tuple[float, float, float, float]:
+    """σ as the server calibrates it for the job's planned single use of a sample, the ε
+    of one use and of two at that σ, and a budget halfway between."""
     sigma = calibrate_noise(JOB.dp_epsilon, DELTA, 1)
     one, two = epsilon_spent(sigma, DELTA, 1), epsilon_spent(sigma, DELTA, 2)
-    budget = (one + two) / 2
+    return sigma, one, two, (one + two) / 2
+
+
+def test_the_budgets_figures_in_the_docs_are_todays() -> None:
+    sigma, one, two, budget = budget_between_one_use_and_two()
+    text = " ".join((APP.parents[1] / "docs" / "flower.md").read_text().split())
+    stated = (
+        f"a budget of {budget:.2f}, between {one:.2f} and {two:.2f} (the ε of one and of "
+        f"two uses at σ = {sigma:.3f},"
+    )
+    assert stated in text
+
+
+@pytest.mark.slow
+def test_deployed_nodes_spend_no_more_than_their_budget(tmp_path: Path) -> None:
+    _, one, _, budget = budget_between_one_use_and_two()
     ledgers = [tmp_path / f"ledger-{client}.json" for client in range(JOB.clients)]
     settings = [{"dp-max-epsilon": budget, "dp-ledger": path} for path in ledgers]
     with LocalDeployment(JOB.clients, node_settings=settings) as deployment:
