@@ -17,13 +17,8 @@ if importlib.util.find_spec("opacus") is None:
     pytest.skip("Opacus is not installed (the privacy extra)", allow_module_level=True)
 
 from stratify.errors import ConfigError  # noqa: E402
-from stratify.privacy.accounting import epsilon_spent  # noqa: E402
-from stratify.privacy.ledger import (  # noqa: E402
-    Ledger,
-    composed_epsilon,
-    run_key,
-    worst_case_spent,
-)
+from stratify.privacy.accounting import composed_epsilon, epsilon_spent  # noqa: E402
+from stratify.privacy.ledger import Ledger, run_key, worst_case_spent  # noqa: E402
 
 DELTA = 1e-5
 

@@ -17,6 +17,7 @@ The accountant is imported only when a run asks for privacy: ``pip install -e
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stratify.errors import ConfigError
@@ -56,11 +57,29 @@ def epsilon_spent(noise_multiplier: float, delta: float, uses: int) -> float:
     uses : int
         How many noised steps each sample is in (0: nothing spent, ε = 0).
     """
-    if uses <= 0:
+    return composed_epsilon({noise_multiplier: uses}, delta)
+
+
+def composed_epsilon(spent: Mapping[float, int], delta: float) -> float:
+    """The ε at ``delta`` of ``spent[σ]`` unsubsampled Gaussian mechanisms of noise
+    multiplier σ, for every σ, composed (Opacus's RDP accountant; Rényi DP adds over
+    mechanisms).
+
+    Parameters
+    ----------
+    spent : mapping of float to int
+        Noise multiplier σ → how many mechanisms at that σ. σ = 0 with any use: ε = ∞.
+    delta : float
+        δ in (0, 1).
+    """
+    history = [(float(noise), 1.0, int(uses)) for noise, uses in spent.items() if uses > 0]
+    if not history:
         return 0.0
+    if any(noise <= 0 for noise, _, _ in history):
+        return math.inf
     accountant_class, _ = load_accountant()
     accountant = accountant_class()
-    accountant.history = [(float(noise_multiplier), 1.0, int(uses))]
+    accountant.history = history
     return float(accountant.get_epsilon(delta=delta))
 
 

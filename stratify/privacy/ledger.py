@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,30 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from stratify.errors import ConfigError
-from stratify.privacy.accounting import load_accountant
+from stratify.privacy.accounting import composed_epsilon
 from stratify.runfolder import write_atomically
-
-
-def composed_epsilon(spent: Mapping[float, int], delta: float) -> float:
-    """The ε at ``delta`` of ``spent[σ]`` unsubsampled Gaussian mechanisms of noise
-    multiplier σ, for every σ, composed (Opacus's RDP accountant).
-
-    Parameters
-    ----------
-    spent : mapping of float to int
-        Noise multiplier σ → how many mechanisms at that σ. σ = 0 with any use: ε = ∞.
-    delta : float
-        δ in (0, 1).
-    """
-    history = [(float(noise), 1.0, int(uses)) for noise, uses in spent.items() if uses > 0]
-    if not history:
-        return 0.0
-    if any(noise <= 0 for noise, _, _ in history):
-        return math.inf
-    accountant_class, _ = load_accountant()
-    accountant = accountant_class()
-    accountant.history = history
-    return float(accountant.get_epsilon(delta=delta))
 
 
 def worst_case_spent(runs: Mapping[str, Mapping[str, list[int]]]) -> dict[float, int]:
