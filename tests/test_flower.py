@@ -202,7 +202,59 @@ def test_a_simulated_run_ends_with_the_in_process_weights(
     moved = max(float((state[key] - start[key]).abs().max()) for key in state)
     assert moved > 1e-2, "the run must train for the comparison to mean something"
     difference = max(float((state[key] - flower[key]).abs().max()) for key in state)
-    assert difference < TOLERANCE
+    assert difference < TOLERANCE, first_divergence(case, runs[case], keys)
+
+
+def first_divergence(case: str, flower: FlowerRun, keys: FederationKeys) -> str:
+    """Where the in-process run and the Flower run part (a failure's diagnosis): the first
+    global batch whose model state before it, samples or clients differ. A failure of the
+    secure cases was seen once, beside a second suite on two cores, and could not be
+    reproduced in 49 runs with fresh keys; this says where to look if it comes back."""
+    if not flower.batches:
+        return f"{case}: the Flower run recorded no global batch to compare"
+    built = experiment(config(case), keys)
+    trainer = built.engine.context.trainer
+    inner = trainer.batch_gradient
+    batches: list[tuple[dict[str, torch.Tensor], np.ndarray, np.ndarray]] = []
+
+    def recording(
+        model: torch.nn.Module,
+        samples: np.ndarray,
+        clients: np.ndarray,
+        fused: bool = True,
+        divisor: int | None = None,
+    ) -> float:
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        batches.append((state, samples.copy(), clients.copy()))
+        return inner(model, samples, clients, fused, divisor)
+
+    trainer.batch_gradient = recording  # type: ignore[method-assign]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for epoch in range(1, config(case).epochs + 1):
+            built.engine.run_epoch(epoch)
+    finally:
+        torch.set_num_threads(threads)
+    members = built.federation.client_indices
+    offsets = np.concatenate([[0], np.cumsum([len(m) for m in members])])
+    for number, ((state, samples, clients), theirs) in enumerate(zip(batches, flower.batches)):
+        positions = np.array(
+            [int(np.flatnonzero(members[c] == s)[0]) + offsets[c] for s, c in zip(samples, clients)]
+        )
+        apart = max(float((state[k] - theirs["state"][k]).abs().max()) for k in state)
+        same_samples = np.array_equal(positions, theirs["samples"])
+        same_clients = np.array_equal(clients, theirs["clients"])
+        if apart > TOLERANCE / 10 or not same_samples or not same_clients:
+            return (
+                f"{case}: batch {number} of {len(batches)} (Flower: {len(flower.batches)}) "
+                f"differs: state before it {apart:.3g} apart, same samples {same_samples}, "
+                f"same clients {same_clients}"
+            )
+    return (
+        f"{case}: all {len(batches)} batches (Flower: {len(flower.batches)}) start from the "
+        "same state with the same samples and clients: the last step differs"
+    )
 
 
 @pytest.mark.slow
