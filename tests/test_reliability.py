@@ -98,6 +98,23 @@ def wait_for(path, process, timeout=None):
         time.sleep(0.02)
 
 
+def kill_when_written(*watched):
+    """SIGKILL each ``(path, process)`` pair's process once its path exists, all polled in
+    one loop: waiting for one after the other let the second finish its whole run while
+    the first was still starting (beside a grid, on two cores)."""
+    deadline = time.monotonic() + startup_bound(120.0)
+    pending = list(watched)
+    while pending:
+        for path, process in list(pending):
+            if path.exists():
+                process.send_signal(signal.SIGKILL)
+                pending.remove((path, process))
+            else:
+                assert process.poll() is None, process.communicate()
+        assert not pending or time.monotonic() < deadline, f"{pending[0][0]} never appeared"
+        time.sleep(0.02)
+
+
 def read_run(out):
     """A run folder's files, checked against each other."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -516,10 +533,9 @@ def test_runs_killed_in_epoch_one_and_in_epoch_two(capsys, tmp_path):
     processes = stratify_process(*long_first_epoch), stratify_process(*three_epochs)
     try:
         # config.json is written at the start, the checkpoint at the end of epoch 1
-        wait_for(first / "config.json", processes[0])
-        processes[0].send_signal(signal.SIGKILL)
-        wait_for(second / "checkpoint.pt", processes[1])
-        processes[1].send_signal(signal.SIGKILL)
+        kill_when_written(
+            (first / "config.json", processes[0]), (second / "checkpoint.pt", processes[1])
+        )
     finally:
         for process in processes:
             process.kill()
