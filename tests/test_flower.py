@@ -143,12 +143,30 @@ def experiment(config: TrainConfig, keys: FederationKeys) -> Experiment:
 
 
 def in_process(
-    config: TrainConfig, keys: FederationKeys
+    config: TrainConfig, keys: FederationKeys, batches: list | None = None
 ) -> tuple[dict[str, torch.Tensor], list[EpochStats]]:
+    """The in-process run's final state and epochs; with ``batches``, every global batch
+    appended to it as ``(state before it, samples, clients)``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         built = experiment(config, keys)
+        if batches is not None:
+            trainer = built.engine.context.trainer
+            inner = trainer.batch_gradient
+
+            def recording(
+                model: torch.nn.Module,
+                samples: np.ndarray,
+                clients: np.ndarray,
+                fused: bool = True,
+                divisor: int | None = None,
+            ) -> float:
+                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                batches.append((state, samples.copy(), clients.copy()))
+                return inner(model, samples, clients, fused, divisor)
+
+            trainer.batch_gradient = recording  # type: ignore[method-assign]
         stats = [built.engine.run_epoch(epoch) for epoch in range(1, config.epochs + 1)]
     finally:
         torch.set_num_threads(threads)
@@ -209,34 +227,12 @@ def first_divergence(case: str, flower: FlowerRun, keys: FederationKeys) -> str:
     """Where the in-process run and the Flower run part (a failure's diagnosis): the first
     global batch whose model state before it, samples or clients differ. A failure of the
     secure cases was seen once, beside a second suite on two cores, and could not be
-    reproduced in 49 runs with fresh keys; this says where to look if it comes back."""
+    reproduced in 52 runs with fresh keys; this says where to look if it comes back."""
     if not flower.batches:
         return f"{case}: the Flower run recorded no global batch to compare"
-    built = experiment(config(case), keys)
-    trainer = built.engine.context.trainer
-    inner = trainer.batch_gradient
     batches: list[tuple[dict[str, torch.Tensor], np.ndarray, np.ndarray]] = []
-
-    def recording(
-        model: torch.nn.Module,
-        samples: np.ndarray,
-        clients: np.ndarray,
-        fused: bool = True,
-        divisor: int | None = None,
-    ) -> float:
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        batches.append((state, samples.copy(), clients.copy()))
-        return inner(model, samples, clients, fused, divisor)
-
-    trainer.batch_gradient = recording  # type: ignore[method-assign]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for epoch in range(1, config(case).epochs + 1):
-            built.engine.run_epoch(epoch)
-    finally:
-        torch.set_num_threads(threads)
-    members = built.federation.client_indices
+    in_process(config(case), keys, batches)
+    members = build_experiment(config(case)).federation.client_indices
     offsets = np.concatenate([[0], np.cumsum([len(m) for m in members])])
     for number, ((state, samples, clients), theirs) in enumerate(zip(batches, flower.batches)):
         positions = np.array(

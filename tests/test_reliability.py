@@ -90,14 +90,6 @@ def startup_bound(floor: float, startups: float = 10.0) -> float:
     return max(floor, startups * measured_startup())
 
 
-def wait_for(path, process, timeout=None):
-    deadline = time.monotonic() + (startup_bound(120.0) if timeout is None else timeout)
-    while not path.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
-
-
 def kill_when_written(*watched):
     """SIGKILL each ``(path, process)`` pair's process once its path exists, all polled in
     one loop: waiting for one after the other let the second finish its whole run while
