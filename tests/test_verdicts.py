@@ -330,12 +330,29 @@ def test_a_pair_that_cannot_be_judged_gets_no_verdict_and_is_not_counted():
 
         return change
 
-    # stopped 5.1 points below its best: not converged; 5.0 points, or at the cap: judged
+    # stopped 5.1 points below its best: not converged; 5.0 points, or at the cap: judged,
+    # the verdict naming a run that ended more than 5 points below its best
     assert judged(stopped("0.951", "0.90"))[0] == (
         "unconverged (a comparator stopped on a plateau 5.1 points below its best)"
     )
     assert judged(stopped("0.95", "0.90"))[0] == "ahead at the method's rate"
-    assert judged(stopped("0.951", "0.90", cap="1"))[0] == "ahead at the method's rate"
+    assert judged(stopped("0.951", "0.90", cap="1"))[0] == (
+        "ahead at the method's rate (a comparator run ended 5.1 points below its best)"
+    )
+
+    def both_fell(run):
+        # an oscillating comparator and a collapsed method, both at the cap
+        run.update(plateau="20", cap="1", epochs="1")
+        if run["role"] == "comparator":
+            run.update(best_validation_accuracy="0.90", last_mean_validation_accuracy="0.80")
+        else:
+            run.update(best_validation_accuracy="0.70", last_mean_validation_accuracy="0.10")
+
+    assert judged(both_fell) == (
+        "ahead at the method's rate (a method run ended 60.0 points below its best and a "
+        "comparator run ended 10.0 points below its best)",
+        "1 ahead, 0 behind, 0 level, 0 inconclusive",
+    )
 
     def stopped_before_validation_was_recorded(run):
         # files from before best_validation_accuracy: the test accuracy's best and mean

@@ -824,17 +824,35 @@ def pair_verdict(
         classes,
         worst_group="worst_group" in field,
     )
+    unsettled = [
+        f"a {role} run ended {max(below):.1f} points below its best"
+        for role, group in (("method", method), ("comparator", comparator))
+        if (below := [points for run in group if (points := ended_below_best(run)) is not None])
+        and max(below) > CONVERGED_POINTS
+    ]
+    if unsettled and "worst_group" not in field:
+        # the word still compares the last rounds, but a run that fell that far from its
+        # best (an oscillating or collapsed run) had not converged: the verdict says so
+        reason = "; ".join(part for part in (judged.reason, " and ".join(unsettled)) if part)
+        judged = dataclasses.replace(judged, reason=reason)
     return dataclasses.replace(judged, regime=rate_regime(method, comparator))
 
 
 def stopped_below_best(run: Run) -> float | None:
-    """How many points below its own best a run that stopped on a plateau ended (its
-    last-rounds mean against its best validation accuracy; files written before that was
-    recorded: the test accuracy's, the one both were kept for); ``None`` for a run that
-    did not stop on a plateau."""
+    """How many points below its own best a run that stopped on a plateau ended
+    (:func:`ended_below_best`); ``None`` for a run that did not stop on a plateau."""
     if not run.get("plateau") or run["status"] != "finished":
         return None
     if int(run["epochs"]) >= int(run["cap"]):
+        return None
+    return ended_below_best(run)
+
+
+def ended_below_best(run: Run) -> float | None:
+    """How many points below its own best a finished run ended: its last-rounds mean
+    against its best validation accuracy (files written before that was recorded: the
+    test accuracy's, the one both were kept for); ``None`` for an unfinished run."""
+    if run["status"] != "finished":
         return None
     best, last = number(run, "best_validation_accuracy"), "last_mean_validation_accuracy"
     if best is None:
@@ -919,7 +937,10 @@ def paired_tables(runs: Sequence[Run], seeds: int) -> list[str]:
         f"test set and shown for comparison with papers only. Budgets are measured means per "
         f"round. Verdict: ahead or behind (the interval above or below zero), level (inside "
         f"±1 point), or inconclusive (the interval holds zero and is wider than ±1 point, or "
-        f"both runs are within 5 points of chance), each at the rate both runs stepped at. "
+        f"both runs are within 5 points of chance), each at the rate both runs stepped at; "
+        f"it names a run of the pair whose last rounds ended more than "
+        f"{CONVERGED_POINTS:g} points below its own best (validation accuracy where "
+        f"recorded): an oscillating or collapsed run, not a converged one. "
         f"No verdict, and not counted: a run of the pair diverged, the comparator is not "
         f"the matched one, two runs of a seed ran unequal rounds, or the comparator stopped "
         f"on a plateau more than {CONVERGED_POINTS:g} points below its own best "
