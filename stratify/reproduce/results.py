@@ -824,18 +824,18 @@ def pair_verdict(
         classes,
         worst_group="worst_group" in field,
     )
-    unsettled = [
-        f"a {role} run ended {max(below):.1f} points below its best"
-        for role, group in (("method", method), ("comparator", comparator))
-        if (below := [points for run in group if (points := ended_below_best(run)) is not None])
-        and max(below) > CONVERGED_POINTS
-    ]
-    if unsettled and "worst_group" not in field:
+    reason = judged.reason
+    if "worst_group" not in field:
         # the word still compares the last rounds, but a run that fell that far from its
         # best (an oscillating or collapsed run) had not converged: the verdict says so
-        reason = "; ".join(part for part in (judged.reason, " and ".join(unsettled)) if part)
-        judged = dataclasses.replace(judged, reason=reason)
-    return dataclasses.replace(judged, regime=rate_regime(method, comparator))
+        unsettled = [
+            f"a {role} run ended {max(below):.1f} points below its best"
+            for role, group in (("method", method), ("comparator", comparator))
+            if (below := [points for run in group if (points := ended_below_best(run)) is not None])
+            and max(below) > CONVERGED_POINTS
+        ]
+        reason = "; ".join(part for part in (reason, " and ".join(unsettled)) if part)
+    return dataclasses.replace(judged, reason=reason, regime=rate_regime(method, comparator))
 
 
 def stopped_below_best(run: Run) -> float | None:
