@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from stratify.cli.console import table_console
 from stratify.errors import ConfigError, StratifyError
 from stratify.parallel import (
     RayBackend,
+    RunOutcome,
     RunsInterrupted,
     RunSpec,
     available_cores,
@@ -42,10 +43,10 @@ from stratify.reproduce.results import csv_runs
 from stratify.reproduce.runner import (
     Display,
     Report,
-    cell_phases,
-    cell_specs,
+    RunPlan,
     check_setups,
     grid_folder,
+    plan_runs,
     reproduce,
 )
 from stratify.reproduce.sequential import extension
@@ -54,7 +55,6 @@ from stratify.reproduce.tuning import (
     DEFAULT_VALIDATION,
     DEFAULT_WIDEN,
     Tuning,
-    tuning_specs,
 )
 from stratify.validation import check_int, check_positive, check_positive_int, check_seeds
 
@@ -81,24 +81,33 @@ def parse_list(value: str, flag: str) -> tuple[str, ...]:
 
 
 def print_plan(
-    console: Console, specs_by_phase: list[tuple[str, list[RunSpec]]], keep_corrupt: bool
+    console: Console,
+    specs_by_phase: list[tuple[str, list[RunSpec]]],
+    keep_corrupt: bool,
+    diverged: Mapping[str, RunOutcome],
 ) -> None:
-    """What a run of the command would do: runs and epochs left per phase, and the run
-    folders that cannot be read back (run again from epoch 1, or left)."""
+    """What a run of the command would do: runs and epochs left per phase, the runs
+    ``diverged`` records as diverged in the same configuration (not run again), and the
+    run folders that cannot be read back (run again from epoch 1, or left)."""
     for title, specs in specs_by_phase:
         states = [folder_state(spec.config) for spec in specs]
         finished = sum(state.kind == "finished" for state in states)
+        ended = sum(spec.name in diverged for spec in specs)
         corrupt = [(spec, state) for spec, state in zip(specs, states) if state.kind == "corrupt"]
-        left = len(specs) - finished - (len(corrupt) if keep_corrupt else 0)
+        left = len(specs) - finished - ended - (len(corrupt) if keep_corrupt else 0)
         epochs_left = sum(
             spec.config.epochs - state.epochs_kept
             for spec, state in zip(specs, states)
-            if state.kind != "finished" and not (keep_corrupt and state.kind == "corrupt")
+            if state.kind != "finished"
+            and spec.name not in diverged
+            and not (keep_corrupt and state.kind == "corrupt")
         )
         what = "left as they are" if keep_corrupt else "to run again from epoch 1"
         console.print(
-            f"{title}: {len(specs)} runs, {finished} finished, {left} to run, "
-            f"{epochs_left} epochs left" + (f", {len(corrupt)} corrupt ({what})" if corrupt else "")
+            f"{title}: {len(specs)} runs, {finished} finished, "
+            + (f"{ended} diverged (not run again), " if ended else "")
+            + f"{left} to run, {epochs_left} epochs left"
+            + (f", {len(corrupt)} corrupt ({what})" if corrupt else "")
         )
         for spec, state in corrupt:
             # one line each, as written: a reason may hold brackets rich would take as markup
@@ -128,14 +137,26 @@ def print_pairs(console: Console, cells: Sequence[Cell]) -> None:
 def print_estimate(
     console: Console,
     cells: list[Cell],
+    planned: RunPlan,
     tuning: Tuning | None,
     out: Path,
     vectorize: int | None,
     workers: int,
+    upper_bound: bool = False,
 ) -> None:
-    """The estimated hours here, from per-epoch costs measured here (calibrated now
-    where ``out`` holds none that fit)."""
+    """The estimated hours here of what ``planned`` leaves to run, from per-epoch costs
+    measured here (calibrated now on ``cells``, the grid's plan, where ``out`` holds none
+    that fit; nothing is calibrated when nothing is left); ``upper_bound``: a run may stop
+    before its epochs (a plateau budget)."""
     sizes = group_sizes(cells, vectorize)
+    work = cell_work(planned.cells, sizes, set(planned.diverged))
+    widening: list = []
+    if tuning is not None and planned.tuning_open:
+        tune_work, widening = tuning_work(cells, tuning, out, sizes, set(planned.diverged))
+        work = tune_work + work
+    if not work and not widening:
+        console.print("nothing left to run")
+        return
     specs = calibration_specs(cells, sizes, out)
     path = out / CALIBRATION_FILE
 
@@ -156,12 +177,7 @@ def print_estimate(
             + f" s per run for epochs 1..{len(cost.epochs)}, then {cost.epochs[-1]:.2f} s"
             + (f" (in groups of {sizes[kind]})" if sizes[kind] > 1 else "")
         )
-    work = cell_work(cells, sizes)
-    widening: list = []
-    if tuning is not None:
-        tune_work, widening = tuning_work(cells, tuning, out, sizes)
-        work = tune_work + work
-    console.print(summary(work, widening, costs, workers))
+    console.print(summary(work, widening, costs, workers, upper_bound))
 
 
 # "\b": click keeps the grid list's lines as they are
@@ -332,25 +348,6 @@ def reproduce_command(
     group = None if vectorize is None else check_positive_int(vectorize, "--vectorize")
     runner = make_backend(backend, count, address)
     console = table_console(stderr=True)
-    if isinstance(runner, RayBackend) and not dry_run:
-        runner.check()  # a dead address: one line now, before anything is written
-    if dry_run:
-        cells, notes = plan_cells(chosen_grid, settings, out, own_rates=tuning is not None)
-        phases = []
-        if tuning is not None:
-            title = "tuning" if not tuning.halving else "tuning, first rung"
-            phases.append((title, tuning_specs(cells, tuning, out)))
-        phases += [
-            (title, cell_specs(phase)) for title, phase in cell_phases(chosen_grid, cells, settings)
-        ]
-        check_setups([spec for _, specs in phases for spec in specs])
-        for note in notes:
-            console.print(f"note: {note}")
-        if chosen_grid.paired:
-            print_pairs(console, cells)
-        print_plan(console, phases, keep_corrupt)
-        print_estimate(console, cells, tuning, Path(out), group, count or available_cores())
-        return
     cap = None
     if seeds_until_verdict is not None:
         cap = check_positive_int(seeds_until_verdict, "--seeds-until-verdict")
@@ -364,6 +361,36 @@ def reproduce_command(
                 f"--seeds-until-verdict: grid {grid} has no pairs (a paired grid, or one "
                 "compared against a reference column: table1)"
             )
+    if isinstance(runner, RayBackend) and not dry_run:
+        runner.check()  # a dead address: one line now, before anything is written
+    if dry_run:
+        cells, notes = plan_cells(chosen_grid, settings, out, own_rates=tuning is not None)
+        planned = plan_runs(chosen_grid, cells, settings, tuning, out, group)
+        check_setups([spec for _, specs in planned.phases for spec in specs])
+        for note in notes:
+            console.print(f"note: {note}")
+        if chosen_grid.paired:
+            print_pairs(console, planned.cells)
+        if tuning is not None and not planned.tuning_open:
+            console.print("tuning: finished, every rate chosen (the cells below run at them)")
+        print_plan(console, planned.phases, keep_corrupt, planned.diverged)
+        print_estimate(
+            console,
+            cells,
+            planned,
+            tuning,
+            Path(out),
+            group,
+            count or available_cores(),
+            upper_bound=settings.plateau is not None,
+        )
+        if cap is not None:
+            console.print(
+                f"--seeds-until-verdict {cap}: the second stage may add seeds, up to {cap} "
+                "in all, to each pair still inconclusive for want of seeds (not counted above: "
+                "how many depends on the first stage's spread)"
+            )
+        return
 
     def run(settings: Settings, write: bool = True) -> Report:
         return reproduce(

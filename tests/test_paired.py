@@ -12,11 +12,11 @@ from stratify.comparison import LOCAL_TRAINING, comparator_for, matched_config
 from stratify.config import TrainConfig
 from stratify.data.datasets import load_dataset
 from stratify.errors import ConfigError
-from stratify.parallel import LocalBackend
+from stratify.parallel import LocalBackend, folder_state
 from stratify.reproduce.grids import GRIDS, Grid, Settings, paired_column, partition_row, plan_cells
 from stratify.reproduce.paired import pair_budgets, paired_difference
 from stratify.reproduce.results import rate_regime
-from stratify.reproduce.runner import reproduce
+from stratify.reproduce.runner import plan_runs, reproduce
 from stratify.reproduce.sequential import extension
 from stratify.reproduce.tuning import Choice, Tuning, tuned_cells, tuning_cells
 from stratify.runfiles import read_records
@@ -288,6 +288,16 @@ def test_a_tuned_plateau_paired_grid_keeps_each_pair_matched(monkeypatch, tmp_pa
     line = next(line for line in own_table.splitlines() if line.startswith("| IID | FedProx"))
     assert "FedProx (own rate)" in line and "at each one's own rate" in line
     assert len(report.cells) == 10
+
+    # a dry run reads the folders as the run does: the rates chosen, each method at the
+    # rounds its comparator ran, so nothing is left (it counted each method to the cap)
+    settings = Settings(seeds=(0, 1), plateau=3)
+    cells, _ = plan_cells(grid, settings, tmp_path, own_rates=True)
+    planned = plan_runs(grid, cells, settings, tuning, tmp_path)
+    assert not planned.tuning_open and not planned.diverged
+    assert [title for title, _ in planned.phases] == ["comparators", "methods"]
+    specs = [spec for _, phase in planned.phases for spec in phase]
+    assert len(specs) == 10 and all(folder_state(s.config).kind == "finished" for s in specs)
 
 
 def test_plateau_needs_a_paired_grid_and_a_cap_above_r_min(capsys, tmp_path):

@@ -578,7 +578,7 @@ def test_resume_skips_finished_cells(tiny, tmp_path):
     assert accuracy_columns(tmp_path / "results.csv") == before
 
 
-def test_a_diverged_run_is_not_trained_again_on_resume(monkeypatch, tmp_path):
+def test_a_diverged_run_is_not_trained_again_on_resume(monkeypatch, tmp_path, capsys):
     def grid_at(lr):
         hot = Column("hot", "FedAvg (hot)", {"algorithm": "fedavg", "lr": lr}, {"local_epochs": 1})
         return dataclasses.replace(TINY, name="hot", columns=(hot, TINY.columns[1]))
@@ -594,6 +594,16 @@ def test_a_diverged_run_is_not_trained_again_on_resume(monkeypatch, tmp_path):
     message = first.results[0].message
     assert "non-finite" in message
     assert "classes-2/hot/seed-0" in json.loads((tmp_path / "diverged.json").read_text())
+
+    # a dry run counts it as ended, as a resume does, and calibrates nothing
+    capsys.readouterr()
+    main(["reproduce", "hot", "--out", str(tmp_path), "--seeds", "0", "--dry-run"])
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "cells: 2 runs, 1 finished, 1 diverged (not run again), 0 to run, 0 epochs left",
+        "nothing left to run",
+    ], err
+    assert not (tmp_path / "calibration.json").exists()
 
     # resumed, in the same configuration: nothing trains, the divergence is still reported
     display, phases = recorder()

@@ -18,6 +18,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from stratify.reproduce.tuning import (
     rungs,
     tuning_cells,
     tuning_config,
+    tuning_run_name,
 )
 from stratify.runfiles import is_count, is_metric, read_json_object
 from stratify.runfolder import describe_os_error, write_atomically
@@ -246,10 +248,15 @@ def load_costs(
     return costs, measured
 
 
-def cell_work(cells: Sequence[Cell], sizes: dict[str, int]) -> list[Work]:
-    """The cells' epochs left, per kind."""
+def cell_work(
+    cells: Sequence[Cell], sizes: dict[str, int], ended: AbstractSet[str] = frozenset()
+) -> list[Work]:
+    """The cells' epochs left, per kind; a cell whose key is in ``ended`` (a recorded
+    divergence, not run again) has none."""
     work = []
     for cell in cells:
+        if cell.key in ended:
+            continue
         state = folder_state(cell.config)
         done = cell.config.epochs if state.kind == "finished" else state.epochs_kept
         if done < cell.config.epochs:
@@ -260,10 +267,15 @@ def cell_work(cells: Sequence[Cell], sizes: dict[str, int]) -> list[Work]:
 
 
 def tuning_work(
-    cells: Sequence[Cell], tuning: Tuning, out: Path, sizes: dict[str, int]
+    cells: Sequence[Cell],
+    tuning: Tuning,
+    out: Path,
+    sizes: dict[str, int],
+    ended: AbstractSet[str] = frozenset(),
 ) -> tuple[list[Work], list[Work]]:
     """The tuning's epochs left per kind, and what widening could add: every row and
-    column trying ``widen`` more rates for the full tuning epochs.
+    column trying ``widen`` more rates for the full tuning epochs. A tuning run named in
+    ``ended`` (a recorded divergence) has none left.
 
     With halving, rung ``i`` trains its racing count from the rung before's epochs to its
     own (which candidates race is known only once the rung before has run, so its runs'
@@ -281,6 +293,8 @@ def tuning_work(
                 previous = budget
         else:
             for lr in rates:
+                if tuning_run_name(cell, lr) in ended:
+                    continue
                 state = folder_state(tuning_config(cell, lr, tuning, epochs, out))
                 done = epochs if state.kind == "finished" else state.epochs_kept
                 if done < epochs:
@@ -308,11 +322,19 @@ def seconds(work: Sequence[Work], costs: dict[str, Cost], workers: int) -> float
 
 
 def summary(
-    work: Sequence[Work], widening: Sequence[Work], costs: dict[str, Cost], workers: int
+    work: Sequence[Work],
+    widening: Sequence[Work],
+    costs: dict[str, Cost],
+    workers: int,
+    upper_bound: bool = False,
 ) -> str:
-    """One line: the estimated hours, and what widening could add."""
+    """One line: the estimated hours, and what widening could add; ``upper_bound``:
+    the runs may stop sooner (a plateau), the hours are the most they take."""
     base = seconds(work, costs, workers)
-    text = f"estimated {base / 3600:.1f} h on {workers} worker(s) here"
+    bound = "at most " if upper_bound else ""
+    text = f"estimated {bound}{base / 3600:.1f} h on {workers} worker(s) here"
+    if upper_bound:
+        text += " (a run that plateaus stops sooner)"
     if widening:
         extra = seconds(list(widening), costs, workers)
         text += f" (+ up to {extra / 3600:.1f} h if every tuned rate lands at an edge and widens)"

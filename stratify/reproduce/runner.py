@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -345,7 +345,7 @@ def reproduce(
                 )
 
             if report_only:
-                chosen = recorded_choices(TuningPlan(cells, tuning, out), diverged)
+                chosen, _ = tuning_progress(TuningPlan(cells, tuning, out), diverged)
                 if chosen is None:
                     notes.append("the learning-rate tuning is unfinished: no tuning table")
             else:
@@ -354,9 +354,6 @@ def reproduce(
                 cells = tuned_cells(cells, chosen)
         outcomes: dict[str, RunOutcome] = {}
         for title, phase in cell_phases(grid, cells, settings):
-            if title == "methods":  # each method runs the rounds its comparator ran
-                cells = plateau_rounds(cells, comparator_rounds(cells))
-                phase = [cell for cell in cells if not cell.is_comparator]
             specs = [replace(spec, keep_corrupt=keep_corrupt) for spec in cell_specs(phase)]
             title = grid.name if title == "cells" else f"{grid.name} · {title}"
             if report_only:
@@ -369,6 +366,7 @@ def reproduce(
                 outcomes |= run_phase(
                     title, specs, backend, display, vectorize, run_notes, diverged
                 )
+        cells = at_comparator_rounds(cells, settings)
         results = [read_cell(cell, outcomes.get(cell.key)) for cell in cells]
         if not write:
             return Report(grid, cells, results, chosen, notes, files, run_notes=run_notes)
@@ -397,19 +395,79 @@ def reproduce(
     return report
 
 
-def recorded_choices(plan: TuningPlan, diverged: DivergedRuns) -> dict[str, Choice] | None:
+def tuning_progress(
+    plan: TuningPlan, diverged: DivergedRuns
+) -> tuple[dict[str, Choice] | None, list[RunSpec]]:
     """The rates ``plan`` chooses from what the tuning folders hold, a tuning run that
     :class:`DivergedRuns` records as diverged counting as ended (diverged), as a run of
-    the grid would count it; ``None`` while a tuning run is still needed
-    (``--report-only``)."""
+    the grid would count it; while a tuning run is still needed, ``None`` and the runs
+    the next decision needs."""
     while specs := plan.next_specs():
         known = {
             spec.name: outcome for spec in specs if (outcome := diverged.outcome(spec)) is not None
         }
         if len(known) < len(specs):
-            return None
+            return None, specs
         plan.record(known)
-    return plan.choices()
+    return plan.choices(), []
+
+
+@dataclass
+class RunPlan:
+    """What running a grid's command now would do (``--dry-run``).
+
+    Attributes
+    ----------
+    phases : list of (str, list of RunSpec)
+        Each phase's title and runs: the tuning runs its next decision needs while the
+        tuning is open, then the cells'.
+    cells : list of Cell
+        The cells as they would run: at their tuned rates once the tuning has chosen,
+        a paired method at the rounds its comparator ran once that has run.
+    diverged : dict of str to RunOutcome
+        The runs the grid's record says diverged in the same configuration: not run again.
+    tuning_open : bool
+        Tuning runs are still needed (the rates, and so the cells' configurations, are
+        not known yet).
+    """
+
+    phases: list[tuple[str, list[RunSpec]]]
+    cells: list[Cell]
+    diverged: dict[str, RunOutcome]
+    tuning_open: bool
+
+
+def plan_runs(
+    grid: Grid,
+    cells: Sequence[Cell],
+    settings: Settings,
+    tuning: Tuning | None,
+    out: str | Path,
+    vectorize: int | None = None,
+) -> RunPlan:
+    """What :func:`reproduce` would run now in ``out``, read from its folders without
+    running or writing anything: the tuning's choices and the comparators' rounds where
+    they are recorded, and the divergences it would not run again."""
+    record = DivergedRuns(Path(out), vectorize)
+    phases: list[tuple[str, list[RunSpec]]] = []
+    tuning_open = False
+    cells = list(cells)
+    if tuning is not None:
+        chosen, needed = tuning_progress(TuningPlan(cells, tuning, out), record)
+        if chosen is None:
+            tuning_open = True
+            phases.append(("tuning", needed))
+        else:
+            cells = tuned_cells(cells, chosen)
+    phases += [(title, cell_specs(phase)) for title, phase in cell_phases(grid, cells, settings)]
+    cells = at_comparator_rounds(cells, settings)
+    diverged = {
+        spec.name: outcome
+        for _, specs in phases
+        for spec in specs
+        if (outcome := record.outcome(spec)) is not None
+    }
+    return RunPlan(phases, cells, diverged, tuning_open)
 
 
 def ended_runs(path: Path) -> int | None:
@@ -460,15 +518,27 @@ def check_report_keeps_runs(results: Sequence[CellResult], path: Path) -> None:
 
 def cell_phases(
     grid: Grid, cells: Sequence[Cell], settings: Settings
-) -> list[tuple[str, list[Cell]]]:
-    """The grid's cells in the order they run: in one phase, or, under a plateau budget,
-    the comparators first (their plateaus set the methods' rounds), then the methods."""
+) -> Iterator[tuple[str, list[Cell]]]:
+    """The grid's cells in the order they run, a phase at a time: in one phase, or, under
+    a plateau budget, the comparators first (their plateaus set the methods' rounds), then
+    the methods at the rounds their comparators ran, read when that phase is reached (so
+    after the comparators' phase has run)."""
     if settings.plateau is None:
-        return [("cells", list(cells))]
-    return [
-        ("comparators", [cell for cell in cells if cell.is_comparator]),
-        ("methods", [cell for cell in cells if not cell.is_comparator]),
-    ]
+        yield "cells", list(cells)
+        return
+    yield "comparators", [cell for cell in cells if cell.is_comparator]
+    yield (
+        "methods",
+        [cell for cell in at_comparator_rounds(cells, settings) if not cell.is_comparator],
+    )
+
+
+def at_comparator_rounds(cells: Sequence[Cell], settings: Settings) -> list[Cell]:
+    """Under a plateau budget, ``cells`` with each paired method at the rounds its
+    comparator ran (:func:`~stratify.reproduce.grids.plateau_rounds`); else as they are."""
+    if settings.plateau is None:
+        return list(cells)
+    return plateau_rounds(cells, comparator_rounds(cells))
 
 
 def comparator_rounds(cells: Sequence[Cell]) -> dict[str, int]:

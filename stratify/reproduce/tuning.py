@@ -250,6 +250,11 @@ def tuning_config(
     )
 
 
+def tuning_run_name(cell: Cell, lr: float) -> str:
+    """The name of the tuning run of ``cell``'s row and column at rate ``lr``."""
+    return f"tune/{cell.group}/lr-{lr:g}"
+
+
 def tuning_folder(cell: Cell, lr: float, out: str | Path) -> Path:
     """Where the tuning run of ``cell``'s row and column at rate ``lr`` lives."""
     return Path(out) / "tune" / cell.group / f"lr-{lr:g}"
@@ -306,7 +311,7 @@ class TuningPlan:
     def trial(self, cell: Cell, lr: float, epochs: int) -> tuple[Trial, RunSpec | None]:
         """Rate ``lr``'s result after ``epochs`` epochs, and the run still needed for it."""
         config = tuning_config(cell, lr, self.tuning, epochs, self.out)
-        name = f"tune/{cell.group}/lr-{lr:g}"
+        name = tuning_run_name(cell, lr)
         status = self.statuses.get(name, "missing")
         try:
             records = read_records(str(config.out))[:epochs]
