@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import signal
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from stratify.cli.console import table_console
 from stratify.errors import ConfigError, StratifyError
 from stratify.parallel import (
     RayBackend,
-    RunOutcome,
     RunsInterrupted,
     RunSpec,
     available_cores,
@@ -84,7 +84,7 @@ def print_plan(
     console: Console,
     specs_by_phase: list[tuple[str, list[RunSpec]]],
     keep_corrupt: bool,
-    diverged: Mapping[str, RunOutcome],
+    diverged: AbstractSet[str],
 ) -> None:
     """What a run of the command would do: runs and epochs left per phase, the runs
     ``diverged`` records as diverged in the same configuration (not run again), and the
@@ -149,10 +149,10 @@ def print_estimate(
     that fit; nothing is calibrated when nothing is left); ``upper_bound``: a run may stop
     before its epochs (a plateau budget)."""
     sizes = group_sizes(cells, vectorize)
-    work = cell_work(planned.cells, sizes, set(planned.diverged))
+    work = cell_work(planned.cells, sizes, planned.diverged)
     widening: list = []
     if tuning is not None and planned.tuning_open:
-        tune_work, widening = tuning_work(cells, tuning, out, sizes, set(planned.diverged))
+        tune_work, widening = tuning_work(cells, tuning, out, sizes, planned.diverged)
         work = tune_work + work
     if not work and not widening:
         console.print("nothing left to run")

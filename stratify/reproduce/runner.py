@@ -424,8 +424,9 @@ class RunPlan:
     cells : list of Cell
         The cells as they would run: at their tuned rates once the tuning has chosen,
         a paired method at the rounds its comparator ran once that has run.
-    diverged : dict of str to RunOutcome
-        The runs the grid's record says diverged in the same configuration: not run again.
+    diverged : frozenset of str
+        The names of the runs the grid's record says diverged in the same configuration:
+        not run again.
     tuning_open : bool
         Tuning runs are still needed (the rates, and so the cells' configurations, are
         not known yet).
@@ -433,7 +434,7 @@ class RunPlan:
 
     phases: list[tuple[str, list[RunSpec]]]
     cells: list[Cell]
-    diverged: dict[str, RunOutcome]
+    diverged: frozenset[str]
     tuning_open: bool
 
 
@@ -461,12 +462,9 @@ def plan_runs(
             cells = tuned_cells(cells, chosen)
     phases += [(title, cell_specs(phase)) for title, phase in cell_phases(grid, cells, settings)]
     cells = at_comparator_rounds(cells, settings)
-    diverged = {
-        spec.name: outcome
-        for _, specs in phases
-        for spec in specs
-        if (outcome := record.outcome(spec)) is not None
-    }
+    diverged = frozenset(
+        spec.name for _, specs in phases for spec in specs if record.outcome(spec) is not None
+    )
     return RunPlan(phases, cells, diverged, tuning_open)
 
 
