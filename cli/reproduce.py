@@ -169,7 +169,21 @@ def print_estimate(
         )
         return measure(specs[kind], vectorize)
 
-    costs, _ = load_costs(out, sizes, calibrate)
+    costs, _, unmeasured = load_costs(out, sizes, calibrate)
+    for kind, why in unmeasured.items():
+        # one line, as written: a run's message may hold brackets rich would take as markup
+        console.print(
+            f"note: {kind} left out of the estimate: its calibration did not finish ({why}); "
+            "its runs at these settings may end as early",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+    work = [item for item in work if item.kind in costs]
+    widening = [item for item in widening if item.kind in costs]
+    if not work and not widening:
+        console.print("no estimate: no kind left to run could be calibrated")
+        return
     for kind, cost in costs.items():
         console.print(
             f"cost of {kind} here: "

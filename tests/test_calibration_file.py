@@ -52,8 +52,8 @@ def test_a_damaged_calibration_is_measured_again_and_replaced(tmp_path, case, co
         asked.append(kind)
         return MEASURED
 
-    costs, measured = load_costs(tmp_path, SIZES, calibrate)
-    assert measured == asked and "fedavg" in measured
+    costs, measured, unmeasured = load_costs(tmp_path, SIZES, calibrate)
+    assert measured == asked and "fedavg" in measured and not unmeasured
     assert costs["fedavg"].epochs == MEASURED
     saved = json.loads(path.read_text())  # replaced by a valid file
     assert saved["kinds"]["fedavg"] == {"group": 1, "epochs": list(MEASURED)}
@@ -64,7 +64,7 @@ def test_a_valid_calibration_is_reused(tmp_path):
     (tmp_path / CALIBRATION_FILE).write_bytes(
         stored({"fedavg": GOOD, "stratify": {**GOOD, "group": 2}})
     )
-    costs, measured = load_costs(tmp_path, SIZES, lambda kind: pytest.fail("calibrated"))
+    costs, measured, _ = load_costs(tmp_path, SIZES, lambda kind: pytest.fail("calibrated"))
     assert measured == [] and costs["stratify"].epochs == (3.0, 2.0, 1.0)
 
 
@@ -109,7 +109,7 @@ def test_a_calibration_from_another_machine_is_measured_again(tmp_path):
     other = {**machine(), "cores": machine()["cores"] + 1}
     content = {"machine": other, "kinds": {"fedavg": GOOD, "stratify": {**GOOD, "group": 2}}}
     (tmp_path / CALIBRATION_FILE).write_text(json.dumps(content))
-    costs, measured = load_costs(tmp_path, SIZES, lambda kind: MEASURED)
+    costs, measured, _ = load_costs(tmp_path, SIZES, lambda kind: MEASURED)
     assert measured == ["fedavg", "stratify"] and costs["fedavg"].epochs == MEASURED
     saved = json.loads((tmp_path / CALIBRATION_FILE).read_text())
     assert saved["machine"] == machine()
@@ -120,7 +120,7 @@ def test_a_kind_calibrated_for_another_group_size_is_measured_again(tmp_path):
     (tmp_path / CALIBRATION_FILE).write_bytes(
         stored({"fedavg": GOOD, "stratify": {**GOOD, "group": 3}})
     )
-    costs, measured = load_costs(tmp_path, SIZES, lambda kind: MEASURED)
+    costs, measured, _ = load_costs(tmp_path, SIZES, lambda kind: MEASURED)
     assert measured == ["stratify"] and costs["stratify"].epochs == MEASURED
     assert costs["fedavg"].epochs == tuple(GOOD["epochs"])
     saved = json.loads((tmp_path / CALIBRATION_FILE).read_text())

@@ -627,6 +627,27 @@ def test_a_diverged_run_is_not_trained_again_on_resume(monkeypatch, tmp_path, ca
     assert ("classes-2/hot/seed-0", "diverged") in statuses(phases["hot"])
 
 
+def test_a_dry_run_estimates_without_a_kind_whose_calibration_diverges(
+    monkeypatch, tmp_path, capsys
+):
+    # its calibration runs diverge in epoch 1: the estimate leaves the column out with a
+    # note (it ended in "this is a bug in stratify"), the other column is estimated
+    hot = Column("hot", "FedAvg (hot)", {"algorithm": "fedavg", "lr": 1e6}, {"local_epochs": 1})
+    monkeypatch.setitem(
+        GRIDS, "hot", dataclasses.replace(TINY, name="hot", columns=(hot, TINY.columns[1]))
+    )
+    monkeypatch.delenv("STRATIFY_DATA_DIR", raising=False)
+    main(
+        ["reproduce", "hot", "--out", str(tmp_path), "--seeds", "0", "--dry-run", "--workers", "1"]
+    )
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("note: hot left out")]
+    assert len(lines) == 1 and "diverged" in lines[0] and "non-finite" in lines[0], err
+    assert "cost of stratify here" in err and "estimated" in err and "bug" not in err, err
+    stored = json.loads((tmp_path / "calibration.json").read_text())["kinds"]
+    assert list(stored) == ["stratify"]
+
+
 def test_the_diverged_record_does_not_unguard_an_input_it_links_to(tmp_path):
     from stratify.files import guard_input, guarded_as, release_input
     from stratify.reproduce.diverged import DIVERGED_FILE, DivergedRuns

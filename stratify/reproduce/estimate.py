@@ -25,7 +25,7 @@ from typing import Any
 
 from stratify.algorithms import build_strategy
 from stratify.config import TrainConfig
-from stratify.errors import CorruptRunError, OutputError
+from stratify.errors import CorruptRunError, OutputError, TrainingError
 from stratify.files import file_kind
 from stratify.parallel import (
     LocalBackend,
@@ -162,8 +162,8 @@ def measure(
     return tuple((b - a) / count for a, b in zip(moments, moments[1:]))
 
 
-class CalibrationError(RuntimeError):
-    """A calibration run did not finish."""
+class CalibrationError(TrainingError):
+    """A calibration run did not finish (diverged, or failed)."""
 
 
 def machine() -> dict[str, Any]:
@@ -223,18 +223,23 @@ def read_calibration(path: Path) -> dict[str, Any]:
 
 def load_costs(
     out: Path, sizes: dict[str, int], calibrate: Callable[[str], tuple[float, ...]]
-) -> tuple[dict[str, Cost], list[str]]:
+) -> tuple[dict[str, Cost], list[str], dict[str, str]]:
     """The stored costs of ``out/calibration.json`` where they fit (same machine, same
     group size, valid: :func:`read_calibration`), the others calibrated now with
-    ``calibrate(kind)`` and stored (the file replaced atomically); and the kinds
-    calibrated now."""
+    ``calibrate(kind)`` and stored (the file replaced atomically); the kinds calibrated
+    now; and the kinds whose calibration did not finish (:class:`CalibrationError`), with
+    why: they have no cost and nothing is stored for them."""
     path = out / CALIBRATION_FILE
     stored = read_calibration(path)
-    costs, measured = {}, []
+    costs, measured, unmeasured = {}, [], {}
     for kind, size in sizes.items():
         entry = stored.get(kind)
         if entry is None or entry["group"] != size:
-            entry = {"group": size, "epochs": list(calibrate(kind))}
+            try:
+                entry = {"group": size, "epochs": list(calibrate(kind))}
+            except CalibrationError as error:
+                unmeasured[kind] = str(error)
+                continue
             stored[kind] = entry
             measured.append(kind)
         costs[kind] = Cost(tuple(float(value) for value in entry["epochs"]))
@@ -245,7 +250,7 @@ def load_costs(
             write_atomically(path, text.encode())
         except OSError as error:
             raise OutputError(f"cannot write {path}: {describe_os_error(error)}") from None
-    return costs, measured
+    return costs, measured, unmeasured
 
 
 def cell_work(
