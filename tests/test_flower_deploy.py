@@ -25,6 +25,7 @@ pytest.importorskip(
 )
 
 from stratify.config import TrainConfig  # noqa: E402
+from stratify.errors import TrainingError  # noqa: E402
 from stratify.experiment import build_experiment  # noqa: E402
 from stratify.flower.certificates import write_node_key, write_tls_files  # noqa: E402
 from stratify.flower.deploy import LocalDeployment, free_port  # noqa: E402
@@ -184,6 +185,20 @@ def test_a_node_lost_mid_run_is_reported_and_the_run_stops(tmp_path: Path, excha
         result = deployment.wait(tmp_path, job_wait(exchange, 1, timeout, 2))
     assert result["file"] == "failure.json", result
     assert "client 1" in result["error"] and "sent 2 times" in result["error"], result
+    assert all(process.poll() is not None for process in deployment.processes.values())
+
+
+def test_waiting_on_a_job_ends_when_its_superlink_has_exited(tmp_path: Path) -> None:
+    """The SuperLink, which runs the server app, is killed while a job is under way: the
+    wait says so at once rather than waiting out its timeout for a result nothing can
+    write any more. (The SuperLink has exited when ``stop`` returns, so the answer does
+    not depend on the machine's speed; a wait that ignored it would end after the timeout,
+    with another message.)"""
+    with LocalDeployment(2) as deployment:
+        deployment.submit(APP, dataclasses.replace(FEDAVG, epochs=20), tmp_path, timeout=60.0)
+        deployment.stop("superlink")
+        with pytest.raises(TrainingError, match=r"the SuperLink exited \(code -?\d+\)"):
+            deployment.wait(tmp_path, 120.0)
     assert all(process.poll() is not None for process in deployment.processes.values())
 
 

@@ -290,15 +290,27 @@ class LocalDeployment:
             output = (completed.stdout + completed.stderr)[-2000:]
             raise TrainingError(f"flwr {arguments[0]} failed: {output}")
 
-    @staticmethod
-    def wait(result_dir: Path, timeout: float) -> dict[str, Any]:
+    def wait(self, result_dir: Path, timeout: float) -> dict[str, Any]:
         """The server app's ``result.json`` (or ``failure.json``) once written; a
-        :class:`~stratify.errors.TrainingError` after ``timeout`` seconds."""
+        :class:`~stratify.errors.TrainingError` after ``timeout`` seconds, or as soon as
+        the SuperLink has exited (it runs the server app, so nothing can be written then:
+        before, a killed SuperLink left the caller waiting out the whole timeout)."""
+        superlink = self.processes["superlink"]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            # polled before the files are read, so a result written just before the
+            # SuperLink exited is still returned
+            exited = superlink.poll() is not None
             for name in ("result.json", "failure.json"):
                 if (result_dir / name).exists():
                     return {"file": name, **json.loads((result_dir / name).read_text())}
+            if exited:
+                log = (self.folder / "superlink.log").read_bytes()[-1500:]
+                raise TrainingError(
+                    f"the SuperLink exited (code {superlink.returncode}) before the server "
+                    f"app wrote a result into {result_dir}; the end of its log:\n"
+                    + log.decode(errors="replace")
+                )
             time.sleep(0.2)
         raise TrainingError(f"the server app wrote no result into {result_dir} in {timeout:g} s")
 
